@@ -1,0 +1,1 @@
+"""CuPy twin of the reference: same module layout, GPU kernels."""

@@ -1,0 +1,1 @@
+"""NumPy reference implementation of MiniT2I (the golden oracle)."""

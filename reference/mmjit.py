@@ -1,0 +1,137 @@
+"""MMJiT, the MiniT2I denoiser, in NumPy (spec section 3).
+
+    image [B,3,H,W] --patch embed + sin/cos--> img tokens [B, N, D]
+    T5 context [B,L,1024] --mask_token where mask=0--> txt_embedder --> txt tokens [B, L, D]
+    txt --2 preamble blocks (text-only attention, 1-D RoPE)--> txt
+    (img, txt) --17 double-stream blocks (joint attention over [txt ; img])--> img
+    img --RMSNorm + linear--> [B, N, p*p*3] --unpatchify--> x0 [B,3,H,W]
+
+The network never sees the timestep. `params` is the checkpoint as a tree
+(`minit2i.weights.nest`), e.g. params["double_blocks"][3]["img_qkv"]["weight"].
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from minit2i.config import MMJiTConfig
+
+from .layers import (
+    apply_rope,
+    attention,
+    cast_tree,
+    joint_rope,
+    linear,
+    merge_heads,
+    patchify,
+    rms_norm,
+    sincos_2d_table,
+    split_heads,
+    swiglu,
+    text_rope,
+    unpatchify,
+)
+
+
+def embed_image(images, embedder, config: MMJiTConfig):
+    """Bottleneck patch embed + 2-D sin/cos table: [B, C, H, W] -> [B, N, D] (spec 3.3, 3.4).
+
+    proj1 (conv k=p, s=p, no bias) is a matmul on channel-slowest flattened patches; proj2 is a
+    1x1 conv, i.e. a linear layer. Nothing sits between them.
+    """
+    p = config.patch_size
+    grid_h, grid_w = images.shape[2] // p, images.shape[3] // p
+    proj1 = embedder["proj1"]["weight"].reshape(config.pca_channels, -1)
+    bottleneck = linear(patchify(images, p), proj1)
+    proj2 = embedder["proj2"]
+    tokens = linear(bottleneck, proj2["weight"].reshape(config.hidden_size, config.pca_channels), proj2["bias"])
+    return tokens + sincos_2d_table(grid_h, grid_w, config.hidden_size, images.dtype)
+
+
+def mask_text(context, mask, mask_token):
+    """[B, L, Dc], [B, L], [1, 1, Dc] -> [B, L, Dc]: padded positions become mask_token (spec 3.2).
+
+    This is the only use of the mask in MMJiT: there is no attention mask anywhere.
+    """
+    return np.where(mask[..., None] > 0.5, context, mask_token[0, 0])
+
+
+def project_qkv(h, qkv, q_norm, k_norm, num_heads: int):
+    """h [B, L, D] -> q, k, v each [B, H, L, Dh]; q and k RMS-normed per head (before RoPE)."""
+    q, k, v = np.split(linear(h, qkv["weight"], qkv["bias"]), 3, axis=-1)
+    q = rms_norm(split_heads(q, num_heads), q_norm["weight"])
+    k = rms_norm(split_heads(k, num_heads), k_norm["weight"])
+    return q, k, split_heads(v, num_heads)
+
+
+def preamble_block(txt, block, rope, config: MMJiTConfig):
+    """Text-only pre-norm block with 1-D RoPE (spec 3.8): [B, L, D] -> [B, L, D]."""
+    cos, sin = rope
+    q, k, v = project_qkv(rms_norm(txt, block["norm1"]["weight"]), block["qkv"],
+                          block["q_norm"], block["k_norm"], config.num_heads)
+    out = attention(apply_rope(q, cos, sin), apply_rope(k, cos, sin), v, scale=config.head_dim**-0.5)
+    txt = txt + linear(merge_heads(out), block["attn_proj"]["weight"], block["attn_proj"]["bias"])
+    return txt + swiglu(rms_norm(txt, block["norm2"]["weight"]), **_mlp(block["mlp"]))
+
+
+def double_block(img, txt, block, rope, config: MMJiTConfig):
+    """Double-stream block with joint attention over [txt ; img] (spec 3.10).
+
+    img [B, N, D], txt [B, L, D] -> (img, txt). Each stream has its own norms, qkv, output
+    projection and MLP; one q_norm/k_norm pair is shared by both streams.
+    """
+    cos, sin = rope
+    length = txt.shape[1]
+    qi, ki, vi = project_qkv(rms_norm(img, block["img_norm1"]["weight"]), block["img_qkv"],
+                             block["q_norm"], block["k_norm"], config.num_heads)
+    qt, kt, vt = project_qkv(rms_norm(txt, block["txt_norm1"]["weight"]), block["txt_qkv"],
+                             block["q_norm"], block["k_norm"], config.num_heads)
+    q = apply_rope(np.concatenate([qt, qi], axis=2), cos, sin)
+    k = apply_rope(np.concatenate([kt, ki], axis=2), cos, sin)
+    out = merge_heads(attention(q, k, np.concatenate([vt, vi], axis=2), scale=config.head_dim**-0.5))
+    img = img + linear(out[:, length:], block["img_attn_proj"]["weight"], block["img_attn_proj"]["bias"])
+    txt = txt + linear(out[:, :length], block["txt_attn_proj"]["weight"], block["txt_attn_proj"]["bias"])
+    img = img + swiglu(rms_norm(img, block["img_norm2"]["weight"]), **_mlp(block["img_mlp"]))
+    txt = txt + swiglu(rms_norm(txt, block["txt_norm2"]["weight"]), **_mlp(block["txt_mlp"]))
+    return img, txt
+
+
+def final_layer(img, final):
+    """[B, N, D] -> [B, N, p*p*C]: RMSNorm then linear, image tokens only (spec 3.11)."""
+    return linear(rms_norm(img, final["norm_final"]["weight"]), final["linear"]["weight"], final["linear"]["bias"])
+
+
+def mmjit_forward(params, config: MMJiTConfig, images, context, mask, on_layer=None):
+    """Predict the clean image x0.
+
+    images [B, C, H, W] (H, W multiples of the patch size), context [B, L, txt_input_size],
+    mask [B, L] (1 real token, 0 padding) -> x0 [B, C, H, W], in the dtype of `images`.
+    `on_layer(name, value)`, if given, sees every stage output (used by the divergence tracer).
+    """
+    dtype = images.dtype
+    p = config.patch_size
+    grid_h, grid_w = images.shape[2] // p, images.shape[3] // p
+    length = context.shape[1]
+    params = cast_tree(params, dtype)
+    report = on_layer or (lambda name, value: None)
+
+    img = embed_image(images, params["img_embedder"], config)
+    report("patch_embed", img)
+    txt = linear(mask_text(context.astype(dtype), mask, params["mask_token"]), params["txt_embedder"]["weight"])
+    report("txt_embed", txt)
+    rope = text_rope(length, config.head_dim, dtype)
+    for i, block in enumerate(params["txt_preamble_blocks"]):
+        txt = preamble_block(txt, block, rope, config)
+        report(f"preamble.{i}", txt)
+    rope = joint_rope(length, grid_h, grid_w, config.head_dim, dtype)
+    for i, block in enumerate(params["double_blocks"]):
+        img, txt = double_block(img, txt, block, rope, config)
+        report(f"double.{i}.img", img)
+        report(f"double.{i}.txt", txt)
+    out = final_layer(img, params["final_layer"])
+    report("final_layer", out)
+    return unpatchify(out, grid_h, grid_w, p, config.in_channels)
+
+
+def _mlp(mlp):
+    return {name: mlp[name]["weight"] for name in ("w1", "w2", "w3")}

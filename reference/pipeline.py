@@ -1,0 +1,47 @@
+"""The NumPy backend as the shared pipeline (`minit2i.pipeline`) drives it."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from minit2i.errors import MiniT2IError
+from minit2i.weights import LoadedWeights, nest
+
+from .mmjit import mmjit_forward
+from .sampler import sample
+from .t5 import t5_encode
+
+PRECISIONS = {"fp32": np.float32, "fp64": np.float64}
+
+
+class NumpyRunner:
+    """T5 + MMJiT + sampler on the CPU. fp32 for generation; fp64 for tracing and tests."""
+
+    name = "numpy"
+
+    def __init__(self, mmjit: LoadedWeights, t5: LoadedWeights, precision: str = "fp32"):
+        if precision not in PRECISIONS:
+            raise MiniT2IError(
+                f"the numpy backend runs fp32 or fp64, not {precision}; use --precision fp32 "
+                "(fp16/bf16 are for --backend cupy)"
+            )
+        self.dtype = PRECISIONS[precision]
+        self.mmjit_config, self.t5_config = mmjit.config, t5.config
+        self.mmjit_params, self.t5_params = nest(mmjit.tensors), nest(t5.tensors)
+
+    def encode(self, ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
+        """ids, mask [B, L] -> T5 last hidden state [B, L, d_model]."""
+        return t5_encode(self.t5_params, self.t5_config, ids, mask.astype(self.dtype), self.dtype)
+
+    def denoise(self, x, context, mask):
+        """One MMJiT forward: [B, C, H, W], [B, L, Dc], [B, L] -> x0 [B, C, H, W]."""
+        return mmjit_forward(self.mmjit_params, self.mmjit_config, x, context, mask)
+
+    def sample(self, noise, context, mask, steps, cfg_scale, a_min, callback=None) -> np.ndarray:
+        """Host noise [B, C, H, W] -> final image state [B, C, H, W] as float32 NumPy."""
+        x = sample(self.denoise, noise.astype(self.dtype), context, mask.astype(self.dtype),
+                   steps, cfg_scale, a_min, callback)
+        return x.astype(np.float32)
+
+    def to_host(self, array) -> np.ndarray:
+        return np.asarray(array, dtype=np.float32)

@@ -1,0 +1,92 @@
+"""FLAN-T5 (v1.1) encoder in NumPy, spec section 6.
+
+Differences from a textbook transformer, all deliberate (they are what T5 does):
+no sqrt(d) scaling of the embedding or of the attention scores, RMSNorm without mean or bias,
+one relative-position bias table from block 0 shared by all blocks, a gated tanh-GELU FFN.
+
+`params` is the checkpoint as a tree (`minit2i.weights.nest`): params["encoder"]["block"][i]...
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+import numpy as np
+
+from minit2i.config import T5Config
+
+from .layers import attention, cast_tree, gelu_tanh, linear, merge_heads, rms_norm, split_heads
+
+
+@lru_cache(maxsize=16)
+def relative_position_buckets(length: int, num_buckets: int = 32, max_distance: int = 128) -> np.ndarray:
+    """Bidirectional T5 buckets (spec 6.2) -> int64 [length(query), length(key)].
+
+    rel = key - query; half the buckets for rel > 0; exact buckets below max_exact, then
+    logarithmic up to max_distance (computed in float32 and truncated, as HF does).
+    """
+    positions = np.arange(length)
+    rel = positions[None, :] - positions[:, None]
+    half = num_buckets // 2
+    base = np.where(rel > 0, half, 0)
+    distance = np.abs(rel)
+    max_exact = half // 2
+    safe = np.maximum(distance, 1).astype(np.float32)
+    log_bucket = max_exact + (
+        np.log(safe / max_exact) / np.log(np.float32(max_distance / max_exact)) * (half - max_exact)
+    ).astype(np.int64)
+    log_bucket = np.minimum(log_bucket, half - 1)
+    buckets = base + np.where(distance < max_exact, distance, log_bucket)
+    buckets.flags.writeable = False
+    return buckets
+
+
+def position_bias(bias_table, length: int, config: T5Config):
+    """bias_table [buckets, H] -> [1, H, length, length] additive attention bias."""
+    buckets = relative_position_buckets(length, config.relative_attention_num_buckets,
+                                        config.relative_attention_max_distance)
+    return bias_table[buckets].transpose(2, 0, 1)[None]
+
+
+def key_mask_bias(mask, dtype):
+    """mask [B, L] (1 keep, 0 pad) -> [B, 1, 1, L]: 0 or the dtype's most negative number."""
+    return ((1.0 - mask) * np.finfo(dtype).min).astype(dtype)[:, None, None, :]
+
+
+def self_attention(h, layer, bias, config: T5Config):
+    """h [B, L, D], bias [B, H, L, L] -> [B, L, D] (before the residual)."""
+    attn = layer["SelfAttention"]
+    q = split_heads(linear(h, attn["q"]["weight"]), config.num_heads)
+    k = split_heads(linear(h, attn["k"]["weight"]), config.num_heads)
+    v = split_heads(linear(h, attn["v"]["weight"]), config.num_heads)
+    return linear(merge_heads(attention(q, k, v, scale=1.0, bias=bias)), attn["o"]["weight"])
+
+
+def gated_gelu_ffn(h, ffn):
+    """h [B, L, D] -> [B, L, D]: wo( gelu_tanh(wi_0 h) * wi_1 h )."""
+    return linear(gelu_tanh(linear(h, ffn["wi_0"]["weight"])) * linear(h, ffn["wi_1"]["weight"]), ffn["wo"]["weight"])
+
+
+def encoder_block(h, block, bias, config: T5Config):
+    """One pre-norm encoder block: h [B, L, D] -> [B, L, D]."""
+    attn_layer, ffn_layer = block["layer"]
+    eps = config.layer_norm_epsilon
+    h = h + self_attention(rms_norm(h, attn_layer["layer_norm"]["weight"], eps), attn_layer, bias, config)
+    return h + gated_gelu_ffn(rms_norm(h, ffn_layer["layer_norm"]["weight"], eps), ffn_layer["DenseReluDense"])
+
+
+def t5_encode(params, config: T5Config, ids, mask, dtype=np.float32, on_layer=None):
+    """Token ids [B, L] and mask [B, L] -> last_hidden_state [B, L, d_model] in `dtype`.
+
+    `on_layer(name, value)`, if given, sees every block output (used by the divergence tracer).
+    """
+    blocks = params["encoder"]["block"]
+    h = params["shared"]["weight"][ids].astype(dtype)
+    table = blocks[0]["layer"][0]["SelfAttention"]["relative_attention_bias"]["weight"].astype(dtype)
+    bias = position_bias(table, ids.shape[1], config) + key_mask_bias(mask, dtype)
+    for i, block in enumerate(blocks):
+        h = encoder_block(h, cast_tree(block, dtype), bias, config)
+        if on_layer:
+            on_layer(f"t5.block.{i}", h)
+    return rms_norm(h, params["encoder"]["final_layer_norm"]["weight"].astype(dtype), config.layer_norm_epsilon)
+
