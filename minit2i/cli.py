@@ -96,12 +96,12 @@ def run_generate(args) -> int:
             "text mask; drop --negative-prompt"
         )
     outputs = [check_writable(p) for p in output_paths(Path(args.output), max(args.batch_count, 1))]
-    preview_dir = _preview_dir(args.preview_dir)
     model_path, t5_path = _model_paths(args)
     request = Request(args.prompt, args.steps, args.cfg_scale, args.width, args.height, args.seed,
                       args.batch_count, args.a_min)
     model = load_model(model_path, t5_path, args.tokenizer, args.variant)
     validate(request, model)
+    preview_dir = _preview_dir(args.preview_dir)
     pieces = model.tokenizer.count_pieces(args.prompt)
     if pieces > model.tokenizer.max_length - 1:
         _say(args, f"note: the prompt has {pieces} tokens; it is cut to {model.tokenizer.max_length - 1} + </s>")
@@ -197,6 +197,8 @@ def describe(path, variant: str = "minit2i-b-16") -> str:
 
     from .weights import find_mmjit_files, find_t5_files, load_mmjit, load_t5, read_index
 
+    if not Path(path).expanduser().exists():
+        raise MiniT2IError(f"{path}: no such file or folder; check the path")
     files, _ = _try_find(path, variant, find_mmjit_files, find_t5_files)
     names = read_index(files)
     is_t5 = any(k in names for k in ("shared.weight", "encoder.embed_tokens.weight"))

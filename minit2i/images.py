@@ -39,13 +39,27 @@ def save_png(pixels: np.ndarray, path: str | Path) -> Path:
     path = Path(path)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.stem}.", suffix=".png.part", dir=path.parent or ".")
     try:
+        # mkstemp makes the file private (0600); give the PNG the mode a plain open() would.
+        os.chmod(tmp, 0o666 & ~_current_umask())
         with os.fdopen(fd, "wb") as f:
             Image.fromarray(np.ascontiguousarray(pixels)).save(f, format="PNG")
         os.replace(tmp, path)
+    except OSError as err:  # disk full, folder removed meanwhile, ...: a user problem, not a bug
+        Path(tmp).unlink(missing_ok=True)
+        raise MiniT2IError(
+            f"cannot write {path}: {err.strerror or err}; free some space or choose another --output"
+        ) from None
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
     return path
+
+
+def _current_umask() -> int:
+    """The process umask (reading it means setting it, so it is put straight back)."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
 
 
 def grid(pixels: list[np.ndarray], columns: int) -> np.ndarray:

@@ -14,6 +14,8 @@ from pathlib import Path
 
 import numpy as np
 
+from reference.sampler import initial_noise
+
 from .errors import MiniT2IError
 from .images import to_pixels
 from .tokenizer import PromptTokenizer
@@ -72,7 +74,14 @@ def make_runner(model: Model, backend: str = "numpy", precision: str = "fp32"):
     if backend not in BACKENDS:
         raise MiniT2IError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
     module_name, class_name = BACKENDS[backend]
-    runner_class = getattr(importlib.import_module(module_name), class_name)
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as err:  # the cupy backend on a machine without CuPy (or without its module)
+        raise MiniT2IError(
+            f"--backend {backend} is not available here ({err}); it needs CuPy and an NVIDIA GPU, "
+            "so install cupy-cuda12x or use --backend numpy"
+        ) from None
+    runner_class = getattr(module, class_name)
     return runner_class(model.mmjit, model.t5, precision)
 
 
@@ -100,8 +109,6 @@ def validate(request: Request, model: Model) -> None:
 
 def generate(model: Model, runner, request: Request, on_step=None) -> Result:
     """Run one request end to end; `on_step(StepInfo)` is called after every sampler step."""
-    from reference.sampler import initial_noise
-
     validate(request, model)
     timings: dict[str, float] = {}
     step_times: list[float] = []

@@ -201,7 +201,7 @@ def find_mmjit_files(path: str | Path, variant: str = "minit2i-b-16") -> tuple[l
         weights = folder / "diffusion_pytorch_model.safetensors"
         if weights.is_file():
             return [weights], _sibling_config(weights)
-    variants = sorted(p.parent.name for p in root.glob("*/transformer/diffusion_pytorch_model.safetensors"))
+    variants = sorted(p.parent.parent.name for p in root.glob("*/transformer/diffusion_pytorch_model.safetensors"))
     if variants:
         raise MiniT2IError(
             f"{root} has no variant {variant!r}; it has {', '.join(variants)}: pass --variant with one of them"
@@ -275,8 +275,11 @@ def _lone_safetensors(root: Path, what: str, usual: str) -> tuple[list[Path], Pa
     files = sorted(root.glob("*.safetensors"))
     if len(files) == 1:
         return files, _sibling_config(files[0])
-    found = f"{len(files)} .safetensors files" if files else "no .safetensors file"
-    raise MiniT2IError(f"{root}: expected the {what} weights ({usual}), found {found}; pass the file itself")
+    if files:
+        found, fix = f"{len(files)} .safetensors files", "pass the file itself"
+    else:
+        found, fix = "no .safetensors file", "check the path or download the weights into it"
+    raise MiniT2IError(f"{root}: expected the {what} weights ({usual}), found {found}; {fix}")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -356,10 +359,11 @@ def _short_list(items: list[str], limit: int = 6) -> str:
 
 
 def _materialise(index, names_to_file_names: dict[str, str]) -> dict[str, np.ndarray]:
+    """Map each file once; `index` is keyed by our names, the files by their stored names."""
     maps: dict[Path, _MappedFile] = {}
     tensors = {}
     for name, stored_name in names_to_file_names.items():
-        path = index[stored_name][2]
+        path = index[name][2]
         if path not in maps:
             maps[path] = _MappedFile(path)
         tensors[name] = maps[path].tensor(stored_name)
@@ -389,7 +393,7 @@ def load_mmjit(path: str | Path, variant: str = "minit2i-b-16") -> LoadedWeights
         "pass an unmodified MiniT2I transformer checkpoint (and its config.json)",
     )
     live = {k: prefix + k for k in mmjit_expected_shapes(config)}
-    return LoadedWeights(config, _materialise(index, live), files, prefix,
+    return LoadedWeights(config, _materialise(stripped, live), files, prefix,
                          sorted({index[v][0] for v in live.values()}), source, ignored)
 
 
@@ -397,10 +401,11 @@ def load_t5(path: str | Path, expected_d_model: int | None = None) -> LoadedWeig
     """Load and check a T5 v1.1 encoder; `expected_d_model` is the MMJiT's txt_input_size."""
     files, config_path = find_t5_files(path)
     index = read_index(files)
-    if "shared.weight" not in index and T5_TIED_EMBEDDING in index:
-        index["shared.weight"] = index.pop(T5_TIED_EMBEDDING)
-    else:
-        index.pop(T5_TIED_EMBEDDING, None)
+    # Files carry the embedding as `shared.weight`, as its tied alias, or as both (spec 6.3).
+    alias = index.pop(T5_TIED_EMBEDDING, None)
+    embedding_name = "shared.weight"
+    if "shared.weight" not in index and alias is not None:
+        index["shared.weight"], embedding_name = alias, T5_TIED_EMBEDDING
     shapes = {k: v[1] for k, v in index.items() if not k.startswith(T5_IGNORED_PREFIXES)}
     if config_path is not None:
         config, source = T5Config.from_json(config_path), str(config_path)
@@ -421,7 +426,7 @@ def load_t5(path: str | Path, expected_d_model: int | None = None) -> LoadedWeig
         f"{files[0]} does not match the T5 config ({source})",
         "pass an unmodified google/flan-t5-large model.safetensors (and its config.json)",
     )
-    tensors = _materialise(index, {k: k for k in expected})
+    tensors = _materialise(index, {k: embedding_name if k == "shared.weight" else k for k in expected})
     return LoadedWeights(config, tensors, files, "", sorted({index[k][0] for k in expected}), source, ignored)
 
 

@@ -47,7 +47,8 @@ def swiglu(x, w1, w2, w3):
 
 def gelu_tanh(x):
     """[...] -> [...]: the tanh approximation of GELU ("gelu_new"), used by T5 v1.1."""
-    return 0.5 * x * (1.0 + np.tanh(np.sqrt(2.0 / np.pi).astype(x.dtype) * (x + 0.044715 * x**3)))
+    cube = x * x * x  # not x**3: np.power is ~70x slower than two multiplies
+    return 0.5 * x * (1.0 + np.tanh(np.sqrt(2.0 / np.pi).astype(x.dtype) * (x + 0.044715 * cube)))
 
 
 def softmax(scores):
@@ -70,17 +71,33 @@ def merge_heads(x):
     return x.transpose(0, 2, 1, 3).reshape(b, n, h * dh)
 
 
+# Attention runs over as many whole (batch, head) score tables as fit in this many bytes (one
+# head at 512x512): a chunk stays in cache and malloc recycles it, where one [B, H, L, L] table
+# (150 MB at 512x512) is page-faulted in fresh and streamed through DRAM by every softmax pass,
+# 1.5x slower in total (docs/benchmarks.md).
+ATTENTION_CHUNK_BYTES = 8 * 2**20
+
+
 def attention(q, k, v, scale: float, bias=None):
-    """Softmax attention over all keys.
+    """Softmax attention over all keys: softmax(q k^T * scale + bias) v.
 
     q [B, H, Lq, Dh], k/v [B, H, Lk, Dh], bias broadcastable to [B, H, Lq, Lk] -> [B, H, Lq, Dh].
     """
-    scores = q @ k.transpose(0, 1, 3, 2)
-    if scale != 1.0:
-        scores *= q.dtype.type(scale)
+    batch, heads, lq, _ = q.shape
+    lk = k.shape[2]
+    q = q * q.dtype.type(scale)  # scaling q, not the scores: Lk/Dh times fewer multiplies
     if bias is not None:
-        scores += bias
-    return softmax(scores) @ v
+        bias = np.broadcast_to(bias, (batch, heads, lq, lk))
+    step = max(1, ATTENTION_CHUNK_BYTES // (lq * lk * q.itemsize))
+    out = np.empty((batch, heads, lq, v.shape[-1]), dtype=q.dtype)
+    for b in range(batch):
+        for h in range(0, heads, step):
+            chunk = (b, slice(h, h + step))
+            scores = q[chunk] @ np.swapaxes(k[chunk], -1, -2)
+            if bias is not None:
+                scores += bias[chunk]
+            out[chunk] = softmax(scores) @ v[chunk]
+    return out
 
 
 def apply_rope(x, cos, sin):

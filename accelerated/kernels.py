@@ -1,0 +1,252 @@
+"""The fused CUDA kernels (`accelerated/kernels/*.cu`): compile once, validate, launch.
+
+Each .cu file defines one extern "C" entry point per storage dtype (`rms_norm_f32`,
+`rms_norm_f16`, `rms_norm_bf16`, ...); every kernel computes in fp32. A source is compiled
+with `cupy.RawModule` the first time one of its kernels is needed and the module is cached
+(CuPy also keeps the binary in its on-disk kernel cache).
+
+The wrappers check shapes, dtypes and C-contiguity before launching, because a RawKernel does
+none of that: it reads raw pointers, ignores strides and takes a Python float as a double
+(scalars are therefore always passed as np.int32 / np.int64 / np.float32). `launch_counts`
+counts launches per kernel name, so tests can prove that the fused paths actually ran.
+
+Importing this module never needs CuPy; `require_gpu()` is the one place that decides whether
+the CuPy backend can run and says why not.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from functools import lru_cache
+from pathlib import Path
+
+import numpy as np
+
+from minit2i.errors import MiniT2IError
+
+try:
+    import cupy as cp
+except ImportError:  # the numpy backend and the no-GPU tests run without CuPy
+    cp = None
+
+KERNEL_DIR = Path(__file__).parent / "kernels"
+SOURCES = ("rmsnorm.cu", "swiglu.cu", "rope.cu", "attention.cu", "sampler.cu")
+DTYPE_SUFFIXES = {"float32": "f32", "float16": "f16", "bfloat16": "bf16"}
+COMMON_HEADER = "common.cuh"
+NVRTC_OPTIONS = ("-std=c++17",)
+THREADS = 256
+WARPS_PER_BLOCK = 4  # qkv_heads: one warp per head vector
+ATTENTION_THREADS = 128  # attention.cu: WARPS * 32
+ATTENTION_ROWS_PER_BLOCK = 32  # attention.cu: ROWS_PER_BLOCK
+ATTENTION_KEY_TILE = 32  # attention.cu: KEY_TILE
+MAX_HEAD_DIM = 128  # attention.cu MAX_DIMS_PER_LANE * 32, rope.cu MAX_PAIRS_PER_LANE * 64
+DEFAULT_SHARED_BYTES = 48 * 1024
+
+launch_counts: Counter = Counter()
+
+_FIX = "pip install -e '.[gpu]' on a machine with an NVIDIA GPU, or use --backend numpy"
+
+
+def require_gpu():
+    """Return the cupy module, or raise MiniT2IError naming what is missing and the fix."""
+    if cp is None:
+        raise MiniT2IError(f"--backend cupy needs CuPy and an NVIDIA GPU: CuPy is not installed; {_FIX}")
+    try:
+        count = cp.cuda.runtime.getDeviceCount()
+    except cp.cuda.runtime.CUDARuntimeError as err:
+        reason = str(err).split(":")[0]
+        raise MiniT2IError(f"--backend cupy needs CuPy and an NVIDIA GPU: no usable CUDA driver ({reason}); {_FIX}") from None
+    if count == 0:
+        raise MiniT2IError(f"--backend cupy needs CuPy and an NVIDIA GPU: no GPU is visible; {_FIX}")
+    return cp
+
+
+def bfloat16_dtype():
+    """The NumPy bfloat16 dtype CuPy >= 14 uses (from ml_dtypes), or a clear error."""
+    try:
+        import ml_dtypes
+    except ImportError:
+        raise MiniT2IError("--precision bf16 needs the ml_dtypes package (CuPy's bfloat16 dtype); "
+                           "pip install ml_dtypes, or use --precision fp16") from None
+    return np.dtype(ml_dtypes.bfloat16)
+
+
+def kernel_source(source: str) -> str:
+    """A .cu file with common.cuh pasted in place of its #include.
+
+    CuPy's kernel cache is keyed by the source text, so the header must be part of that text
+    (with -I, an edited header would silently reuse stale binaries).
+    """
+    include = f'#include "{COMMON_HEADER}"'
+    return (KERNEL_DIR / source).read_text().replace(include, (KERNEL_DIR / COMMON_HEADER).read_text(), 1)
+
+
+@lru_cache(maxsize=None)
+def _module(source: str):
+    return cp.RawModule(code=kernel_source(source), options=NVRTC_OPTIONS)
+
+
+@lru_cache(maxsize=None)
+def _function(source: str, full_name: str):
+    """The RawKernel, looked up once: launches are host-bound, so none of it per call."""
+    return _module(source).get_function(full_name)
+
+
+def _kernel(source: str, name: str, dtype):
+    """The `name` kernel for `dtype` (e.g. rms_norm_bf16), counted as one launch."""
+    suffix = DTYPE_SUFFIXES.get(np.dtype(dtype).name)
+    if suffix is None:
+        raise MiniT2IError(f"GPU kernels support {', '.join(DTYPE_SUFFIXES)}, not {np.dtype(dtype).name}")
+    launch_counts[name] += 1
+    return _function(source, f"{name}_{suffix}")
+
+
+def _check(name: str, array, dtype, shape=None):
+    """A RawKernel reads raw memory: insist on the exact dtype, shape and C layout."""
+    if array.dtype != dtype:
+        raise MiniT2IError(f"kernel argument {name} has dtype {array.dtype}, expected {np.dtype(dtype)}")
+    if shape is not None and tuple(array.shape) != tuple(shape):
+        raise MiniT2IError(f"kernel argument {name} has shape {tuple(array.shape)}, expected {tuple(shape)}")
+    if not array.flags.c_contiguous:
+        raise MiniT2IError(f"kernel argument {name} is not C-contiguous; pass cupy.ascontiguousarray(...)")
+
+
+def _blocks(total: int, per_block: int = THREADS) -> int:
+    return max(1, min((total + per_block - 1) // per_block, 65535))
+
+
+# ---------------------------------------------------------------------------------------------
+# Wrappers
+
+
+def rms_norm(x, weight, eps: float = 1e-6, out=None):
+    """[..., D], [D] -> [..., D]; one block per row."""
+    width = x.shape[-1]
+    _check("x", x, x.dtype)
+    _check("weight", weight, x.dtype, (width,))
+    out = cp.empty_like(x) if out is None else out
+    _check("out", out, x.dtype, x.shape)
+    rows = x.size // width
+    _kernel("rmsnorm.cu", "rms_norm", x.dtype)((rows,), (THREADS,), (x, weight, out, np.int32(width), np.float32(eps)))
+    return out
+
+
+def add_rms_norm(residual, delta, bias, weight, eps: float = 1e-6, out=None):
+    """residual += delta + bias (in place), then -> rms_norm(residual): all [..., D], bias/weight [D]."""
+    width = residual.shape[-1]
+    _check("residual", residual, residual.dtype)
+    _check("delta", delta, residual.dtype, residual.shape)
+    _check("bias", bias, residual.dtype, (width,))
+    _check("weight", weight, residual.dtype, (width,))
+    out = cp.empty_like(residual) if out is None else out
+    _check("out", out, residual.dtype, residual.shape)
+    rows = residual.size // width
+    _kernel("rmsnorm.cu", "add_rms_norm", residual.dtype)(
+        (rows,), (THREADS,), (residual, delta, bias, weight, out, np.int32(width), np.float32(eps)))
+    return out
+
+
+def gated_activation(packed, activation: str):
+    """[..., 2*hidden] (gate | up) -> [..., hidden]: act(gate) * up; activation 'swiglu' or 'geglu'."""
+    if activation not in ("swiglu", "geglu"):
+        raise MiniT2IError(f"unknown gated activation {activation!r}; use 'swiglu' or 'geglu'")
+    _check("packed", packed, packed.dtype)
+    if packed.shape[-1] % 2:
+        raise MiniT2IError(f"packed gate|up width {packed.shape[-1]} is odd; concatenate W_gate and W_up")
+    hidden = packed.shape[-1] // 2
+    out = cp.empty((*packed.shape[:-1], hidden), dtype=packed.dtype)
+    _kernel("swiglu.cu", activation, packed.dtype)(
+        (_blocks(out.size),), (THREADS,), (packed, out, np.int32(hidden), np.int64(out.size)))
+    return out
+
+
+def qkv_heads(qkv, bias, heads: int, q, k, v, offset: int = 0, norms=None, rope=None, eps: float = 1e-6):
+    """Packed qkv [B, L, 3*H*Dh] + bias [3*H*Dh] -> rows offset..offset+L-1 of q, k, v [B, H, Lt, Dh].
+
+    norms: (q_norm, k_norm) weights [Dh] for the per-head RMSNorm, or None;
+    rope: (cos, sin) float32 [Lt, Dh/2] tables, or None. Writes q, k, v in place.
+    """
+    batch, length, packed_width = qkv.shape
+    head_dim = packed_width // (3 * heads)
+    total_length = q.shape[2]
+    dtype = qkv.dtype
+    if head_dim * 3 * heads != packed_width or head_dim % 2 or head_dim > MAX_HEAD_DIM:
+        raise MiniT2IError(f"qkv width {packed_width} is not 3*{heads}*head_dim with an even head_dim <= {MAX_HEAD_DIM}")
+    if offset < 0 or offset + length > total_length:
+        raise MiniT2IError(f"rows {offset}..{offset + length} do not fit in a {total_length}-row q/k/v buffer")
+    _check("qkv", qkv, dtype)
+    _check("bias", bias, dtype, (packed_width,))
+    for name, buffer in (("q", q), ("k", k), ("v", v)):
+        _check(name, buffer, dtype, (batch, heads, total_length, head_dim))
+    q_norm, k_norm = norms if norms is not None else (bias, bias)  # unread when the norm is off
+    if norms is not None:
+        _check("q_norm", q_norm, dtype, (head_dim,))
+        _check("k_norm", k_norm, dtype, (head_dim,))
+    cos, sin = rope if rope is not None else (_placeholder(), _placeholder())
+    if rope is not None:
+        _check("cos", cos, np.float32, (total_length, head_dim // 2))
+        _check("sin", sin, np.float32, (total_length, head_dim // 2))
+    warps = batch * length * heads
+    _kernel("rope.cu", "qkv_heads", dtype)(
+        ((warps + WARPS_PER_BLOCK - 1) // WARPS_PER_BLOCK,), (WARPS_PER_BLOCK * 32,),
+        (qkv, bias, q_norm, k_norm, cos, sin, q, k, v, np.int32(batch), np.int32(length), np.int32(heads),
+         np.int32(head_dim), np.int32(total_length), np.int32(offset), np.int32(norms is not None),
+         np.int32(rope is not None), np.float32(eps)))
+
+
+def attention(q, k, v, scale: float, bias=None, key_mask=None):
+    """Flash-style attention: q [B, H, Lq, Dh], k/v [B, H, Lk, Dh] -> [B, Lq, H*Dh] (heads merged).
+
+    bias: float32 [H, Lq, Lk] added to the scores; key_mask: float32 [B, Lk], 1 keep / 0 pad.
+    """
+    batch, heads, lq, head_dim = q.shape
+    lk = k.shape[2]
+    dtype = q.dtype
+    if head_dim > MAX_HEAD_DIM:
+        raise MiniT2IError(f"attention head_dim {head_dim} > {MAX_HEAD_DIM} is not supported by the kernel")
+    if min(batch, heads, lq, lk, head_dim) < 1:
+        raise MiniT2IError(f"attention needs non-empty q {tuple(q.shape)} and k {tuple(k.shape)}")
+    _check("q", q, dtype)
+    _check("k", k, dtype, (batch, heads, lk, head_dim))
+    _check("v", v, dtype, (batch, heads, lk, head_dim))
+    if bias is not None:
+        _check("bias", bias, np.float32, (heads, lq, lk))
+    if key_mask is not None:
+        _check("key_mask", key_mask, np.float32, (batch, lk))
+    out = cp.empty((batch, lq, heads * head_dim), dtype=dtype)
+    shared = 4 * (ATTENTION_ROWS_PER_BLOCK * head_dim + ATTENTION_KEY_TILE * (2 * head_dim + 1))
+    kernel = _kernel("attention.cu", "flash_attention", dtype)
+    if shared > DEFAULT_SHARED_BYTES:
+        kernel.max_dynamic_shared_size_bytes = shared
+    grid = ((lq + ATTENTION_ROWS_PER_BLOCK - 1) // ATTENTION_ROWS_PER_BLOCK, batch * heads)
+    kernel(grid, (ATTENTION_THREADS,),
+           (q, k, v, _placeholder() if bias is None else bias, _placeholder() if key_mask is None else key_mask,
+            out, np.int32(heads), np.int32(lq), np.int32(lk), np.int32(head_dim), np.float32(scale),
+            np.int32(bias is not None), np.int32(key_mask is not None)),
+           shared_mem=shared)
+    return out
+
+
+def cfg_euler(state, next_input, x0_both, x0_guided, cfg_scale: float, factor):
+    """One guided Euler step in place: state/x0_guided float32 [B, ...], next_input/x0_both [2B, ...].
+
+    factor is a float32 device array [1] (so a captured graph can be replayed with a new value).
+    """
+    n = state.size
+    _check("state", state, np.float32)
+    _check("x0_guided", x0_guided, np.float32, state.shape)
+    _check("x0_both", x0_both, x0_both.dtype, (2 * state.shape[0], *state.shape[1:]))
+    _check("next_input", next_input, x0_both.dtype, x0_both.shape)
+    _check("factor", factor, np.float32, (1,))
+    _kernel("sampler.cu", "cfg_euler", x0_both.dtype)(
+        (_blocks(n),), (THREADS,), (state, next_input, x0_both, x0_guided, np.int64(n), np.float32(cfg_scale), factor))
+
+
+@lru_cache(maxsize=None)
+def _placeholder_for_device(device_id: int):
+    return cp.zeros(1, dtype=np.float32)
+
+
+def _placeholder():
+    """A valid pointer for an optional argument the kernel is told not to read."""
+    return _placeholder_for_device(cp.cuda.runtime.getDevice())

@@ -1,0 +1,104 @@
+"""GPU-resident Euler x0 -> v sampler with CFG (twin of reference/sampler.py).
+
+The state never leaves the device: noise is uploaded once, cond and uncond run as one batched
+[2B] forward, and one fused kernel (kernels/sampler.cu) does guidance, the Euler update and
+writes the next [x ; x] input. The per-step scalars come from reference.sampler.step_factors.
+The caller copies the final state to the host; that is the only device-to-host transfer.
+
+Optional CUDA graph replay (`use_graph=True`, off by default): step 0 runs eagerly (it
+compiles the kernels, builds the cached tables and lets cuBLAS set up its workspace), step 1
+is captured on a private memory pool that stays alive with the graph, and later steps replay
+it after writing their factor into the captured device scalar. Off by default because it has
+not been run on a GPU yet (see docs/kernels.md).
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+
+from reference.sampler import StepInfo, step_factors, time_grid
+
+from . import kernels
+from .kernels import cp
+
+
+def sample(denoise: Callable, noise, context, mask, steps: int, cfg_scale: float, a_min: float,
+           callback: Callable[[StepInfo], None] | None = None, use_graph: bool = False):
+    """Run the sampler on the device.
+
+    denoise(x [2B, C, H, W], context [2B, L, Dc], mask [2B, L]) -> x0 [2B, C, H, W] (device);
+    noise: host float32 [B, C, H, W]; context [B, L, Dc] (network dtype) and mask [B, L]
+    device arrays -> device float32 state [B, C, H, W]. A callback gets StepInfo whose x and
+    x0 are device arrays that the next step overwrites (copy them to keep them).
+    """
+    dtype = context.dtype
+    both_context = cp.concatenate([context, context])
+    both_mask = cp.concatenate([mask, cp.zeros_like(mask)])
+    state = cp.asarray(np.ascontiguousarray(noise, dtype=np.float32))
+    next_input = cp.concatenate([state, state]).astype(dtype)
+    x0_guided = cp.empty_like(state)
+    factor = cp.empty(1, dtype=np.float32)
+
+    def step():
+        x0_both = denoise(next_input, both_context, both_mask)
+        kernels.cfg_euler(state, next_input, x0_both, x0_guided, cfg_scale, factor)
+
+    graph = None
+    t = time_grid(steps)
+    stream = capture_stream() if use_graph else cp.cuda.get_current_stream()
+    with stream:
+        for i, f in enumerate(step_factors(steps, a_min)):
+            factor.fill(np.float32(f))
+            if graph is not None:
+                graph.launch(stream)
+            elif use_graph and i > 0:
+                graph = capture(step, stream)
+                graph.launch(stream)
+            else:
+                step()
+            if callback:
+                # Wait for the step so per-step timings measure GPU work, not kernel launches.
+                stream.synchronize()
+                callback(StepInfo(i, float(t[i]), state, x0_guided))
+    if use_graph:
+        stream.synchronize()  # the caller reads the state on the default stream
+    return state
+
+
+class CapturedStep:
+    """A captured CUDA graph plus the private memory pool its temporaries live in.
+
+    Replays write to the addresses seen at capture (cupy #9655), so the temporaries must never
+    be handed to anyone else: they come from a pool that nothing allocates from afterwards.
+    """
+
+    def __init__(self, graph, pool):
+        self.graph, self.pool = graph, pool
+
+    def launch(self, stream):
+        self.graph.launch(stream=stream)
+
+
+def capture_stream():
+    """A stream that graphs can be captured on, ordered after all work already queued.
+
+    Capture is refused on the legacy default stream, and a non-blocking stream does not wait for
+    it, so the uploads queued there must finish first.
+    """
+    cp.cuda.Device().synchronize()
+    return cp.cuda.Stream(non_blocking=True)
+
+
+def capture(step: Callable[[], None], stream) -> CapturedStep:
+    """Record one call of `step` (already run once eagerly) as a CUDA graph on `stream`."""
+    pool = cp.cuda.MemoryPool()
+    with cp.cuda.using_allocator(pool.malloc):
+        stream.begin_capture()
+        try:
+            step()
+        finally:
+            graph = stream.end_capture()
+    graph.upload(stream)
+    return CapturedStep(graph, pool)

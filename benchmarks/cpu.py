@@ -1,0 +1,322 @@
+"""CPU benchmark: the NumPy reference against the same math in PyTorch, on this machine.
+
+    python benchmarks/cpu.py                 # MMJiT B/16 at 512x512 (batch 2) + T5-large (L=256)
+    python benchmarks/cpu.py --quick         # 256x256, 2 double blocks, 2 T5 layers: a smoke run
+    python benchmarks/cpu.py --repeats 3 --size 256
+
+Weights are seeded random tensors in the real layout (`minit2i.default_model`); timing does not
+depend on their values. The PyTorch peer below is written from the spec, like the reference, and
+runs the very same arrays (`torch.from_numpy`, no copy); its output is compared with NumPy's so
+the timings compare equal work. FLOPs are counted analytically, 2*M*N*K for every matmul
+(attention included); elementwise work is not counted. The roofline is the best float32 GEMM
+rate of each library on a 2048^3 product.
+
+This file lives outside tests/ on purpose: pytest never collects it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import time
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from minit2i.config import MMJIT_B16, T5_FLAN_LARGE, MMJiTConfig, T5Config
+from minit2i.default_model import random_mmjit_weights, random_t5_weights
+from minit2i.weights import nest
+from reference.layers import attention, joint_rope, sincos_2d_table, text_rope
+from reference.mmjit import mmjit_forward
+from reference.t5 import relative_position_buckets, t5_encode
+
+BATCH = 2  # one conditional + one unconditional row, as classifier-free guidance runs them
+TEXT_LENGTH = 256
+ROOFLINE_SIZE = 2048
+SEED = 0
+
+
+# ---------------------------------------------------------------------------------------------
+# Analytic FLOP counts (multiply-adds x 2, matmuls only)
+
+
+def mmjit_flops(config: MMJiTConfig, batch: int, image_size: int, length: int) -> int:
+    """Matmul FLOPs of one MMJiT forward on [batch, C, image_size, image_size] and `length` tokens."""
+    d, hid = config.hidden_size, config.mlp_hidden
+    tokens = (image_size // config.patch_size) ** 2
+    per_token = 2 * (3 * d * d + d * d + 3 * d * hid)  # qkv, attn_proj, SwiGLU w1/w3/w2
+
+    def attention(n):  # q k^T and p v over n keys, all heads
+        return 2 * 2 * n * n * d
+
+    embed = 2 * tokens * (config.patch_dim * config.pca_channels + config.pca_channels * d)
+    embed += 2 * length * config.txt_input_size * d
+    preamble = config.txt_preamble_depth * (length * per_token + attention(length))
+    double = config.depth_double * ((tokens + length) * per_token + attention(tokens + length))
+    final = 2 * tokens * d * config.patch_dim
+    return batch * (embed + preamble + double + final)
+
+
+def t5_flops(config: T5Config, batch: int, length: int) -> int:
+    """Matmul FLOPs of one T5 encoder pass over [batch, length] tokens."""
+    d, inner, ff = config.d_model, config.inner_dim, config.d_ff
+    per_token = 2 * (4 * d * inner + 3 * d * ff)  # q, k, v, o; wi_0, wi_1, wo
+    attention = 2 * 2 * length * length * inner
+    return batch * config.num_layers * (length * per_token + attention)
+
+
+# ---------------------------------------------------------------------------------------------
+# The PyTorch peer: the same math as reference/, in torch ops
+
+
+def torch_tree(tree):
+    """A nested dict/list of NumPy arrays -> the same tree of torch tensors sharing memory."""
+    if isinstance(tree, dict):
+        return {k: torch_tree(v) for k, v in tree.items()}
+    if isinstance(tree, list):
+        return [torch_tree(v) for v in tree]
+    return torch.from_numpy(tree)
+
+
+def torch_table(table: np.ndarray) -> torch.Tensor:
+    """A read-only cached NumPy table -> a torch copy (torch refuses read-only memory)."""
+    return torch.tensor(table)
+
+
+def t_rms_norm(x, weight, eps: float = 1e-6):
+    return x * torch.rsqrt(x.square().mean(-1, keepdim=True) + eps) * weight
+
+
+def t_swiglu(x, mlp):
+    return F.linear(F.silu(F.linear(x, mlp["w1"]["weight"])) * F.linear(x, mlp["w3"]["weight"]), mlp["w2"]["weight"])
+
+
+def t_rope(x, cos, sin):
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
+
+
+def t_qkv(h, qkv, q_norm, k_norm, heads: int):
+    """[B, L, D] -> q, k, v [B, H, L, Dh]."""
+    b, n, d = h.shape
+    q, k, v = F.linear(h, qkv["weight"], qkv["bias"]).view(b, n, 3, heads, d // heads).permute(2, 0, 3, 1, 4)
+    return t_rms_norm(q, q_norm["weight"]), t_rms_norm(k, k_norm["weight"]), v
+
+
+def t_merge(x):
+    b, h, n, dh = x.shape
+    return x.transpose(1, 2).reshape(b, n, h * dh)
+
+
+def torch_mmjit_forward(params, config: MMJiTConfig, images, context, mask):
+    """[B, C, H, W], [B, L, Dc], [B, L] -> x0 [B, C, H, W] (torch, float32)."""
+    b, c, size, _ = images.shape
+    p, d, heads = config.patch_size, config.hidden_size, config.num_heads
+    grid = size // p
+    length = context.shape[1]
+    embedder = params["img_embedder"]
+    patches = images.reshape(b, c, grid, p, grid, p).permute(0, 2, 4, 1, 3, 5).reshape(b, grid * grid, -1)
+    img = F.linear(patches, embedder["proj1"]["weight"].reshape(config.pca_channels, -1))
+    img = F.linear(img, embedder["proj2"]["weight"].reshape(d, -1), embedder["proj2"]["bias"])
+    img = img + torch_table(sincos_2d_table(grid, grid, d, np.float32))
+    txt = torch.where(mask[..., None] > 0.5, context, params["mask_token"][0, 0])
+    txt = F.linear(txt, params["txt_embedder"]["weight"])
+
+    cos, sin = map(torch_table, text_rope(length, config.head_dim, np.float32))
+    for blk in params["txt_preamble_blocks"]:
+        q, k, v = t_qkv(t_rms_norm(txt, blk["norm1"]["weight"]), blk["qkv"], blk["q_norm"], blk["k_norm"], heads)
+        out = F.scaled_dot_product_attention(t_rope(q, cos, sin), t_rope(k, cos, sin), v)
+        txt = txt + F.linear(t_merge(out), blk["attn_proj"]["weight"], blk["attn_proj"]["bias"])
+        txt = txt + t_swiglu(t_rms_norm(txt, blk["norm2"]["weight"]), blk["mlp"])
+
+    cos, sin = map(torch_table, joint_rope(length, grid, grid, config.head_dim, np.float32))
+    for blk in params["double_blocks"]:
+        qi, ki, vi = t_qkv(t_rms_norm(img, blk["img_norm1"]["weight"]), blk["img_qkv"],
+                           blk["q_norm"], blk["k_norm"], heads)
+        qt, kt, vt = t_qkv(t_rms_norm(txt, blk["txt_norm1"]["weight"]), blk["txt_qkv"],
+                           blk["q_norm"], blk["k_norm"], heads)
+        q = t_rope(torch.cat([qt, qi], dim=2), cos, sin)
+        k = t_rope(torch.cat([kt, ki], dim=2), cos, sin)
+        out = t_merge(F.scaled_dot_product_attention(q, k, torch.cat([vt, vi], dim=2)))
+        img = img + F.linear(out[:, length:], blk["img_attn_proj"]["weight"], blk["img_attn_proj"]["bias"])
+        txt = txt + F.linear(out[:, :length], blk["txt_attn_proj"]["weight"], blk["txt_attn_proj"]["bias"])
+        img = img + t_swiglu(t_rms_norm(img, blk["img_norm2"]["weight"]), blk["img_mlp"])
+        txt = txt + t_swiglu(t_rms_norm(txt, blk["txt_norm2"]["weight"]), blk["txt_mlp"])
+
+    final = params["final_layer"]
+    out = F.linear(t_rms_norm(img, final["norm_final"]["weight"]), final["linear"]["weight"], final["linear"]["bias"])
+    out = out.reshape(b, grid, grid, p, p, c).permute(0, 5, 1, 3, 2, 4)
+    return out.reshape(b, c, size, size)
+
+
+def torch_t5_encode(params, config: T5Config, ids, mask):
+    """ids [B, L] (int64), mask [B, L] -> last hidden state [B, L, d_model] (torch, float32)."""
+    eps, heads = config.layer_norm_epsilon, config.num_heads
+    blocks = params["encoder"]["block"]
+    length = ids.shape[1]
+    buckets = torch.from_numpy(np.array(relative_position_buckets(
+        length, config.relative_attention_num_buckets, config.relative_attention_max_distance)))
+    table = blocks[0]["layer"][0]["SelfAttention"]["relative_attention_bias"]["weight"]
+    bias = table[buckets].permute(2, 0, 1)[None] + ((1.0 - mask) * torch.finfo(torch.float32).min)[:, None, None, :]
+    h = params["shared"]["weight"][ids]
+    for blk in blocks:
+        attn_layer, ffn_layer = blk["layer"]
+        attn = attn_layer["SelfAttention"]
+        x = t_rms_norm(h, attn_layer["layer_norm"]["weight"], eps)
+        q, k, v = (F.linear(x, attn[n]["weight"]).unflatten(-1, (heads, -1)).transpose(1, 2) for n in "qkv")
+        scores = torch.softmax(q @ k.transpose(-1, -2) + bias, dim=-1)
+        h = h + F.linear(t_merge(scores @ v), attn["o"]["weight"])
+        ffn = ffn_layer["DenseReluDense"]
+        x = t_rms_norm(h, ffn_layer["layer_norm"]["weight"], eps)
+        gate = F.gelu(F.linear(x, ffn["wi_0"]["weight"]), approximate="tanh")
+        h = h + F.linear(gate * F.linear(x, ffn["wi_1"]["weight"]), ffn["wo"]["weight"])
+    return t_rms_norm(h, params["encoder"]["final_layer_norm"]["weight"], eps)
+
+
+# ---------------------------------------------------------------------------------------------
+# Measuring
+
+
+def best_times(runs: dict, repeats: int) -> tuple[dict[str, float], dict]:
+    """Fastest wall time (s) of each named call, and its last result.
+
+    The calls take turns, one of each per repeat, so that a burst of load from elsewhere on a
+    shared machine slows both sides of the comparison rather than one.
+    """
+    seconds = {name: float("inf") for name in runs}
+    results = {}
+    for _ in range(repeats):
+        for name, run in runs.items():
+            start = time.perf_counter()
+            results[name] = run()
+            seconds[name] = min(seconds[name], time.perf_counter() - start)
+    return seconds, results
+
+
+def in_inference_mode(run):
+    """`run` wrapped so that torch records no autograd state, like a deployed forward."""
+    def wrapped():
+        with torch.inference_mode():
+            return run()
+    return wrapped
+
+
+def matmul_roofline(repeats: int = 10) -> dict[str, float]:
+    """Best float32 GEMM GFLOP/s of numpy and torch on a ROOFLINE_SIZE^3 product."""
+    n = ROOFLINE_SIZE
+    a = np.random.default_rng(SEED).standard_normal((n, n), dtype=np.float32)
+    ta = torch.from_numpy(a)
+    seconds, _ = best_times({"numpy": lambda: a @ a, "torch": lambda: ta @ ta}, repeats)
+    return {name: 2 * n**3 / s / 1e9 for name, s in seconds.items()}
+
+
+def max_rel_error(reference: np.ndarray, other: torch.Tensor) -> float:
+    """max |a - b| / max |a|: one number that is small only if the two outputs agree everywhere."""
+    return float(np.abs(reference - other.numpy()).max() / np.abs(reference).max())
+
+
+def comparison(name: str, run_numpy, run_torch, flops: int, repeats: int) -> dict:
+    """One table row: both calls timed in turns, their outputs compared."""
+    seconds, results = best_times({"numpy": run_numpy, "torch": in_inference_mode(run_torch)}, repeats)
+    return {"name": name, "numpy_s": seconds["numpy"], "torch_s": seconds["torch"], "flops": flops,
+            "rel_err": max_rel_error(results["numpy"], results["torch"])}
+
+
+def bench_mmjit(config: MMJiTConfig, size: int, repeats: int) -> dict:
+    params = nest(random_mmjit_weights(config, SEED))
+    rng = np.random.default_rng(SEED + 1)
+    images = rng.standard_normal((BATCH, config.in_channels, size, size), dtype=np.float32)
+    context = rng.standard_normal((BATCH, TEXT_LENGTH, config.txt_input_size), dtype=np.float32)
+    mask = np.zeros((BATCH, TEXT_LENGTH), dtype=np.float32)
+    mask[0, :TEXT_LENGTH // 3] = 1.0  # a short prompt; the unconditional row is all padding
+    mask[1, :1] = 1.0
+    tparams, args = torch_tree(params), [torch.from_numpy(a) for a in (images, context, mask)]
+    return comparison(f"MMJiT {size}x{size} b{BATCH} L{TEXT_LENGTH} ({config.depth_double} double blocks)",
+                      lambda: mmjit_forward(params, config, images, context, mask),
+                      lambda: torch_mmjit_forward(tparams, config, *args),
+                      mmjit_flops(config, BATCH, size, TEXT_LENGTH), repeats)
+
+
+def bench_joint_attention(config: MMJiTConfig, size: int, repeats: int) -> dict:
+    """The joint attention of one double block alone: reference `attention` against torch SDPA."""
+    tokens = TEXT_LENGTH + (size // config.patch_size) ** 2
+    rng = np.random.default_rng(SEED + 3)
+    q, k, v = (rng.standard_normal((BATCH, config.num_heads, tokens, config.head_dim), dtype=np.float32)
+               for _ in range(3))
+    tq, tk, tv = map(torch.from_numpy, (q, k, v))
+    return comparison(f"  of which: joint attention, 1 block ({tokens} tok)",
+                      lambda: attention(q, k, v, config.head_dim**-0.5),
+                      lambda: F.scaled_dot_product_attention(tq, tk, tv),
+                      BATCH * 4 * tokens**2 * config.hidden_size, repeats)
+
+
+def bench_t5(config: T5Config, repeats: int) -> dict:
+    params = nest(random_t5_weights(config, SEED))
+    ids = np.random.default_rng(SEED + 2).integers(0, config.vocab_size, (1, TEXT_LENGTH))
+    mask = np.zeros((1, TEXT_LENGTH), dtype=np.float32)
+    mask[0, :TEXT_LENGTH // 3] = 1.0
+    tparams, tids, tmask = torch_tree(params), torch.from_numpy(ids), torch.from_numpy(mask)
+    return comparison(f"T5 encoder b1 L{TEXT_LENGTH} ({config.num_layers} layers)",
+                      lambda: t5_encode(params, config, ids, mask, np.float32),
+                      lambda: torch_t5_encode(tparams, config, tids, tmask),
+                      t5_flops(config, 1, TEXT_LENGTH), repeats)
+
+
+# ---------------------------------------------------------------------------------------------
+# Reporting
+
+
+def thread_report() -> str:
+    """Thread counts of both libraries (numpy's BLAS pool via threadpoolctl when installed)."""
+    try:
+        from threadpoolctl import threadpool_info
+        blas = ", ".join(f"{i['internal_api']} {i['num_threads']}" for i in threadpool_info())
+    except ImportError:
+        keys = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
+        blas = ", ".join(f"{k}={os.environ[k]}" for k in keys if k in os.environ) or "BLAS default (all cores)"
+    return f"cores {os.cpu_count()}; torch threads {torch.get_num_threads()}; numpy: {blas}"
+
+
+def print_table(rows: list[dict], roofline: dict[str, float]) -> None:
+    header = (f"{'component':<48} {'numpy s':>8} {'torch s':>8} {'np/torch':>8} {'GFLOP':>8} "
+              f"{'np GF/s':>8} {'th GF/s':>8} {'np %roof':>8} {'th %roof':>8} {'rel err':>8}")
+    print(header)
+    print("-" * len(header))
+    for r in rows:
+        gflop = r["flops"] / 1e9
+        np_rate, th_rate = gflop / r["numpy_s"], gflop / r["torch_s"]
+        print(f"{r['name']:<48} {r['numpy_s']:8.3f} {r['torch_s']:8.3f} {r['numpy_s'] / r['torch_s']:8.2f} "
+              f"{gflop:8.1f} {np_rate:8.1f} {th_rate:8.1f} {100 * np_rate / roofline['numpy']:7.0f}% "
+              f"{100 * th_rate / roofline['torch']:7.0f}% {r['rel_err']:8.1e}")
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--repeats", type=int, default=3, help="timed calls per forward; the fastest counts")
+    parser.add_argument("--size", type=int, default=512, help="image side in pixels (multiple of 16)")
+    parser.add_argument("--quick", action="store_true",
+                        help="smoke run: 256x256, 2 double blocks, 2 T5 layers, one repeat")
+    return parser.parse_args(argv)
+
+
+def main(argv=None) -> None:
+    args = parse_args(argv)
+    mmjit, t5, size, repeats = MMJIT_B16, T5_FLAN_LARGE, args.size, args.repeats
+    if args.quick:
+        mmjit = dataclasses.replace(MMJIT_B16, depth_double=2)
+        t5 = dataclasses.replace(T5_FLAN_LARGE, num_layers=2)
+        size, repeats = 256, 1
+    print(thread_report())
+    print(f"numpy {np.__version__}, torch {torch.__version__}")
+    roofline = matmul_roofline()
+    print(f"float32 GEMM roofline ({ROOFLINE_SIZE}^3): numpy {roofline['numpy']:.0f} GFLOP/s, "
+          f"torch {roofline['torch']:.0f} GFLOP/s")
+    rows = [bench_mmjit(mmjit, size, repeats), bench_joint_attention(mmjit, size, max(repeats, 5)),
+            bench_t5(t5, repeats)]
+    print_table(rows, roofline)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,322 @@
+"""GPU benchmark: MiniT2I sampling with CFG on one GPU, CuPy twin vs PyTorch eager (SDPA).
+
+    python benchmarks/gpu.py                       # B/16, 512x512, 10 and 100 steps, fp32/fp16/bf16
+    python benchmarks/gpu.py --steps 10 --precisions bf16 --no-torch
+
+Weights are random with the real B/16 (or L/16) shapes (speed does not depend on their values),
+the context is a random [1, 256, 1024] T5 output. Both backends run the same math: one batched
+[cond ; uncond] forward per step, guidance and the Euler update on the device. The PyTorch
+baseline is written here with torch ops and F.scaled_dot_product_attention (the official code
+uses an einsum softmax, see shared notes); the CuPy path is accelerated.sampler.sample.
+
+Reported: wall time per run (CUDA events), ms per step, achieved TFLOP/s of the MMJiT GEMM +
+attention work against the device's peak for that precision, and per-kernel timings of the
+fused kernels at B/16 shapes. Needs CuPy and an NVIDIA GPU (and torch with CUDA for the baseline).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import numpy as np
+
+from accelerated import kernels
+from minit2i.config import MODEL_VARIANTS, VARIANT_ALIASES, MMJiTConfig
+from minit2i.errors import MiniT2IError
+from minit2i.weights import mmjit_expected_shapes, nest
+from reference.layers import joint_rope, sincos_2d_table, text_rope
+from reference.sampler import initial_noise, step_factors
+
+# Dense peak TFLOP/s by device-name fragment: (fp32 CUDA cores, fp16 tensor, bf16 tensor).
+# fp32 runs without TF32 (parity mode), so its peak is the CUDA-core number.
+PEAK_TFLOPS = {
+    "H200": (67.0, 989.0, 989.0),
+    "H100 SXM": (67.0, 989.0, 989.0),
+    "H100 PCIe": (51.0, 756.0, 756.0),
+    "H100": (67.0, 989.0, 989.0),
+    "A100": (19.5, 312.0, 312.0),
+    "L40S": (91.6, 362.0, 362.0),
+    "RTX 4090": (82.6, 165.2, 165.2),
+}
+PRECISION_INDEX = {"fp32": 0, "fp16": 1, "bf16": 2}
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--variant", default="b16", help="b16 or l16 (default b16)")
+    parser.add_argument("--size", type=int, default=512, help="square image size (default 512)")
+    parser.add_argument("--steps", type=int, nargs="+", default=[10, 100], help="step counts (default 10 100)")
+    parser.add_argument("--precisions", nargs="+", default=["fp32", "fp16", "bf16"], choices=list(PRECISION_INDEX))
+    parser.add_argument("--cfg-scale", type=float, default=6.0)
+    parser.add_argument("--repeats", type=int, default=2, help="timed runs per setting (best is reported)")
+    parser.add_argument("--no-torch", action="store_true", help="skip the PyTorch eager baseline")
+    parser.add_argument("--graph", action="store_true", help="CuPy: replay each step as a captured CUDA graph")
+    return parser.parse_args(argv)
+
+
+def random_params(config: MMJiTConfig, seed: int = 0) -> dict:
+    """Random float32 weights with the checkpoint's shapes (norm weights 1, others N(0, 0.02))."""
+    rng = np.random.default_rng(seed)
+    flat = {}
+    for name, shape in mmjit_expected_shapes(config).items():
+        is_norm = "norm" in name and name.endswith("weight")
+        flat[name] = np.ones(shape, np.float32) if is_norm else 0.02 * rng.standard_normal(shape, dtype=np.float32)
+    return nest(flat)
+
+
+def forward_flops(config: MMJiTConfig, size: int, batch: int) -> float:
+    """GEMM + attention FLOPs of one forward on `batch` images (norms and elementwise ignored)."""
+    d, hid, length = config.hidden_size, config.mlp_hidden, config.prompt_length
+    tokens = (size // config.patch_size) ** 2
+    per_token_block = 2 * (3 * d * d + d * d + 3 * d * hid)  # qkv, proj, w1|w3 and w2
+    preamble = config.txt_preamble_depth * (length * per_token_block + 4 * length * length * d)
+    joint = length + tokens
+    double = config.depth_double * (joint * per_token_block + 4 * joint * joint * d)
+    embed = 2 * tokens * (config.patch_dim * config.pca_channels + config.pca_channels * d)
+    embed += 2 * length * config.txt_input_size * d + 2 * tokens * d * config.patch_dim
+    return float(batch * (preamble + double + embed))
+
+
+def peak_tflops(device_name: str, precision: str) -> float | None:
+    for fragment, peaks in PEAK_TFLOPS.items():
+        if fragment in device_name:
+            return peaks[PRECISION_INDEX[precision]]
+    return None
+
+
+# ---------------------------------------------------------------------------------------------
+# Timing helpers (CUDA events: wall time on the GPU, not Python launch time)
+
+
+def time_cupy(cp, fn, repeats: int) -> float:
+    """Best of `repeats` runs of fn(), in ms, after one warm-up run."""
+    fn()
+    best = float("inf")
+    for _ in range(repeats):
+        start, end = cp.cuda.Event(), cp.cuda.Event()
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        best = min(best, cp.cuda.get_elapsed_time(start, end))
+    return best
+
+
+def cupy_sampler(cp, params, config, size, steps, precision, cfg_scale, use_graph):
+    from accelerated.mmjit import mmjit_forward, upload_mmjit
+    from accelerated.pipeline import precision_dtype
+    from accelerated.sampler import sample
+
+    dtype = precision_dtype(precision)
+    device_params = upload_mmjit(params, config, dtype)
+    rng = np.random.default_rng(1)
+    context = cp.asarray(rng.standard_normal((1, config.prompt_length, config.txt_input_size), dtype=np.float32)).astype(dtype)
+    mask = cp.ones((1, config.prompt_length), dtype)
+    noise = initial_noise(0, 1, config.in_channels, size, size)
+
+    def denoise(x, ctx, m):
+        return mmjit_forward(device_params, config, x, ctx, m)
+
+    return lambda: sample(denoise, noise, context, mask, steps, cfg_scale, 0.001, use_graph=use_graph)
+
+
+def kernel_timings(cp, config: MMJiTConfig, size: int, precision: str):
+    """{kernel: (ms, note)} for each fused kernel at the shapes of one batched CFG forward."""
+    from accelerated.pipeline import precision_dtype
+
+    dtype = precision_dtype(precision)
+    d, heads, dh = config.hidden_size, config.num_heads, config.head_dim
+    tokens, length = (size // config.patch_size) ** 2, config.prompt_length
+    joint, batch = tokens + length, 2
+    item = np.dtype(dtype).itemsize
+    x = cp.ones((batch, tokens, d), dtype)
+    zeros, w, bias = cp.zeros_like(x), cp.ones(d, dtype), cp.zeros(d, dtype)
+    packed = cp.ones((batch, tokens, 2 * config.mlp_hidden), dtype)
+    qkv = cp.ones((batch, tokens, 3 * d), dtype)
+    q, k, v = (cp.zeros((batch, heads, joint, dh), dtype) for _ in range(3))
+    cos, sin = (cp.asarray(t) for t in joint_rope(length, size // config.patch_size, size // config.patch_size, dh, np.float32))
+    state = cp.zeros((1, 3, size, size), np.float32)
+    x0_both = cp.zeros((2, 3, size, size), dtype)
+    next_input, guided, factor = cp.empty_like(x0_both), cp.empty_like(state), cp.ones(1, np.float32)
+    gemm_a, gemm_b = cp.ones((batch * tokens, d), dtype), cp.ones((d, 3 * d), dtype)
+    cases = {
+        "rms_norm": (lambda: kernels.rms_norm(x, w), 2 * x.size * item),
+        "add_rms_norm": (lambda: kernels.add_rms_norm(x, zeros, bias, w), 4 * x.size * item),
+        "swiglu": (lambda: kernels.gated_activation(packed, "swiglu"), 1.5 * packed.size * item),
+        "qkv_heads (img)": (lambda: kernels.qkv_heads(qkv, cp.zeros(3 * d, dtype), heads, q, k, v, length, (w[:dh], w[:dh]), (cos, sin)),
+                            2 * qkv.size * item),
+        "flash_attention": (lambda: kernels.attention(q, k, v, dh**-0.5), None),
+        "cfg_euler": (lambda: kernels.cfg_euler(state, next_input, x0_both, guided, 6.0, factor),
+                      state.size * (8 + 4 * item)),
+        "GEMM qkv (cuBLAS)": (lambda: cp.matmul(gemm_a, gemm_b), None),
+    }
+    flops = {"flash_attention": 4.0 * batch * heads * joint * joint * dh, "GEMM qkv (cuBLAS)": 2.0 * batch * tokens * d * 3 * d}
+    results = {}
+    for name, (fn, bytes_moved) in cases.items():
+        ms = time_cupy(cp, fn, 20)
+        note = f"{bytes_moved / ms / 1e6:.0f} GB/s" if bytes_moved else f"{flops[name] / ms / 1e9:.1f} TFLOP/s"
+        results[name] = (ms, note)
+    return results
+
+
+# ---------------------------------------------------------------------------------------------
+# PyTorch eager baseline: the reference math in torch ops, SDPA for attention
+
+
+def torch_sampler(torch, params, config: MMJiTConfig, size, steps, precision, cfg_scale, dev="cuda"):
+    """A closure running the whole sampler in torch eager; returns the final state [1, C, H, W]."""
+    import torch.nn.functional as F
+
+    dtype = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[precision]
+    tree = _to_torch(torch, params, dtype, dev)
+    p, grid = config.patch_size, size // config.patch_size
+    heads, dh = config.num_heads, config.head_dim
+    length = config.prompt_length
+    pos = torch.tensor(sincos_2d_table(grid, grid, config.hidden_size, np.float32), device=dev, dtype=dtype)
+    txt_rope = [torch.tensor(t, device=dev, dtype=dtype) for t in text_rope(length, dh, np.float32)]
+    joint = [torch.tensor(t, device=dev, dtype=dtype) for t in joint_rope(length, grid, grid, dh, np.float32)]
+
+    def rms(x, weight):
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * weight
+
+    def rope(x, cos, sin):
+        x1, x2 = x.chunk(2, dim=-1)
+        return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
+
+    def heads_of(h, qkv, qn, kn):
+        b, n, _ = h.shape
+        q, k, v = F.linear(h, qkv["weight"], qkv["bias"]).view(b, n, 3, heads, dh).permute(2, 0, 3, 1, 4)
+        return rms(q, qn), rms(k, kn), v
+
+    def mlp(h, m):
+        return F.linear(F.silu(F.linear(h, m["w1"]["weight"])) * F.linear(h, m["w3"]["weight"]), m["w2"]["weight"])
+
+    def attend(q, k, v):
+        out = F.scaled_dot_product_attention(q, k, v)
+        return out.transpose(1, 2).flatten(2)
+
+    def forward(images, context, mask):
+        b = images.shape[0]
+        patches = images.view(b, 3, grid, p, grid, p).permute(0, 2, 4, 1, 3, 5).reshape(b, grid * grid, -1)
+        e = tree["img_embedder"]
+        img = F.linear(F.linear(patches, e["proj1"]["weight"].flatten(1)), e["proj2"]["weight"].flatten(1), e["proj2"]["bias"]) + pos
+        ctx = torch.where(mask[..., None] > 0.5, context, tree["mask_token"][0, 0])
+        txt = F.linear(ctx, tree["txt_embedder"]["weight"])
+        for blk in tree["txt_preamble_blocks"]:
+            q, k, v = heads_of(rms(txt, blk["norm1"]["weight"]), blk["qkv"], blk["q_norm"]["weight"], blk["k_norm"]["weight"])
+            out = attend(rope(q, *txt_rope), rope(k, *txt_rope), v)
+            txt = txt + F.linear(out, blk["attn_proj"]["weight"], blk["attn_proj"]["bias"])
+            txt = txt + mlp(rms(txt, blk["norm2"]["weight"]), blk["mlp"])
+        for blk in tree["double_blocks"]:
+            qn, kn = blk["q_norm"]["weight"], blk["k_norm"]["weight"]
+            qi, ki, vi = heads_of(rms(img, blk["img_norm1"]["weight"]), blk["img_qkv"], qn, kn)
+            qt, kt, vt = heads_of(rms(txt, blk["txt_norm1"]["weight"]), blk["txt_qkv"], qn, kn)
+            out = attend(rope(torch.cat([qt, qi], 2), *joint), rope(torch.cat([kt, ki], 2), *joint), torch.cat([vt, vi], 2))
+            img = img + F.linear(out[:, length:], blk["img_attn_proj"]["weight"], blk["img_attn_proj"]["bias"])
+            txt = txt + F.linear(out[:, :length], blk["txt_attn_proj"]["weight"], blk["txt_attn_proj"]["bias"])
+            img = img + mlp(rms(img, blk["img_norm2"]["weight"]), blk["img_mlp"])
+            txt = txt + mlp(rms(txt, blk["txt_norm2"]["weight"]), blk["txt_mlp"])
+        f = tree["final_layer"]
+        out = F.linear(rms(img, f["norm_final"]["weight"]), f["linear"]["weight"], f["linear"]["bias"])
+        return out.view(b, grid, grid, p, p, 3).permute(0, 5, 1, 3, 2, 4).reshape(b, 3, size, size)
+
+    gen = np.random.default_rng(1)
+    context = torch.as_tensor(gen.standard_normal((1, length, config.txt_input_size), dtype=np.float32), device=dev, dtype=dtype)
+    both_context = torch.cat([context, context])
+    both_mask = torch.cat([torch.ones(1, length, device=dev, dtype=dtype), torch.zeros(1, length, device=dev, dtype=dtype)])
+    noise = torch.as_tensor(initial_noise(0, 1, config.in_channels, size, size), device=dev)
+    factors = step_factors(steps, 0.001)
+
+    @torch.inference_mode()
+    def run():
+        x = noise.clone()
+        for f in factors:
+            x0 = forward(torch.cat([x, x]).to(dtype), both_context, both_mask).float()
+            guided = x0[1:] + cfg_scale * (x0[:1] - x0[1:])
+            x = x + float(f) * (guided - x)
+        return x
+
+    return run
+
+
+def _to_torch(torch, tree, dtype, device):
+    if isinstance(tree, dict):
+        return {k: _to_torch(torch, v, dtype, device) for k, v in tree.items()}
+    if isinstance(tree, list):
+        return [_to_torch(torch, v, dtype, device) for v in tree]
+    return torch.as_tensor(np.ascontiguousarray(tree), device=device).to(dtype)
+
+
+def time_torch(torch, fn, repeats: int) -> float:
+    fn()
+    best = float("inf")
+    for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        torch.cuda.synchronize()
+        best = min(best, start.elapsed_time(end))
+    return best
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+def load_torch(skip: bool):
+    """torch with CUDA, or None (with the reason printed) when the baseline cannot run."""
+    if skip:
+        return None
+    try:
+        import torch
+    except ImportError:
+        print("PyTorch is not installed: skipping the eager baseline", file=sys.stderr)
+        return None
+    if not torch.cuda.is_available():
+        print("PyTorch has no CUDA device: skipping the eager baseline", file=sys.stderr)
+        return None
+    return torch
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    try:
+        cp = kernels.require_gpu()
+        config = MODEL_VARIANTS[VARIANT_ALIASES.get(args.variant, args.variant)]
+    except MiniT2IError as err:
+        print(f"benchmarks/gpu.py: {err}", file=sys.stderr)
+        return 2
+    except KeyError:
+        print(f"benchmarks/gpu.py: unknown --variant {args.variant}; use b16 or l16", file=sys.stderr)
+        return 2
+    torch = load_torch(args.no_torch)
+    device_name = cp.cuda.runtime.getDeviceProperties(cp.cuda.runtime.getDevice())["name"].decode()
+    params = random_params(config)
+    flops_per_step = forward_flops(config, args.size, batch=2)
+    print(f"device: {device_name}; {args.variant} {args.size}x{args.size}, CFG {args.cfg_scale}, "
+          f"{flops_per_step / 1e12:.2f} TFLOP per step (GEMM + attention)")
+    print(f"{'backend':<14}{'precision':<10}{'steps':>6}{'total ms':>11}{'ms/step':>9}{'TFLOP/s':>9}{'% peak':>8}")
+    for precision in args.precisions:
+        for steps in args.steps:
+            runs = [("cupy" + ("+graph" if args.graph else ""),
+                     lambda: time_cupy(cp, cupy_sampler(cp, params, config, args.size, steps, precision,
+                                                        args.cfg_scale, args.graph), args.repeats))]
+            if torch is not None:
+                runs.append(("torch eager", lambda: time_torch(torch, torch_sampler(
+                    torch, params, config, args.size, steps, precision, args.cfg_scale), args.repeats)))
+            for backend, timed in runs:
+                ms = timed()
+                tflops = flops_per_step * steps / ms / 1e9
+                peak = peak_tflops(device_name, precision)
+                share = f"{100 * tflops / peak:.1f}" if peak else "?"
+                print(f"{backend:<14}{precision:<10}{steps:>6}{ms:>11.1f}{ms / steps:>9.2f}{tflops:>9.1f}{share:>8}")
+    for precision in args.precisions:
+        print(f"\nper-kernel timings ({precision}, shapes of one batched CFG forward, CUDA events):")
+        for name, (ms, note) in kernel_timings(cp, config, args.size, precision).items():
+            print(f"  {name:<20}{1000 * ms:>9.1f} us   {note}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

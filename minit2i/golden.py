@@ -1,0 +1,402 @@
+"""Golden regression suite: fixed recipes, recorded outputs, tolerance checks (`minit2i golden`).
+
+Every item is a recipe (configs, weight seeds, inputs) and the output it produced when it was
+recorded. Weights are rebuilt from their seeds, so `golden/` holds only outputs and recipes:
+
+    golden/manifest.json   recipes, tolerances, shapes and sha256 of every stored array
+    golden/golden.npz      the recorded arrays (float64 outputs, uint8 images)
+
+How outputs are compared, and why no float bytes are hashed: NumPy/BLAS results are not
+bit-identical across CPUs and BLAS builds (float32 matmul differs between x86-64 and arm64,
+between OpenBLAS kernels, even between Xeon generations), so a hash of float bytes would fail on
+the next machine. Instead
+
+  * float outputs are recorded from a float64 run and compared twice: the float64 run with a
+    tight tolerance (any change to the math, down to an RMSNorm eps, is far above float64
+    rounding) and the float32 run, the one generation uses, with a tolerance ~10x the float32
+    rounding error measured against float64;
+  * images are compared as the uint8 pixels themselves (a few KB each): every pixel within 1
+    level. floor(127.5 x + 128) can flip by one level when x sits on a level boundary, so even
+    a PNG hash is not portable; the stored sha256 of the pixels only says whether this run was
+    bit-identical to the recording (reported, never required).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import contextlib
+import hashlib
+import io
+import json
+import os
+import platform
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from reference.mmjit import mmjit_forward
+from reference.pipeline import PRECISIONS, NumpyRunner
+from reference.sampler import initial_noise
+from reference.t5 import t5_encode
+
+from .config import MMJIT_TINY, T5_TINY, MMJiTConfig, T5Config
+from .default_model import VERSION, random_mmjit_weights, random_t5_weights, tokenizer_pieces
+from .errors import MiniT2IError
+from .images import to_pixels
+from .pipeline import Model, Request, generate
+from .tokenizer import PromptTokenizer, make_t5_style_tokenizer
+from .weights import LoadedWeights, nest
+
+GOLDEN_DIR = Path(__file__).resolve().parent.parent / "golden"
+MANIFEST_NAME = "manifest.json"
+ARRAYS_NAME = "golden.npz"
+FORMAT_VERSION = 1
+RECORD_PRECISION = "fp64"
+
+
+# ---------------------------------------------------------------------------------------------
+# Checks
+
+
+@dataclass(frozen=True)
+class FloatCheck:
+    """Run the recipe in `precision`; pass if |got - want| <= atol + rtol |want| everywhere."""
+
+    precision: str
+    rtol: float
+    atol: float
+
+    def compare(self, got: np.ndarray, want: np.ndarray) -> tuple[bool, str]:
+        diff = np.abs(got.astype(np.float64) - want)
+        worst = float(np.max(diff / (self.atol + self.rtol * np.abs(want))))
+        detail = f"max|d| {diff.max():.2e}, {worst:.2g} of tolerance (rtol {self.rtol:g}, atol {self.atol:g})"
+        return worst <= 1.0, detail
+
+
+@dataclass(frozen=True)
+class PixelCheck:
+    """Run the recipe in `precision`, convert to uint8 pixels; pass if every pixel is within
+    `max_levels` of the recording."""
+
+    precision: str
+    max_levels: int = 1
+
+    def compare(self, got: np.ndarray, want: np.ndarray) -> tuple[bool, str]:
+        diff = np.abs(got.astype(np.int16) - want.astype(np.int16))
+        changed = float(np.mean(diff > 0))
+        exact = "bit-identical" if _sha256(got) == _sha256(want) else f"{changed:.2%} of values differ"
+        return int(diff.max()) <= self.max_levels, f"max|d| {diff.max()} levels (limit {self.max_levels}), {exact}"
+
+
+# ---------------------------------------------------------------------------------------------
+# Recipes: plain JSON-able dicts, copied into the manifest when recorded.
+
+
+@dataclass(frozen=True)
+class Item:
+    """One golden output: `run(recipe, precision)` recomputes it; `checks` say how it is compared."""
+
+    name: str
+    recipe: dict
+    run: Callable[[dict, str], np.ndarray]
+    checks: tuple = ()
+
+    def stored_arrays(self) -> dict[str, str]:
+        """Stored array name -> precision it is recorded in (float: fp64; pixels: the check's)."""
+        arrays = {}
+        for check in self.checks:
+            if isinstance(check, FloatCheck):
+                arrays[self.name] = RECORD_PRECISION
+            else:
+                arrays[f"{self.name}.pixels"] = check.precision
+        return arrays
+
+    def manifest_entry(self) -> dict:
+        return {"recipe": self.recipe, "checks": [_check_json(c) for c in self.checks]}
+
+
+def tiny_t5_hidden(recipe: dict, precision: str) -> np.ndarray:
+    """T5 encoder output [B, L, d_model] for seeded ids with right padding."""
+    config = T5Config(**recipe["config"])
+    ids, mask = _padded_ids(recipe["input_seed"], recipe["length"], recipe["real_tokens"], config.vocab_size)
+    dtype = PRECISIONS[precision]
+    params = nest(random_t5_weights(config, recipe["weight_seed"]))
+    return t5_encode(params, config, ids, mask.astype(dtype), dtype)
+
+
+def tiny_mmjit_x0(recipe: dict, precision: str) -> np.ndarray:
+    """One MMJiT forward [B, 3, H, W] on seeded noise and a seeded context, one row per mask."""
+    config = MMJiTConfig(**recipe["config"])
+    dtype = PRECISIONS[precision]
+    rows = len(recipe["real_tokens"])
+    x = initial_noise(recipe["input_seed"], rows, config.in_channels, recipe["height"], recipe["width"])
+    context = np.random.default_rng(recipe["input_seed"] + 1).standard_normal(
+        (rows, config.prompt_length, config.txt_input_size), dtype=np.float32)
+    mask = _prefix_mask(config.prompt_length, recipe["real_tokens"])
+    params = nest(random_mmjit_weights(config, recipe["weight_seed"]))
+    return mmjit_forward(params, config, x.astype(dtype), context.astype(dtype), mask.astype(dtype))
+
+
+def tiny_sampler_image(recipe: dict, precision: str) -> np.ndarray:
+    """prompt -> tokenizer -> T5 -> CFG Euler sampler, the shared pipeline on a tiny model:
+    the final image state [B, 3, H, W] (float32, as `generate` returns it)."""
+    mmjit_config, t5_config = MMJiTConfig(**recipe["mmjit"]), T5Config(**recipe["t5"])
+    seed = recipe["weight_seed"]
+
+    def loaded(config, tensors):
+        return LoadedWeights(config, tensors, [], "", ["F32"], "golden recipe")
+
+    model = Model(
+        loaded(mmjit_config, random_mmjit_weights(mmjit_config, seed)),
+        loaded(t5_config, random_t5_weights(t5_config, seed + 1)),
+        PromptTokenizer(make_t5_style_tokenizer(tokenizer_pieces(t5_config.vocab_size - 3)),
+                        mmjit_config.prompt_length),
+    )
+    request = Request(recipe["prompt"], recipe["steps"], recipe["cfg_scale"], recipe["width"],
+                      recipe["height"], recipe["seed"], a_min=recipe["a_min"])
+    return generate(model, NumpyRunner(model.mmjit, model.t5, precision), request).images
+
+
+def default_model_png(recipe: dict, precision: str) -> np.ndarray:
+    """`minit2i generate` on the built-in default model, read back from the PNG: uint8 [H, W, 3].
+
+    The recipe names the default model's version, so a new default model makes the item stale.
+    """
+    from PIL import Image
+
+    from .cli import main
+
+    with tempfile.TemporaryDirectory(prefix="minit2i-golden-") as folder:
+        output = Path(folder) / "golden.png"
+        with contextlib.redirect_stdout(io.StringIO()):  # generate prints the output path
+            status = main([*recipe["argv"], "--precision", precision, "--output", str(output)])
+        if status:
+            raise MiniT2IError(f"`minit2i {' '.join(recipe['argv'])}` exited with status {status}")
+        return np.asarray(Image.open(output).convert("RGB"))
+
+
+def _padded_ids(seed: int, length: int, real_tokens: list[int], vocab: int) -> tuple[np.ndarray, np.ndarray]:
+    """Seeded ids [B, length] shaped like tokenizer output: words, `</s>` (1), then `<pad>` (0).
+
+    Row b has real_tokens[b] >= 1 masked-in positions, the last of them `</s>`.
+    """
+    ids = np.random.default_rng(seed).integers(3, vocab, size=(len(real_tokens), length))
+    mask = _prefix_mask(length, real_tokens)
+    ids[mask == 0] = 0
+    ids[np.arange(len(real_tokens)), np.array(real_tokens) - 1] = 1
+    return ids, mask
+
+
+def _prefix_mask(length: int, real_tokens: list[int]) -> np.ndarray:
+    """[B, length] float32: row b has its first real_tokens[b] positions set."""
+    return (np.arange(length)[None, :] < np.array(real_tokens)[:, None]).astype(np.float32)
+
+
+# Tolerances come from measurements (golden/README.md): over five OpenBLAS kernel sets and 1 or 2
+# threads, float32 runs differ from float64 by at most 0.21 of the float32 tolerances below, and
+# float64 runs from each other by 6e-15, under 1e-4 of theirs. An RMSNorm eps of 1e-5 instead of
+# 1e-6 moves the float64 outputs by 4e-5 (T5) to 6e-4 (MMJiT): over 1e5 float64 tolerances.
+ITEMS = (
+    Item("t5.hidden",
+         {"config": dataclasses.asdict(T5_TINY), "weight_seed": 501, "input_seed": 502, "length": 40,
+          "real_tokens": [29, 7]},
+         tiny_t5_hidden,
+         (FloatCheck("fp64", rtol=1e-9, atol=1e-10), FloatCheck("fp32", rtol=1e-4, atol=1e-5))),
+    Item("mmjit.x0",
+         {"config": dataclasses.asdict(MMJIT_TINY), "weight_seed": 601, "input_seed": 602, "height": 32,
+          "width": 48, "real_tokens": [6, 0]},
+         tiny_mmjit_x0,
+         (FloatCheck("fp64", rtol=1e-9, atol=1e-10), FloatCheck("fp32", rtol=1e-4, atol=1e-5))),
+    Item("sampler.image",
+         {"mmjit": dataclasses.asdict(MMJIT_TINY), "t5": dataclasses.asdict(T5_TINY), "weight_seed": 701,
+          "prompt": "a red cat sitting on a boat", "steps": 3, "cfg_scale": 1.5, "a_min": 0.001,
+          "seed": 703, "height": 32, "width": 48},
+         tiny_sampler_image,
+         # The runner hands back float32 even in fp64, hence the float32-rounding floor here.
+         (FloatCheck("fp64", rtol=1e-6, atol=1e-6), FloatCheck("fp32", rtol=2e-4, atol=2e-5),
+          PixelCheck("fp32"))),
+    Item("default_model.png",
+         {"default_model": VERSION,
+          "argv": ["generate", "--prompt", "a red cat sitting on a boat", "--steps", "2", "-W", "64",
+                   "-H", "64", "--seed", "42", "--quiet"]},
+         default_model_png,
+         (PixelCheck("fp32"),)),
+)
+
+
+# ---------------------------------------------------------------------------------------------
+# Record and check
+
+
+@dataclass
+class Outcome:
+    """The verdict of one check of one item."""
+
+    item: str
+    check: str
+    passed: bool
+    detail: str
+
+    def line(self) -> str:
+        return f"{'PASS' if self.passed else 'FAIL'}  {self.item:<18} {self.check:<11} {self.detail}"
+
+
+def select(names: list[str] | None) -> tuple[Item, ...]:
+    """The items called `names` (all of them for None), or a clear error for unknown names."""
+    if not names:
+        return ITEMS
+    known = {item.name: item for item in ITEMS}
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise MiniT2IError(f"unknown golden item(s) {', '.join(unknown)}; choose from {', '.join(known)}")
+    return tuple(known[n] for n in names)
+
+
+def record(folder: Path = GOLDEN_DIR, force: bool = False) -> list[str]:
+    """Run every recipe and write manifest + arrays; refuses to overwrite without `force`.
+
+    Returns the stored array names.
+    """
+    folder = Path(folder)
+    existing = [folder / n for n in (MANIFEST_NAME, ARRAYS_NAME) if (folder / n).exists()]
+    if existing and not force:
+        raise MiniT2IError(
+            f"{existing[0]} already exists: recording would replace the golden outputs; pass --force "
+            "if the change to the math is intended (and review the diff)"
+        )
+    arrays: dict[str, np.ndarray] = {}
+    for item in ITEMS:
+        for name, precision in item.stored_arrays().items():
+            value = item.run(item.recipe, precision)
+            arrays[name] = value if name == item.name else _as_pixels(value)
+    manifest = {
+        "format": FORMAT_VERSION,
+        "recorded_with": {"numpy": np.__version__, "machine": platform.machine(),
+                          "python": platform.python_version()},
+        "items": {item.name: item.manifest_entry() for item in ITEMS},
+        "arrays": {name: {"shape": list(a.shape), "dtype": str(a.dtype), "sha256": _sha256(a)}
+                   for name, a in arrays.items()},
+    }
+    folder.mkdir(parents=True, exist_ok=True)
+    _write_atomically(folder / ARRAYS_NAME, lambda f: np.savez_compressed(f, **arrays))
+    _write_atomically(folder / MANIFEST_NAME, lambda f: f.write(json.dumps(manifest, indent=1).encode()))
+    return sorted(arrays)
+
+
+def check(folder: Path = GOLDEN_DIR, names: list[str] | None = None) -> list[Outcome]:
+    """Recompute the selected items and compare them with the recording, one Outcome per check."""
+    manifest, arrays = load(folder)
+    outcomes = []
+    for item in select(names):
+        stale = _staleness(item, manifest, arrays)
+        if stale:
+            outcomes.append(Outcome(item.name, "recording", False, stale))
+            continue
+        runs: dict[str, np.ndarray] = {}
+        for chk in item.checks:
+            if chk.precision not in runs:
+                runs[chk.precision] = item.run(item.recipe, chk.precision)
+            if isinstance(chk, FloatCheck):
+                passed, detail = chk.compare(runs[chk.precision], arrays[item.name])
+                label = chk.precision
+            else:
+                passed, detail = chk.compare(_as_pixels(runs[chk.precision]), arrays[f"{item.name}.pixels"])
+                label = f"{chk.precision}/pixels"
+            outcomes.append(Outcome(item.name, label, passed, detail))
+    return outcomes
+
+
+def load(folder: Path = GOLDEN_DIR) -> tuple[dict, dict[str, np.ndarray]]:
+    """(manifest, arrays) from a golden folder, or a MiniT2IError saying how to get one."""
+    folder = Path(folder)
+    manifest_path, arrays_path = folder / MANIFEST_NAME, folder / ARRAYS_NAME
+    if not manifest_path.is_file() or not arrays_path.is_file():
+        raise MiniT2IError(
+            f"no golden recording in {folder} (needs {MANIFEST_NAME} and {ARRAYS_NAME}); run from a source "
+            "checkout, pass --dir, or create one with `minit2i golden record`"
+        )
+    try:
+        manifest = json.loads(manifest_path.read_text())
+        with np.load(arrays_path) as data:
+            arrays = {name: data[name] for name in data.files}
+    except (OSError, ValueError) as err:
+        raise MiniT2IError(f"cannot read the golden recording in {folder} ({err}); restore it from git") from None
+    if manifest.get("format") != FORMAT_VERSION:
+        raise MiniT2IError(f"{manifest_path} has format {manifest.get('format')}, this code reads "
+                           f"{FORMAT_VERSION}; re-record with `minit2i golden record --force`")
+    return manifest, arrays
+
+
+def _staleness(item: Item, manifest: dict, arrays: dict[str, np.ndarray]) -> str:
+    """Why the recording cannot judge this item ('' when it can)."""
+    fix = "re-record with `minit2i golden record --force`"
+    if manifest["items"].get(item.name) != json.loads(json.dumps(item.manifest_entry())):
+        return f"recipe or checks changed since recording (see {MANIFEST_NAME}); {fix}"
+    for name in item.stored_arrays():
+        if name not in arrays or name not in manifest["arrays"]:
+            return f"array {name} missing from the recording; {fix}"
+        if _sha256(arrays[name]) != manifest["arrays"][name]["sha256"]:
+            return (f"array {name} does not match its sha256 in {MANIFEST_NAME} (edited or corrupted); "
+                    "restore it from git")
+    return ""
+
+
+def _as_pixels(value: np.ndarray) -> np.ndarray:
+    """Images [B, 3, H, W] float -> uint8 [B, H, W, 3]; uint8 images pass through."""
+    return value if value.dtype == np.uint8 else to_pixels(value)
+
+
+def _sha256(array: np.ndarray) -> str:
+    """Hash of dtype, shape and bytes (for integrity of the stored arrays, not for comparison)."""
+    digest = hashlib.sha256(f"{array.dtype.str}{array.shape}".encode())
+    digest.update(np.ascontiguousarray(array).tobytes())
+    return digest.hexdigest()
+
+
+def _check_json(chk) -> dict:
+    return {"kind": type(chk).__name__, **dataclasses.asdict(chk)}
+
+
+def _write_atomically(path: Path, write: Callable) -> None:
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".part", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            write(f)
+        os.chmod(tmp, 0o644)  # mkstemp makes it private; these are ordinary repository files
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+# ---------------------------------------------------------------------------------------------
+# CLI
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("golden", help="check (or record) the golden regression outputs",
+                       description="Recompute fixed recipes (tiny T5, tiny MMJiT, tiny sampler, default "
+                                   "model PNG) and compare them with the recording in golden/.")
+    p.add_argument("action", choices=["check", "record"])
+    p.add_argument("--dir", type=Path, default=GOLDEN_DIR, help=f"golden folder (default {GOLDEN_DIR})")
+    p.add_argument("--item", action="append", dest="items", metavar="NAME",
+                   help="check only this item (repeatable): " + ", ".join(i.name for i in ITEMS))
+    p.add_argument("--force", action="store_true", help="record: overwrite an existing recording")
+    p.set_defaults(run=run)
+
+
+def run(args) -> int:
+    if args.action == "record":
+        names = record(args.dir, args.force)
+        print(f"recorded {len(names)} arrays into {args.dir}: {', '.join(names)}")
+        return 0
+    outcomes = check(args.dir, args.items)
+    for outcome in outcomes:
+        print(outcome.line())
+    failed = [o for o in outcomes if not o.passed]
+    print(f"golden: {len(outcomes) - len(failed)}/{len(outcomes)} checks passed"
+          + (f"; failing: {', '.join(sorted({o.item for o in failed}))}" if failed else ""))
+    return 1 if failed else 0

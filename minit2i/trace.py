@@ -1,0 +1,231 @@
+"""Divergence tracer (`minit2i trace`): where do two backends or precisions part ways?
+
+Both sides run the same prompt through the T5 encoder and one MMJiT forward on the seed's noise
+at t = 0 (the batch the sampler sends: [cond ; uncond]). Every stage output is caught through
+the `on_layer(name, value)` hooks of `t5_encode` and `mmjit_forward`, which the NumPy reference
+and the CuPy twin share ("t5.block.{i}", "patch_embed", "txt_embed", "preamble.{i}",
+"double.{i}.img", "double.{i}.txt", "final_layer"), and compared layer by layer.
+
+Both MMJiT runs get side A's T5 output as context, so each network's error is its own and the
+first divergent layer points at the stage that introduced the difference, not one that
+inherited it. A layer diverges when max|b - a| > atol + rtol * max|a| (scale-relative: one
+elementwise relative error near a zero would say nothing about the layer).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+from reference.sampler import initial_noise
+
+from .errors import MiniT2IError
+from .pipeline import BACKENDS, Model, load_model, make_runner
+
+# Default tolerance (rtol, atol) by the less precise side. fp32: float32 rounding reaches ~1e-6
+# of a layer's scale on the tiny and default models (measured against fp64), so 1e-5 leaves a
+# margin of 10. fp16 and bf16 keep 11 and 8 mantissa bits (one rounding: 5e-4, 4e-3) and a block
+# chains a dozen roundings: the per-stage bounds of the GPU parity tests, 3e-2 and 8e-2.
+TOLERANCES = {"fp64": (1e-12, 1e-12), "fp32": (1e-5, 1e-6), "fp16": (3e-2, 1e-6), "bf16": (8e-2, 1e-6)}
+PRECISION_ORDER = ("bf16", "fp16", "fp32", "fp64")
+
+
+@dataclass(frozen=True)
+class Side:
+    """One side of a comparison, written `backend:precision` (e.g. numpy:fp64, cupy:bf16)."""
+
+    backend: str
+    precision: str
+
+    @classmethod
+    def parse(cls, text: str) -> "Side":
+        backend, _, precision = text.partition(":")
+        if backend not in BACKENDS or precision not in TOLERANCES:
+            raise MiniT2IError(
+                f"cannot read side {text!r}: write backend:precision with backend one of "
+                f"{', '.join(BACKENDS)} and precision one of {', '.join(TOLERANCES)} (e.g. numpy:fp64)"
+            )
+        return cls(backend, precision)
+
+    def __str__(self) -> str:
+        return f"{self.backend}:{self.precision}"
+
+
+@dataclass
+class Adapter:
+    """A backend seen through host arrays: both networks with their layer hooks.
+
+    encode(ids [B, L], mask [B, L], on_layer) -> context [B, L, d_model];
+    denoise(x [B, C, H, W], context [B, L, Dc], mask [B, L], on_layer) -> x0 [B, C, H, W];
+    to_host(value) -> float64 NumPy copy of any array the backend hands out.
+    """
+
+    encode: Callable
+    denoise: Callable
+    to_host: Callable
+
+
+def numpy_adapter(runner) -> Adapter:
+    """The reference functions, in the runner's dtype (fp32 or fp64)."""
+    from reference.mmjit import mmjit_forward
+    from reference.t5 import t5_encode
+
+    dtype = runner.dtype
+    return Adapter(
+        encode=lambda ids, mask, on_layer: t5_encode(
+            runner.t5_params, runner.t5_config, ids, mask.astype(dtype), dtype, on_layer),
+        denoise=lambda x, context, mask, on_layer: mmjit_forward(
+            runner.mmjit_params, runner.mmjit_config, x.astype(dtype), context.astype(dtype),
+            mask.astype(dtype), on_layer),
+        to_host=lambda value: np.array(value, dtype=np.float64),
+    )
+
+
+def cupy_adapter(runner) -> Adapter:
+    """The CuPy twin: T5 in fp32, MMJiT in the runner's dtype; arrays go up, layers come down."""
+    from accelerated.t5 import t5_encode
+
+    cp = runner.cp
+
+    def on_device(array):
+        return cp.ascontiguousarray(cp.asarray(array).astype(runner.dtype))
+
+    return Adapter(
+        encode=lambda ids, mask, on_layer: t5_encode(runner.t5_params, runner.t5_config, ids, mask, on_layer),
+        denoise=lambda x, context, mask, on_layer: runner.denoise(
+            on_device(x), on_device(context), on_device(mask), on_layer),
+        to_host=lambda value: runner.to_host(value).astype(np.float64),
+    )
+
+
+ADAPTERS = {"numpy": numpy_adapter, "cupy": cupy_adapter}
+
+
+def make_adapter(model: Model, side: Side) -> Adapter:
+    """Build the side's runner (the cupy one raises the no-GPU MiniT2IError) and wrap it."""
+    return ADAPTERS[side.backend](make_runner(model, side.backend, side.precision))
+
+
+@dataclass(frozen=True)
+class LayerDiff:
+    """How far side B is from side A at one hooked stage."""
+
+    name: str
+    shape: tuple[int, ...]
+    scale: float  # max |a|
+    max_abs: float  # max |b - a|
+    max_rel: float  # max |b - a| / max |a|
+    within: bool
+
+
+def default_tolerance(a: Side, b: Side) -> tuple[float, float]:
+    """(rtol, atol) of the less precise of the two sides."""
+    return TOLERANCES[min(a.precision, b.precision, key=PRECISION_ORDER.index)]
+
+
+def run_side(adapter: Adapter, ids, mask, x, x_mask, context=None) -> dict[str, np.ndarray]:
+    """Both networks on one side -> every hooked layer as float64, in call order.
+
+    ids, mask [1, L]; x [B, C, H, W] with x_mask [B, L]; the MMJiT gets `context` [1, L, Dc]
+    (default: this side's own T5 output) for every row. The T5 output is recorded as
+    "t5.output": its final RMSNorm has no hook of its own.
+    """
+    layers: dict[str, np.ndarray] = {}
+
+    def on_layer(name, value):
+        layers[name] = adapter.to_host(value)
+
+    layers["t5.output"] = adapter.to_host(adapter.encode(ids, mask, on_layer))
+    context = layers["t5.output"] if context is None else context
+    adapter.denoise(x, np.repeat(context, x.shape[0], axis=0), x_mask, on_layer)
+    return layers
+
+
+def trace(model: Model, a: Side, b: Side, prompt: str, seed: int, width: int, height: int,
+          tolerance: tuple[float, float] | None = None) -> list[LayerDiff]:
+    """Run both sides on one prompt and seed; one LayerDiff per hooked stage, in call order."""
+    rtol, atol = tolerance or default_tolerance(a, b)
+    ids, mask = model.tokenizer([prompt])
+    noise = initial_noise(seed, 1, model.mmjit.config.in_channels, height, width)
+    x = np.concatenate([noise, noise])
+    x_mask = np.concatenate([mask, np.zeros_like(mask)])  # [cond ; uncond], as the sampler batches it
+    layers_a = run_side(make_adapter(model, a), ids, mask, x, x_mask)
+    layers_b = run_side(make_adapter(model, b), ids, mask, x, x_mask, context=layers_a["t5.output"])
+    missing = [name for name in layers_a if name not in layers_b]
+    if missing:
+        raise MiniT2IError(f"side {b} reports no layer {', '.join(missing)}; its on_layer hooks do not match side {a}")
+    diffs = []
+    for name, value_a in layers_a.items():
+        error = float(np.max(np.abs(layers_b[name] - value_a)))
+        scale = float(np.max(np.abs(value_a)))
+        diffs.append(LayerDiff(name, value_a.shape, scale, error, error / scale if scale else float(error > 0),
+                               error <= atol + rtol * scale))
+    return diffs
+
+
+def first_divergence(diffs: list[LayerDiff]) -> LayerDiff | None:
+    """The earliest layer beyond tolerance, or None."""
+    return next((d for d in diffs if not d.within), None)
+
+
+def format_report(diffs: list[LayerDiff], a: Side, b: Side, tolerance: tuple[float, float]) -> str:
+    """The per-layer table and the verdict line."""
+    rtol, atol = tolerance
+    name_width = max(len(d.name) for d in diffs)
+    lines = [f"a = {a}, b = {b}; a layer diverges when max|b-a| > {atol:g} + {rtol:g} * max|a|",
+             f"{'layer':<{name_width}}  {'shape':<18} {'max|a|':>9} {'max|b-a|':>9} {'rel':>9}"]
+    for d in diffs:
+        shape = "x".join(str(n) for n in d.shape)
+        flag = "" if d.within else "  <- diverges"
+        lines.append(f"{d.name:<{name_width}}  {shape:<18} {d.scale:9.3g} {d.max_abs:9.2e} {d.max_rel:9.2e}{flag}")
+    first = first_divergence(diffs)
+    if first is None:
+        lines.append(f"no divergence: all {len(diffs)} layers within tolerance")
+    else:
+        lines.append(f"first divergence: {first.name} (max|b-a| {first.max_abs:.2e}, rel {first.max_rel:.2e})")
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------------------------
+# CLI
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("trace", help="compare two backends/precisions layer by layer",
+                       description="Run the T5 encoder and one MMJiT forward (noise at t=0) on two sides "
+                                   "and print, per layer, how far they are apart and the first layer "
+                                   "beyond tolerance. Without --model/--t5 the built-in default model is used.")
+    p.add_argument("--a", default="numpy:fp64", help="reference side, backend:precision (default numpy:fp64)")
+    p.add_argument("--b", default="numpy:fp32", help="compared side, backend:precision (default numpy:fp32)")
+    p.add_argument("-p", "--prompt", default="a cat")
+    p.add_argument("-s", "--seed", type=int, default=42)
+    p.add_argument("-W", "--width", type=int, default=None, help="default: the model's image size")
+    p.add_argument("-H", "--height", type=int, default=None, help="default: the model's image size")
+    p.add_argument("-m", "--model", "--diffusion-model", dest="model", default=None)
+    p.add_argument("--variant", default="minit2i-b-16")
+    p.add_argument("--t5", "--t5xxl", dest="t5", default=None)
+    p.add_argument("--tokenizer", default=None)
+    p.add_argument("--rtol", type=float, default=None, help="default: by the less precise side")
+    p.add_argument("--atol", type=float, default=None, help="default: by the less precise side")
+    p.add_argument("-q", "--quiet", action="store_true", help="no note about the default model")
+    p.set_defaults(run=run)
+
+
+def run(args) -> int:
+    from .cli import _model_paths
+    from .pipeline import Request, validate
+
+    a, b = Side.parse(args.a), Side.parse(args.b)
+    rtol, atol = default_tolerance(a, b)
+    tolerance = (rtol if args.rtol is None else args.rtol, atol if args.atol is None else args.atol)
+    model_path, t5_path = _model_paths(args)
+    model = load_model(model_path, t5_path, args.tokenizer, args.variant)
+    size = model.mmjit.config.image_size
+    width, height = args.width or size, args.height or size
+    validate(Request(args.prompt, width=width, height=height, seed=args.seed), model)
+    diffs = trace(model, a, b, args.prompt, args.seed, width, height, tolerance)
+    print(format_report(diffs, a, b, tolerance))
+    return 0 if first_divergence(diffs) is None else 1
+

@@ -1,0 +1,306 @@
+"""CuPy twin vs the NumPy reference: every kernel, every T5/MMJiT stage, the whole sampler.
+
+GPU only (the whole module is skipped without CuPy or a GPU). References run in float64 on
+the same dtype-rounded inputs. Error measure: max |gpu - ref| / max |ref| ("relative").
+Bounds: fp32 1e-4 everywhere (TF32 off); fp16 1e-2 per kernel, 3e-2 per network stage;
+bf16 4e-2 per kernel, 8e-2 per network stage (8 mantissa bits: one rounding is 4e-3, a block
+chains a dozen of them).
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from accelerated import kernels
+from accelerated.mmjit import mmjit_forward, upload_mmjit
+from accelerated.pipeline import CupyRunner, precision_dtype
+from accelerated.sampler import sample as gpu_sample
+from accelerated.t5 import t5_encode as gpu_t5_encode
+from accelerated.t5 import upload_t5
+from minit2i.errors import MiniT2IError
+from minit2i.pipeline import Request, generate, load_model, make_runner
+from minit2i.weights import nest
+from reference import layers as ref
+from reference.mmjit import mmjit_forward as ref_mmjit_forward
+from reference.sampler import guided_x0, time_grid
+from reference.t5 import key_mask_bias
+from reference.t5 import t5_encode as ref_t5_encode
+
+
+def _skip_reason() -> str | None:
+    try:
+        kernels.require_gpu()
+    except MiniT2IError as err:
+        return str(err)
+    return None
+
+
+SKIP_REASON = _skip_reason()
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(SKIP_REASON is not None, reason=str(SKIP_REASON))]
+
+cp = kernels.cp
+KERNEL_BOUND = {"fp32": 1e-4, "fp16": 1e-2, "bf16": 4e-2}
+STAGE_BOUND = {"fp32": 1e-4, "fp16": 3e-2, "bf16": 8e-2}
+PRECISIONS = list(KERNEL_BOUND)
+FAST = settings(max_examples=12, deadline=None)
+
+
+def dtype_for(precision):
+    try:
+        return precision_dtype(precision)
+    except MiniT2IError as err:
+        pytest.skip(str(err))
+
+
+def rounded(array, dtype):
+    """Host array -> (device array in dtype, the same values as host float64)."""
+    device = cp.asarray(np.asarray(array, np.float32)).astype(dtype)
+    return device, to_f64(device)
+
+
+def to_f64(device):
+    return cp.asnumpy(device.astype(cp.float32)).astype(np.float64)
+
+
+def relative_error(device, expected):
+    return float(np.max(np.abs(to_f64(device) - expected)) / max(np.max(np.abs(expected)), 1e-30))
+
+
+# ---------------------------------------------------------------------------------------------
+# Kernels
+
+
+@pytest.mark.parametrize("precision", PRECISIONS)
+@FAST
+@given(rows=st.integers(1, 5), width=st.integers(1, 1100), seed=st.integers(0, 2**16))
+def test_rms_norm_any_width(precision, rows, width, seed):
+    dtype, rng = dtype_for(precision), np.random.default_rng(seed)
+    x, x64 = rounded(rng.standard_normal((rows, width)), dtype)
+    w, w64 = rounded(rng.standard_normal(width), dtype)
+    assert relative_error(kernels.rms_norm(x, w), ref.rms_norm(x64, w64)) < KERNEL_BOUND[precision]
+
+
+@pytest.mark.parametrize("precision", PRECISIONS)
+@FAST
+@given(rows=st.integers(1, 4), width=st.integers(1, 800), seed=st.integers(0, 2**16))
+def test_add_rms_norm_updates_residual_and_normalises(precision, rows, width, seed):
+    dtype, rng = dtype_for(precision), np.random.default_rng(seed)
+    residual, r64 = rounded(rng.standard_normal((rows, width)), dtype)
+    delta, d64 = rounded(rng.standard_normal((rows, width)), dtype)
+    bias, b64 = rounded(rng.standard_normal(width), dtype)
+    w, w64 = rounded(rng.standard_normal(width), dtype)
+    out = kernels.add_rms_norm(residual, delta, bias, w)
+    assert relative_error(residual, r64 + (d64 + b64)) < KERNEL_BOUND[precision]
+    assert relative_error(out, ref.rms_norm(r64 + d64 + b64, w64)) < KERNEL_BOUND[precision]
+
+
+@pytest.mark.parametrize("precision", PRECISIONS)
+@pytest.mark.parametrize("activation, reference", [("swiglu", ref.silu), ("geglu", ref.gelu_tanh)])
+@FAST
+@given(rows=st.integers(1, 7), hidden=st.integers(1, 600), seed=st.integers(0, 2**16))
+def test_gated_activation(precision, activation, reference, rows, hidden, seed):
+    dtype, rng = dtype_for(precision), np.random.default_rng(seed)
+    packed, p64 = rounded(3 * rng.standard_normal((rows, 2 * hidden)), dtype)
+    expected = reference(p64[:, :hidden]) * p64[:, hidden:]
+    assert relative_error(kernels.gated_activation(packed, activation), expected) < KERNEL_BOUND[precision]
+
+
+@pytest.mark.parametrize("precision", PRECISIONS)
+@FAST
+@given(batch=st.integers(1, 2), length=st.integers(1, 9), extra=st.integers(0, 5), heads=st.integers(1, 3),
+       head_dim=st.sampled_from([8, 52, 64, 128]), norm=st.booleans(), rope=st.booleans(), seed=st.integers(0, 2**16))
+def test_qkv_heads_writes_normed_rotated_rows(precision, batch, length, extra, heads, head_dim, norm, rope, seed):
+    dtype, rng = dtype_for(precision), np.random.default_rng(seed)
+    offset, total = extra, length + 2 * extra  # rows before and after stay untouched
+    qkv, qkv64 = rounded(rng.standard_normal((batch, length, 3 * heads * head_dim)), dtype)
+    bias, b64 = rounded(rng.standard_normal(3 * heads * head_dim), dtype)
+    qn, qn64 = rounded(rng.standard_normal(head_dim), dtype)
+    kn, kn64 = rounded(rng.standard_normal(head_dim), dtype)
+    cos, sin = (cp.asarray(t) for t in ref.text_rope(total, head_dim, np.float32))
+    buffers = [cp.full((batch, heads, total, head_dim), np.nan, dtype) for _ in range(3)]
+    kernels.qkv_heads(qkv, bias, heads, *buffers, offset=offset, norms=(qn, kn) if norm else None,
+                      rope=(cos, sin) if rope else None)
+    cos64, sin64 = (cp.asnumpy(t).astype(np.float64)[offset:offset + length] for t in (cos, sin))
+    for index, (buffer, weight) in enumerate(zip(buffers, (qn64, kn64, None))):
+        part = ref.split_heads((qkv64 + b64)[..., index * heads * head_dim:(index + 1) * heads * head_dim], heads)
+        if weight is not None and norm:
+            part = ref.rms_norm(part, weight)
+        if weight is not None and rope:
+            part = ref.apply_rope(part, cos64, sin64)
+        host = to_f64(buffer)
+        assert relative_error(buffer[:, :, offset:offset + length], part) < KERNEL_BOUND[precision]
+        assert np.isnan(np.delete(host, np.s_[offset:offset + length], axis=2)).all()
+
+
+@pytest.mark.parametrize("precision", PRECISIONS)
+@FAST
+@given(batch=st.integers(1, 2), heads=st.integers(1, 3), lq=st.integers(1, 90), lk=st.integers(1, 90),
+       head_dim=st.sampled_from([16, 52, 64, 128]), with_bias=st.booleans(), with_mask=st.booleans(),
+       seed=st.integers(0, 2**16))
+def test_flash_attention_matches_softmax_attention(precision, batch, heads, lq, lk, head_dim, with_bias, with_mask, seed):
+    dtype, rng = dtype_for(precision), np.random.default_rng(seed)
+    q, q64 = rounded(rng.standard_normal((batch, heads, lq, head_dim)), dtype)
+    k, k64 = rounded(rng.standard_normal((batch, heads, lk, head_dim)), dtype)
+    v, v64 = rounded(rng.standard_normal((batch, heads, lk, head_dim)), dtype)
+    bias64 = rng.standard_normal((heads, lq, lk)) if with_bias else np.zeros((heads, lq, lk))
+    mask = (rng.random((batch, lk)) > 0.4).astype(np.float32)
+    mask[:, 0] = 1.0  # a fully padded key row is not a case the model produces
+    mask = mask if with_mask else np.ones_like(mask)
+    scale = head_dim**-0.5
+    out = kernels.attention(q, k, v, scale, bias=cp.asarray(bias64, np.float32) if with_bias else None,
+                            key_mask=cp.asarray(mask) if with_mask else None)
+    expected = ref.merge_heads(ref.attention(q64, k64, v64, scale, bias64[None] + key_mask_bias(mask, np.float64)))
+    assert out.shape == (batch, lq, heads * head_dim)
+    assert relative_error(out, expected) < KERNEL_BOUND[precision]
+
+
+@pytest.mark.parametrize("precision", PRECISIONS)
+@FAST
+@given(batch=st.integers(1, 3), size=st.integers(1, 300), cfg=st.floats(0, 9), factor=st.floats(0, 1),
+       seed=st.integers(0, 2**16))
+def test_cfg_euler_step(precision, batch, size, cfg, factor, seed):
+    dtype, rng = dtype_for(precision), np.random.default_rng(seed)
+    state64 = rng.standard_normal((batch, size))
+    state = cp.asarray(state64, np.float32)
+    x0_both, x064 = rounded(rng.standard_normal((2 * batch, size)), dtype)
+    next_input, guided = cp.empty_like(x0_both), cp.empty_like(state)
+    kernels.cfg_euler(state, next_input, x0_both, guided, cfg, cp.asarray([factor], np.float32))
+    g = guided_x0(x064[:batch], x064[batch:], cfg)
+    expected = state64.astype(np.float32) + factor * (g - state64.astype(np.float32))
+    assert relative_error(guided, g) < 1e-5
+    assert relative_error(state, expected) < 1e-5
+    assert relative_error(next_input, np.concatenate([expected, expected])) < KERNEL_BOUND[precision]
+
+
+def test_wrappers_reject_strided_and_mistyped_arrays():
+    x = cp.ones((4, 8), np.float32)
+    with pytest.raises(MiniT2IError, match="not C-contiguous"):
+        kernels.rms_norm(x.T, cp.ones(4, np.float32))
+    with pytest.raises(MiniT2IError, match="dtype float64, expected float32"):
+        kernels.rms_norm(x, cp.ones(8, np.float64))
+    with pytest.raises(MiniT2IError, match=r"shape \(7,\), expected \(8,\)"):
+        kernels.rms_norm(x, cp.ones(7, np.float32))
+
+
+# ---------------------------------------------------------------------------------------------
+# Network stages, compared layer by layer through the on_layer hook
+
+
+@pytest.fixture(scope="module")
+def tiny(tiny_model):
+    return load_model(*tiny_model)
+
+
+def collect(store):
+    return lambda name, value: store.__setitem__(name, value)
+
+
+@pytest.mark.parametrize("precision", PRECISIONS)
+def test_mmjit_every_stage_matches_reference(tiny, precision):
+    dtype, rng = dtype_for(precision), np.random.default_rng(1)
+    config = tiny.mmjit.config
+    images, images64 = rounded(rng.standard_normal((2, 3, 48, 32)), dtype)  # non-square grid 3 x 2
+    context, context64 = rounded(rng.standard_normal((2, config.prompt_length, config.txt_input_size)), dtype)
+    mask = np.ones((2, config.prompt_length))
+    mask[0, 5:], mask[1] = 0, 0  # one padded prompt, one unconditional row
+    expected, actual = {}, {}
+    x0_ref = ref_mmjit_forward(nest(tiny.mmjit.tensors), config, images64, context64, mask, collect(expected))
+    x0 = mmjit_forward(upload_mmjit(nest(tiny.mmjit.tensors), config, dtype), config, images, context,
+                       cp.asarray(mask).astype(dtype), collect(actual))
+    assert list(actual) == list(expected)
+    for name in expected:
+        assert relative_error(actual[name], expected[name]) < STAGE_BOUND[precision], name
+    assert relative_error(x0, x0_ref) < STAGE_BOUND[precision]
+
+
+def test_t5_every_block_matches_reference(tiny):
+    rng = np.random.default_rng(2)
+    config = tiny.t5.config
+    ids = rng.integers(0, config.vocab_size, (2, 13))
+    mask = np.ones((2, 13))
+    mask[1, 6:] = 0
+    expected, actual = {}, {}
+    out_ref = ref_t5_encode(nest(tiny.t5.tensors), config, ids, mask, np.float64, collect(expected))
+    out = gpu_t5_encode(upload_t5(nest(tiny.t5.tensors), config), config, ids, mask, collect(actual))
+    assert list(actual) == list(expected) == [f"t5.block.{i}" for i in range(config.num_layers)]
+    for name in expected:
+        assert relative_error(actual[name], expected[name]) < 1e-4, name
+    assert relative_error(out, out_ref) < 1e-4
+
+
+def test_fused_kernels_really_run(tiny):
+    """Launch counts for one MMJiT forward: P preamble blocks, D double blocks (2 streams)."""
+    config = tiny.mmjit.config
+    p, d = config.txt_preamble_depth, config.depth_double
+    runner = make_runner(tiny, "cupy", "fp32")
+    images = cp.zeros((1, 3, 32, 32), np.float32)
+    context = cp.zeros((1, config.prompt_length, config.txt_input_size), np.float32)
+    kernels.launch_counts.clear()
+    runner.denoise(images, context, cp.ones((1, config.prompt_length), np.float32))
+    assert dict(kernels.launch_counts) == {
+        "rms_norm": p + 2 * d + 1, "add_rms_norm": p + 2 * d, "qkv_heads": p + 2 * d,
+        "flash_attention": p + d, "swiglu": p + 2 * d,
+    }
+
+
+# ---------------------------------------------------------------------------------------------
+# Sampler
+
+
+@pytest.mark.parametrize("precision, max_level, mean_level", [("fp32", 1, 0.01), ("fp16", 8, 1.0), ("bf16", 16, 2.0)])
+def test_whole_sampler_matches_reference(tiny, precision, max_level, mean_level):
+    """Same seed, same prompt, 4 steps, CFG 4: pixels within the stated uint8 levels."""
+    dtype_for(precision)
+    request = Request("a red cube on a table", steps=4, cfg_scale=4.0, width=32, height=48, seed=7, batch_count=2)
+    expected = generate(tiny, make_runner(tiny, "numpy", "fp32"), request)
+    actual = generate(tiny, make_runner(tiny, "cupy", precision), request)
+    diff = np.abs(actual.pixels.astype(int) - expected.pixels.astype(int))
+    assert diff.max() <= max_level and diff.mean() <= mean_level
+    if precision == "fp32":
+        assert np.max(np.abs(actual.images - expected.images)) / np.max(np.abs(expected.images)) < 1e-4
+
+
+def test_only_the_final_image_comes_back_to_the_host(tiny, monkeypatch):
+    runner = CupyRunner(tiny.mmjit, tiny.t5, "fp32")
+    ids, mask = tiny.tokenizer(["a cat"])
+    context = runner.encode(ids, mask)
+    noise = np.random.default_rng(0).standard_normal((1, 3, 32, 32)).astype(np.float32)
+    device_mask = cp.asarray(mask, np.float32)
+    runner.sample(noise, context, mask, 2, 3.0, 0.001)  # compile and cache outside the checks
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # cupyx.allow_synchronize warns that it is deprecated
+        import cupyx
+
+        with cupyx.allow_synchronize(False):  # any device->host copy or sync in the loop raises
+            gpu_sample(runner.denoise, noise, context, device_mask, 3, 3.0, 0.001)
+    copies = []
+    real_asnumpy = cp.asnumpy
+    monkeypatch.setattr(cp, "asnumpy", lambda *a, **k: copies.append(a[0].shape) or real_asnumpy(*a, **k))
+    runner.sample(noise, context, mask, 3, 3.0, 0.001)
+    assert copies == [(1, 3, 32, 32)]
+
+
+def test_graph_replay_matches_eager(tiny):
+    runner = CupyRunner(tiny.mmjit, tiny.t5, "fp32")
+    graph_runner = CupyRunner(tiny.mmjit, tiny.t5, "fp32", use_graph=True)
+    ids, mask = tiny.tokenizer(["a dog"])
+    context = runner.encode(ids, mask)
+    noise = np.random.default_rng(3).standard_normal((1, 3, 32, 32)).astype(np.float32)
+    eager = runner.sample(noise, context, mask, 5, 3.0, 0.001)
+    replayed = graph_runner.sample(noise, context, mask, 5, 3.0, 0.001)
+    assert np.max(np.abs(eager - replayed)) <= 1e-6 * np.max(np.abs(eager))
+
+
+def test_callback_sees_device_arrays_each_step(tiny):
+    runner = CupyRunner(tiny.mmjit, tiny.t5, "fp32")
+    ids, mask = tiny.tokenizer(["a dog"])
+    seen = []
+    noise = np.zeros((1, 3, 32, 32), np.float32)
+    runner.sample(noise, runner.encode(ids, mask), mask, 3, 1.0, 0.001,
+                  lambda info: seen.append((info.index, info.t, type(info.x), runner.to_host(info.x0).shape)))
+    assert seen == [(i, time_grid(3)[i], cp.ndarray, (1, 3, 32, 32)) for i in range(3)]

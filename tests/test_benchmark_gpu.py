@@ -1,0 +1,78 @@
+"""benchmarks/gpu.py without a GPU: it parses its arguments, counts FLOPs right and exits cleanly."""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import accelerated.kernels as kernels
+from minit2i.config import MMJIT_B16, MMJIT_TINY
+from minit2i.weights import mmjit_expected_shapes
+from reference.mmjit import mmjit_forward
+from reference.sampler import initial_noise, sample
+
+SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "gpu.py"
+
+
+@pytest.fixture(scope="module")
+def bench():
+    spec = importlib.util.spec_from_file_location("benchmark_gpu", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_help_runs_without_a_gpu():
+    result = subprocess.run([sys.executable, str(SCRIPT), "--help"], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0 and "--precisions" in result.stdout and "--no-torch" in result.stdout
+
+
+def test_defaults_are_the_documented_run(bench):
+    args = bench.parse_args([])
+    assert (args.variant, args.size, args.steps, args.precisions) == ("b16", 512, [10, 100], ["fp32", "fp16", "bf16"])
+
+
+def test_no_gpu_exits_2_with_one_line(bench, monkeypatch, capsys):
+    monkeypatch.setattr(kernels, "cp", None)
+    assert bench.main(["--steps", "1"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "CuPy is not installed" in err
+
+
+def test_b16_forward_flops_match_the_spec_estimate(bench):
+    """Spec 4.9: ~0.4 TFLOP per one-sample B/16 forward at 512x512; CFG doubles it."""
+    assert bench.forward_flops(MMJIT_B16, 512, 1) == pytest.approx(0.4033e12, rel=1e-3)
+    assert bench.forward_flops(MMJIT_B16, 512, 2) == 2 * bench.forward_flops(MMJIT_B16, 512, 1)
+
+
+def test_random_params_have_checkpoint_shapes(bench):
+    params = bench.random_params(MMJIT_TINY)
+    expected = mmjit_expected_shapes(MMJIT_TINY)
+    assert params["double_blocks"][1]["img_mlp"]["w1"]["weight"].shape == expected["double_blocks.1.img_mlp.w1.weight"]
+    assert np.all(params["final_layer"]["norm_final"]["weight"] == 1.0)
+
+
+@pytest.mark.parametrize("name, precision, peak", [("NVIDIA H100 80GB HBM3", "bf16", 989.0),
+                                                    ("NVIDIA H100 PCIe", "fp16", 756.0),
+                                                    ("NVIDIA H200", "fp32", 67.0),
+                                                    ("Tesla T4", "fp16", None)])
+def test_peak_table(bench, name, precision, peak):
+    assert bench.peak_tflops(name, precision) == peak
+
+
+def test_torch_baseline_is_the_reference_math(bench):
+    """The eager PyTorch baseline, run on the CPU here, reproduces the reference sampler."""
+    torch = pytest.importorskip("torch")
+    config, steps, cfg_scale = MMJIT_TINY, 3, 4.0
+    params = bench.random_params(config, seed=3)
+    got = bench.torch_sampler(torch, params, config, 32, steps, "fp32", cfg_scale, dev="cpu")().numpy()
+    context = np.random.default_rng(1).standard_normal((1, config.prompt_length, config.txt_input_size), dtype=np.float32)
+    mask = np.ones((1, config.prompt_length), np.float32)
+    expected = sample(lambda x, c, m: mmjit_forward(params, config, x, c, m), initial_noise(0, 1, 3, 32, 32),
+                      context, mask, steps, cfg_scale)
+    assert np.max(np.abs(got - expected)) / np.max(np.abs(expected)) < 1e-5

@@ -1,0 +1,222 @@
+"""`minit2i generate` end to end on the built-in default model, and its error handling."""
+
+from __future__ import annotations
+
+import os
+import stat
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from minit2i.cli import main
+from reference.pipeline import NumpyRunner
+
+SMALL = ["--steps", "2", "-W", "64", "-H", "48"]
+
+
+@pytest.fixture(autouse=True)
+def _in_tmp(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+
+
+def generate(capsys, *args):
+    """Run `minit2i generate ...` -> (exit code, stdout, stderr)."""
+    code = main(["generate", *args])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def read_pixels(path) -> np.ndarray:
+    with Image.open(path) as image:
+        return np.asarray(image.convert("RGB"))
+
+
+def leftovers(folder) -> list[str]:
+    return sorted(p.name for p in folder.rglob("*") if p.suffix in (".png", ".part"))
+
+
+# ---------------------------------------------------------------------------------------------
+# Happy paths
+
+
+def test_writes_png_of_requested_size_and_prints_timings(tmp_path, capsys):
+    code, out, err = generate(capsys, "-p", "a red cat", *SMALL, "-o", "cat.png")
+    assert code == 0, err
+    with Image.open(tmp_path / "cat.png") as image:
+        assert image.format == "PNG" and image.size == (64, 48) and image.mode == "RGB"
+    assert "timings (numpy, fp32):" in out
+    for row in ("tokenize", "T5 encoder", "step 1", "step 2", "sampling", "total"):
+        assert row in out
+    assert "step 3" not in out
+    assert out.strip().endswith("cat.png")
+    assert len(np.unique(read_pixels(tmp_path / "cat.png"))) > 10  # not a flat image
+
+
+def test_png_permissions_follow_umask(tmp_path, capsys):
+    old = os.umask(0o022)
+    try:
+        assert generate(capsys, "-p", "a cat", *SMALL, "-q", "-o", "cat.png")[0] == 0
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE((tmp_path / "cat.png").stat().st_mode) == 0o644
+
+
+def test_same_seed_same_bytes_other_seed_or_prompt_other_image(tmp_path, capsys):
+    for name, prompt, seed in (("a", "a red cat", "1"), ("b", "a red cat", "1"),
+                               ("c", "a red cat", "2"), ("d", "a blue dog", "1")):
+        assert generate(capsys, "-p", prompt, "-s", seed, *SMALL, "-q", "-o", f"{name}.png")[0] == 0
+    assert (tmp_path / "a.png").read_bytes() == (tmp_path / "b.png").read_bytes()
+    a = read_pixels(tmp_path / "a.png").astype(int)
+    assert np.abs(a - read_pixels(tmp_path / "c.png")).mean() > 1.0
+    assert np.abs(a - read_pixels(tmp_path / "d.png")).max() > 0
+
+
+def test_batch_count_images_equal_single_runs_with_seed_plus_i(tmp_path, capsys):
+    code, out, _ = generate(capsys, "-p", "a cat", "-s", "5", "-b", "2", *SMALL, "-q", "-o", "cats.png")
+    assert code == 0
+    assert not (tmp_path / "cats.png").exists()
+    assert out.split() == ["cats_0.png", "cats_1.png"]
+    for i in range(2):
+        assert generate(capsys, "-p", "a cat", "-s", str(5 + i), *SMALL, "-q", "-o", f"single{i}.png")[0] == 0
+        np.testing.assert_array_equal(read_pixels(tmp_path / f"cats_{i}.png"), read_pixels(tmp_path / f"single{i}.png"))
+    assert not np.array_equal(read_pixels(tmp_path / "cats_0.png"), read_pixels(tmp_path / "cats_1.png"))
+
+
+def test_preview_dir_gets_one_png_per_step(tmp_path, capsys):
+    code, _, _ = generate(capsys, "-p", "a cat", "--steps", "3", "-W", "64", "-H", "48", "-q",
+                          "--preview-dir", "previews/run", "-o", "cat.png")
+    assert code == 0
+    previews = sorted((tmp_path / "previews" / "run").iterdir())
+    assert [p.name for p in previews] == ["step_001.png", "step_002.png", "step_003.png"]
+    for path in previews:
+        with Image.open(path) as image:
+            assert image.size == (64, 48)
+    # the last step with the default a_min lands on the guided x0 that the last preview shows
+    assert np.abs(read_pixels(previews[-1]).astype(int) - read_pixels(tmp_path / "cat.png")).max() <= 1
+
+
+def test_default_size_is_512(tmp_path, capsys):
+    assert generate(capsys, "-p", "a cat", "--steps", "1", "-q", "-o", "big.png")[0] == 0
+    with Image.open(tmp_path / "big.png") as image:
+        assert image.size == (512, 512)
+
+
+# ---------------------------------------------------------------------------------------------
+# User errors: one line, exit 2, no traceback, no file
+
+
+def assert_user_error(tmp_path, capsys, args, words):
+    code, out, err = generate(capsys, *args)
+    assert code == 2
+    errors = [line for line in err.splitlines() if line.startswith("minit2i: error:")]
+    assert len(errors) == 1, err
+    assert all(w in errors[0] for w in words), errors[0]
+    assert "Traceback" not in err and "Traceback" not in out
+    assert leftovers(tmp_path) == []
+
+
+@pytest.mark.parametrize("args, words", [
+    (["-W", "60"], ["--width 60", "multiple", "16", "48", "64"]),
+    (["-H", "0"], ["--height 0", "16"]),
+    (["--steps", "0"], ["--steps", "at least 1"]),
+    (["-b", "0"], ["--batch-count", "at least 1"]),
+    (["--a-min", "0"], ["--a-min", "positive"]),
+    (["-n", "blurry"], ["negative prompt", "drop --negative-prompt"]),
+    (["--precision", "fp16"], ["numpy", "fp16", "--precision fp32"]),
+    (["--model", "missing.safetensors", "--t5", "missing_t5"], ["missing.safetensors", "no such file"]),
+    (["--model", "missing.safetensors"], ["--t5 is missing", "both"]),
+    (["--t5", "missing_t5"], ["--model is missing", "both"]),
+    (["-o", "no_such_folder/x.png"], ["no_such_folder", "does not exist"]),
+    (["-o", "image.jpg"], ["image.jpg", ".png"]),
+], ids=["width", "height", "steps", "batch", "a-min", "negative", "fp16", "missing-model", "no-t5",
+        "no-model", "no-folder", "not-png"])
+def test_bad_arguments(tmp_path, capsys, args, words):
+    base = ["-p", "a cat", "--steps", "2", "-W", "64", "-H", "48", "-o", "out.png"]
+    assert_user_error(tmp_path, capsys, base + args, words)
+
+
+@pytest.mark.parametrize("prompt", ["", "   "])
+def test_empty_prompt(tmp_path, capsys, prompt):
+    assert_user_error(tmp_path, capsys, ["-p", prompt, *SMALL, "-o", "out.png"], ["prompt is empty"])
+
+
+def test_unwritable_output_folder(tmp_path, capsys):
+    folder = tmp_path / "locked"
+    folder.mkdir()
+    folder.chmod(0o500)
+    try:
+        if os.access(folder, os.W_OK):
+            pytest.skip("running with privileges that ignore folder permissions")
+        assert_user_error(tmp_path, capsys, ["-p", "a cat", *SMALL, "-o", str(folder / "x.png")],
+                          ["not writable"])
+    finally:
+        folder.chmod(0o700)
+
+
+def test_output_folder_reported_unwritable(tmp_path, capsys, monkeypatch):
+    """The same check where the test runs as root (os.access answers as for a normal user)."""
+    real_access = os.access
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    monkeypatch.setattr(os, "access", lambda p, mode: False if str(p) == "locked" else real_access(p, mode))
+    assert_user_error(tmp_path, capsys, ["-p", "a cat", *SMALL, "-o", "locked/x.png"],
+                      ["output folder locked is not writable"])
+
+
+def test_write_failure_is_one_line_and_leaves_no_part_file(tmp_path, capsys, monkeypatch):
+    def disk_full(self, fp, format=None, **params):
+        fp.write(b"partial")
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(Image.Image, "save", disk_full)
+    assert_user_error(tmp_path, capsys, ["-p", "a cat", *SMALL, "-o", "out.png"],
+                      ["cannot write out.png", "No space left on device"])
+
+
+def _cuda_device_count() -> int:
+    try:
+        import cupy
+
+        return cupy.cuda.runtime.getDeviceCount()
+    except Exception:  # no CuPy, no driver or no device: all mean "no usable GPU"
+        return 0
+
+
+def test_cupy_backend_without_gpu_is_a_clear_error(tmp_path, capsys):
+    if _cuda_device_count() > 0:
+        pytest.skip("a CUDA GPU is usable here; this checks the message on machines without one")
+    assert_user_error(tmp_path, capsys, ["-p", "a cat", *SMALL, "--backend", "cupy", "-o", "out.png"],
+                      ["cupy", "--backend numpy"])
+
+
+# ---------------------------------------------------------------------------------------------
+# Failures mid-sampling leave nothing behind
+
+
+def _fail_on_second_forward(monkeypatch, error):
+    real = NumpyRunner.denoise
+    calls = []
+
+    def denoise(self, x, context, mask):
+        calls.append(1)
+        if len(calls) == 2:
+            raise error
+        return real(self, x, context, mask)
+
+    monkeypatch.setattr(NumpyRunner, "denoise", denoise)
+
+
+def test_crash_mid_sampling_leaves_no_file(tmp_path, capsys, monkeypatch):
+    _fail_on_second_forward(monkeypatch, RuntimeError("boom"))
+    with pytest.raises(RuntimeError, match="boom"):
+        main(["generate", "-p", "a cat", "--steps", "3", "-W", "64", "-H", "48", "-b", "2", "-o", "out.png"])
+    assert leftovers(tmp_path) == []
+
+
+def test_interrupt_mid_sampling_exits_130_and_leaves_no_file(tmp_path, capsys, monkeypatch):
+    _fail_on_second_forward(monkeypatch, KeyboardInterrupt())
+    code, _, err = generate(capsys, "-p", "a cat", "--steps", "3", "-W", "64", "-H", "48", "-o", "out.png")
+    assert code == 130
+    assert "interrupted" in err and "Traceback" not in err
+    assert leftovers(tmp_path) == []

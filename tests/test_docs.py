@@ -1,0 +1,106 @@
+"""The docs stay true: every link resolves, every named function exists, the figures are built."""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+import re
+import shutil
+import subprocess
+from functools import lru_cache
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+DOCS = sorted([ROOT / "README.md", ROOT / "golden" / "README.md", *(ROOT / "docs").glob("*.md")])
+LINK = re.compile(r"!?\[([^\]]*)\]\(([^)\s]+)\)")
+FENCE = re.compile(r"^```.*?^```", re.S | re.M)
+IDENTIFIER = re.compile(r"^`([A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*)(?:\(\))?`$")
+
+
+def links(doc: Path) -> list[tuple[str, str]]:
+    """(text, target) of every inline link outside fenced code blocks."""
+    return LINK.findall(FENCE.sub("", doc.read_text()))
+
+
+def local_links() -> list[tuple[Path, str, str]]:
+    return [(doc, text, target) for doc in DOCS for text, target in links(doc)
+            if not re.match(r"[a-z]+:", target)]
+
+
+@lru_cache(maxsize=None)
+def defined_names(path: Path) -> frozenset[str]:
+    """Top-level functions, classes and assignments of a module, and `Class.method` names."""
+    names = set()
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+            if isinstance(node, ast.ClassDef):
+                names.update(f"{node.name}.{item.name}" for item in node.body
+                             if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)))
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names.update(t.id for t in targets if isinstance(t, ast.Name))
+    return frozenset(names)
+
+
+def test_docs_exist_and_have_links():
+    names = {p.relative_to(ROOT).as_posix() for p in DOCS}
+    assert {"README.md", "docs/reading-guide.md", "docs/sampler.md", "golden/README.md"} <= names
+    assert len(local_links()) > 50
+
+
+@pytest.mark.parametrize("doc, text, target", local_links(),
+                         ids=lambda v: v.relative_to(ROOT).as_posix() if isinstance(v, Path) else str(v)[:40])
+def test_link_resolves_and_names_a_real_function(doc, text, target):
+    path = (doc.parent / target.split("#")[0]).resolve()
+    assert path.exists(), f"{doc.name}: link to {target} does not exist"
+    assert ROOT in path.parents or path == ROOT, f"{doc.name}: {target} points outside the repository"
+    name = IDENTIFIER.match(text)
+    if name and path.suffix == ".py" and name.group(1) != path.name:  # `test_x.py` names the file
+        assert name.group(1) in defined_names(path), f"{doc.name}: {text} is not defined in {target}"
+
+
+def test_a_wrong_function_name_would_be_caught():
+    assert "double_block" in defined_names(ROOT / "reference" / "mmjit.py")
+    assert "NumpyRunner.sample" in defined_names(ROOT / "reference" / "pipeline.py")
+    assert "double_blocks" not in defined_names(ROOT / "reference" / "mmjit.py")
+    assert IDENTIFIER.match("`PromptTokenizer.__call__`") and not IDENTIFIER.match("`reference/t5.py`")
+
+
+def test_readme_starts_with_the_exact_commands():
+    readme = (ROOT / "README.md").read_text()
+    commands = ['python3 -m venv .venv && .venv/bin/pip install -e ".[test]"',
+                '.venv/bin/minit2i generate --prompt "a cat" --output cat.png',
+                ".venv/bin/python -m pytest -q"]
+    positions = [readme.find(f"\n{c}\n") for c in commands]
+    assert all(p >= 0 for p in positions) and positions == sorted(positions)
+    assert positions[-1] < len(readme) // 4, "the set-up commands belong at the top"
+
+
+def test_every_figure_is_used_and_tracked():
+    figures = sorted((ROOT / "docs" / "figures").glob("*.png"))
+    assert {f.name for f in figures} == {"dataflow.png", "x0-steps.png"}
+    used = {(doc.parent / target).resolve() for doc in DOCS for _, target in links(doc)}
+    assert set(figures) <= used
+    if shutil.which("git") and (ROOT / ".git").exists():
+        ignored = subprocess.run(["git", "check-ignore", *map(str, figures)], cwd=ROOT, capture_output=True, text=True)
+        assert ignored.stdout == "", f".gitignore hides {ignored.stdout}"
+
+
+def test_figure_script_draws_both_figures():
+    spec = importlib.util.spec_from_file_location("make_figures", ROOT / "scripts" / "make_figures.py")
+    figures = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(figures)
+    dataflow = figures.dataflow_figure()
+    assert dataflow.size[0] > 1000 and dataflow.size[1] > 800
+    steps = figures.x0_steps_figure(steps=3, size=32, zoom=1, prompt="a cat")
+    assert steps.size == (90 + 3 * 32, 40 + 2 * 32)
+    # The last step lands on the guided x0: the two rows of the last column agree (to the one
+    # float32 rounding of x + (x0 - x), so within a level).
+    last_column = np.asarray(steps.crop((90 + 2 * 32, 40, 90 + 3 * 32, 40 + 2 * 32)), dtype=np.int16)
+    assert np.abs(last_column[:32] - last_column[32:]).max() <= 1
+    first_column = np.asarray(steps.crop((90, 40, 90 + 32, 40 + 2 * 32)), dtype=np.int16)
+    assert np.abs(first_column[:32] - first_column[32:]).max() > 50

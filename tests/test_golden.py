@@ -1,0 +1,194 @@
+"""The golden regression suite: the recording passes, and deliberate changes to the math fail it."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+
+import reference.layers as layers
+import reference.mmjit as mmjit
+import reference.sampler as sampler
+import reference.t5 as t5
+from minit2i import golden
+from minit2i.cli import main
+from minit2i.errors import MiniT2IError
+
+NETWORK_ITEMS = ["t5.hidden", "mmjit.x0", "sampler.image"]
+CACHED_TABLES = (layers.sincos_2d_table, layers.text_rope_angles, layers.image_rope_angles,
+                 layers.text_rope, layers.joint_rope)
+
+
+def failures(names=NETWORK_ITEMS) -> set[tuple[str, str]]:
+    return {(o.item, o.check) for o in golden.check(names=names) if not o.passed}
+
+
+def failing_items(names=NETWORK_ITEMS) -> set[str]:
+    return {item for item, _ in failures(names)}
+
+
+@pytest.fixture
+def fresh_tables():
+    """Position tables are lru_cached: one built under a perturbation must not leak into other
+    tests, and one cached earlier must not hide the perturbation."""
+    for table in CACHED_TABLES:
+        table.cache_clear()
+    yield
+    for table in CACHED_TABLES:
+        table.cache_clear()
+
+
+def test_recording_passes_every_check():
+    outcomes = golden.check()
+    assert [(o.item, o.check) for o in outcomes] == [
+        ("t5.hidden", "fp64"), ("t5.hidden", "fp32"), ("mmjit.x0", "fp64"), ("mmjit.x0", "fp32"),
+        ("sampler.image", "fp64"), ("sampler.image", "fp32"), ("sampler.image", "fp32/pixels"),
+        ("default_model.png", "fp32/pixels"),
+    ]
+    assert all(o.passed for o in outcomes), "\n".join(o.line() for o in outcomes)
+
+
+def test_recording_is_small_and_self_describing():
+    sizes = sum(p.stat().st_size for p in golden.GOLDEN_DIR.iterdir())
+    assert sizes < 1_000_000
+    manifest, arrays = golden.load()
+    assert set(manifest["items"]) == {item.name for item in golden.ITEMS}
+    assert arrays["mmjit.x0"].dtype == np.float64 and arrays["mmjit.x0"].shape == (2, 3, 32, 48)
+    assert arrays["sampler.image.pixels"].dtype == np.uint8
+    assert arrays["default_model.png.pixels"].shape == (64, 64, 3)
+
+
+# ---------------------------------------------------------------------------------------------
+# Perturbations of the math: each must be caught by the item(s) it affects, and only by them.
+
+
+def test_mmjit_rms_norm_eps_is_caught(monkeypatch):
+    monkeypatch.setattr(mmjit, "rms_norm", lambda x, weight, eps=1e-6: layers.rms_norm(x, weight, 1e-5))
+    found = failures()
+    assert ("mmjit.x0", "fp64") in found and ("sampler.image", "fp64") in found
+    assert "t5.hidden" not in failing_items()
+
+
+def test_t5_rms_norm_eps_is_caught(monkeypatch):
+    monkeypatch.setattr(t5, "rms_norm", lambda x, weight, eps: layers.rms_norm(x, weight, 1e-5))
+    found = failures()
+    assert ("t5.hidden", "fp64") in found
+    assert "mmjit.x0" not in failing_items()
+
+
+def test_image_rope_axis_order_is_caught(fresh_tables, monkeypatch):
+    real = layers.image_rope_angles
+
+    def columns_first(grid_h, grid_w, head_dim):
+        angles = real(grid_h, grid_w, head_dim)
+        quarter = head_dim // 4
+        return np.concatenate([angles[:, quarter:], angles[:, :quarter]], axis=1)
+
+    monkeypatch.setattr(layers, "image_rope_angles", columns_first)
+    assert failures() >= {("mmjit.x0", "fp64"), ("mmjit.x0", "fp32"), ("sampler.image", "fp32")}
+    assert "t5.hidden" not in failing_items()
+
+
+def test_ignoring_the_text_mask_is_caught(monkeypatch):
+    monkeypatch.setattr(mmjit, "mask_text", lambda context, mask, mask_token: context)
+    assert failures() >= {("mmjit.x0", "fp64"), ("mmjit.x0", "fp32"), ("sampler.image", "fp32/pixels")}
+    assert "t5.hidden" not in failing_items()
+
+
+def test_sincos_table_layout_is_caught(fresh_tables, monkeypatch):
+    real = layers.sincos_2d_table
+
+    def rows_first(grid_h, grid_w, dim, dtype=np.float32):
+        table = real(grid_h, grid_w, dim, dtype)
+        return np.concatenate([table[:, dim // 2:], table[:, :dim // 2]], axis=1)
+
+    monkeypatch.setattr(mmjit, "sincos_2d_table", rows_first)
+    assert failures() >= {("mmjit.x0", "fp64"), ("mmjit.x0", "fp32"), ("sampler.image", "fp32")}
+    assert "t5.hidden" not in failing_items()
+
+
+def test_cfg_formula_is_caught(monkeypatch):
+    # A classic slip: push away from the unconditional prediction starting at the conditional one.
+    monkeypatch.setattr(sampler, "guided_x0", lambda cond, uncond, scale: cond + scale * (cond - uncond))
+    found = failures(None)
+    assert {("sampler.image", "fp32"), ("sampler.image", "fp32/pixels"),
+            ("default_model.png", "fp32/pixels")} <= found
+    assert {item for item, _ in found} == {"sampler.image", "default_model.png"}
+
+
+# ---------------------------------------------------------------------------------------------
+# Command line, recording and damaged recordings
+
+
+def test_cli_check_reports_each_item(monkeypatch, capsys):
+    assert main(["golden", "check", "--item", "t5.hidden", "--item", "mmjit.x0"]) == 0
+    out = capsys.readouterr().out
+    assert "PASS  t5.hidden" in out and "golden: 4/4 checks passed" in out
+
+    monkeypatch.setattr(mmjit, "mask_text", lambda context, mask, mask_token: context)
+    assert main(["golden", "check", "--item", "t5.hidden", "--item", "mmjit.x0"]) == 1
+    out = capsys.readouterr().out
+    assert "FAIL  mmjit.x0" in out and "PASS  t5.hidden" in out
+    assert out.strip().endswith("golden: 2/4 checks passed; failing: mmjit.x0")
+
+
+def test_unknown_item_is_a_clear_error(capsys):
+    assert main(["golden", "check", "--item", "nope"]) == 2
+    assert "unknown golden item(s) nope; choose from t5.hidden" in capsys.readouterr().err
+
+
+def test_record_refuses_to_overwrite_without_force(tmp_path, capsys):
+    for name in (golden.MANIFEST_NAME, golden.ARRAYS_NAME):
+        shutil.copy(golden.GOLDEN_DIR / name, tmp_path / name)
+    before = (tmp_path / golden.ARRAYS_NAME).read_bytes()
+    assert main(["golden", "record", "--dir", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("minit2i: error: ") and "already exists" in err and "pass --force" in err
+    with pytest.raises(MiniT2IError, match="pass --force"):
+        golden.record(tmp_path)
+    assert (tmp_path / golden.ARRAYS_NAME).read_bytes() == before
+
+
+def test_record_then_check_round_trip(tmp_path):
+    names = golden.record(tmp_path / "fresh")
+    assert names == ["default_model.png.pixels", "mmjit.x0", "sampler.image", "sampler.image.pixels", "t5.hidden"]
+    assert all(o.passed for o in golden.check(tmp_path / "fresh"))
+    # Same machine, same recipes: the new recording matches the committed one to float64 rounding.
+    _, fresh = golden.load(tmp_path / "fresh")
+    _, committed = golden.load()
+    np.testing.assert_allclose(fresh["mmjit.x0"], committed["mmjit.x0"], rtol=1e-12, atol=1e-13)
+
+
+def test_changed_recipe_is_reported_as_stale(tmp_path):
+    shutil.copy(golden.GOLDEN_DIR / golden.ARRAYS_NAME, tmp_path / golden.ARRAYS_NAME)
+    manifest = json.loads((golden.GOLDEN_DIR / golden.MANIFEST_NAME).read_text())
+    manifest["items"]["t5.hidden"]["recipe"]["weight_seed"] += 1
+    (tmp_path / golden.MANIFEST_NAME).write_text(json.dumps(manifest))
+    [outcome] = golden.check(tmp_path, ["t5.hidden"])
+    assert not outcome.passed and outcome.check == "recording" and "golden record --force" in outcome.detail
+
+
+def test_edited_array_fails_its_hash(tmp_path):
+    shutil.copy(golden.GOLDEN_DIR / golden.MANIFEST_NAME, tmp_path / golden.MANIFEST_NAME)
+    _, arrays = golden.load()
+    arrays["mmjit.x0"] = arrays["mmjit.x0"] + 1e-3
+    np.savez_compressed(tmp_path / golden.ARRAYS_NAME, **arrays)
+    [outcome] = golden.check(tmp_path, ["mmjit.x0"])
+    assert not outcome.passed and "sha256" in outcome.detail
+
+
+def test_missing_recording_is_a_clear_error(tmp_path):
+    with pytest.raises(MiniT2IError, match="no golden recording in .*golden record"):
+        golden.check(tmp_path)
+
+
+@pytest.mark.parametrize("check, got, want, passed", [
+    (golden.FloatCheck("fp32", rtol=1e-4, atol=1e-5), [1.0, 0.0], [1.0 + 0.9e-4, 0.9e-5], True),
+    (golden.FloatCheck("fp32", rtol=1e-4, atol=1e-5), [1.0, 0.0], [1.0, 1.1e-5], False),
+    (golden.PixelCheck("fp32"), np.array([10, 200], np.uint8), np.array([11, 199], np.uint8), True),
+    (golden.PixelCheck("fp32"), np.array([10, 200], np.uint8), np.array([12, 200], np.uint8), False),
+])
+def test_comparisons_use_the_stated_tolerance(check, got, want, passed):
+    assert check.compare(np.asarray(got), np.asarray(want))[0] is passed
