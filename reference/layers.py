@@ -75,29 +75,15 @@ def merge_heads(x):
 # head at 512x512): a chunk stays in cache and malloc recycles it, where one [B, H, L, L] table
 # (150 MB at 512x512) is page-faulted in fresh and streamed through DRAM by every softmax pass,
 # 1.5x slower in total (docs/benchmarks.md).
-ATTENTION_CHUNK_BYTES = 8 * 2**20
-
-
 def attention(q, k, v, scale: float, bias=None):
     """Softmax attention over all keys: softmax(q k^T * scale + bias) v.
 
     q [B, H, Lq, Dh], k/v [B, H, Lk, Dh], bias broadcastable to [B, H, Lq, Lk] -> [B, H, Lq, Dh].
     """
-    batch, heads, lq, _ = q.shape
-    lk = k.shape[2]
-    q = q * q.dtype.type(scale)  # scaling q, not the scores: Lk/Dh times fewer multiplies
+    scores = (q * q.dtype.type(scale)) @ np.swapaxes(k, -1, -2)  # scale q: Lk/Dh times fewer multiplies
     if bias is not None:
-        bias = np.broadcast_to(bias, (batch, heads, lq, lk))
-    step = max(1, ATTENTION_CHUNK_BYTES // (lq * lk * q.itemsize))
-    out = np.empty((batch, heads, lq, v.shape[-1]), dtype=q.dtype)
-    for b in range(batch):
-        for h in range(0, heads, step):
-            chunk = (b, slice(h, h + step))
-            scores = q[chunk] @ np.swapaxes(k[chunk], -1, -2)
-            if bias is not None:
-                scores += bias[chunk]
-            out[chunk] = softmax(scores) @ v[chunk]
-    return out
+        scores += bias
+    return softmax(scores) @ v
 
 
 def apply_rope(x, cos, sin):

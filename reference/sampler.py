@@ -18,7 +18,7 @@ import numpy as np
 
 # The official Hugging Face pipeline (`custom_pipeline="MiniT2I/MiniT2I"`) uses 0.001; the JAX
 # B/16 eval config and the GitHub torch port use 0.05 (spec 4.4). For steps <= 100, 0.001 is the
-# same as no floor: the last step lands exactly on the guided x0.
+# same as no floor: the last step lands on the guided x0.
 DEFAULT_A_MIN = 0.001
 NOISE_SCALE = 2.0
 
@@ -41,7 +41,7 @@ def step_factors(steps: int, a_min: float) -> np.ndarray:
     """[steps] scalars dt_i / max(1 - t_i, a_min): the Euler step is x + f_i * (x0_cfg - x).
 
     Computed in float64 so that, when a_min <= 1/steps, the last factor is exactly 1.0 and the
-    final state is exactly the guided x0 (spec 7.1 item 13).
+    final state is the guided x0 up to one rounding of x + (x0 - x) (spec 7.1 item 13).
     """
     t = time_grid(steps)
     return (t[1:] - t[:-1]) / np.maximum(1.0 - t[:-1], a_min)
