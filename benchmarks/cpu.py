@@ -5,9 +5,9 @@
     python benchmarks/cpu.py --repeats 3 --size 256
 
 Weights are seeded random tensors in the real layout (`minit2i.default_model`); timing does not
-depend on their values. The PyTorch peer below is written from the spec, like the reference, and
-runs the very same arrays (`torch.from_numpy`, no copy); its output is compared with NumPy's so
-the timings compare equal work. FLOPs are counted analytically, 2*M*N*K for every matmul
+depend on their values. The PyTorch peers (MMJiT in benchmarks/torch_peer.py, T5 below) are
+written from the spec, like the reference, and run the very same arrays (shared, no copy); their
+outputs are compared with NumPy's so the timings compare equal work. FLOPs are counted analytically, 2*M*N*K for every matmul
 (attention included); elementwise work is not counted. The roofline is the best float32 GEMM
 rate of either library on a 2048^3 product.
 
@@ -28,9 +28,11 @@ import torch.nn.functional as F
 from minit2i.config import MMJIT_B16, T5_FLAN_LARGE, MMJiTConfig, T5Config
 from minit2i.default_model import random_mmjit_weights, random_t5_weights
 from minit2i.weights import nest
-from reference.layers import attention, joint_rope, sincos_2d_table, text_rope
+from reference.layers import attention
 from reference.mmjit import mmjit_forward
 from reference.t5 import relative_position_buckets, t5_encode
+
+import torch_peer  # a sibling file: running this script puts benchmarks/ first on sys.path
 
 BATCH = 2  # one conditional + one unconditional row, as classifier-free guidance runs them
 TEXT_LENGTH = 256
@@ -68,87 +70,7 @@ def t5_flops(config: T5Config, batch: int, length: int) -> int:
 
 
 # ---------------------------------------------------------------------------------------------
-# The PyTorch peer: the same math as reference/, in torch ops
-
-
-def torch_tree(tree):
-    """A nested dict/list of NumPy arrays -> the same tree of torch tensors sharing memory."""
-    if isinstance(tree, dict):
-        return {k: torch_tree(v) for k, v in tree.items()}
-    if isinstance(tree, list):
-        return [torch_tree(v) for v in tree]
-    return torch.from_numpy(tree)
-
-
-def torch_table(table: np.ndarray) -> torch.Tensor:
-    """A read-only cached NumPy table -> a torch copy (torch refuses read-only memory)."""
-    return torch.tensor(table)
-
-
-def t_rms_norm(x, weight, eps: float = 1e-6):
-    return x * torch.rsqrt(x.square().mean(-1, keepdim=True) + eps) * weight
-
-
-def t_swiglu(x, mlp):
-    return F.linear(F.silu(F.linear(x, mlp["w1"]["weight"])) * F.linear(x, mlp["w3"]["weight"]), mlp["w2"]["weight"])
-
-
-def t_rope(x, cos, sin):
-    x1, x2 = x.chunk(2, dim=-1)
-    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
-
-
-def t_qkv(h, qkv, q_norm, k_norm, heads: int):
-    """[B, L, D] -> q, k, v [B, H, L, Dh]."""
-    b, n, d = h.shape
-    q, k, v = F.linear(h, qkv["weight"], qkv["bias"]).view(b, n, 3, heads, d // heads).permute(2, 0, 3, 1, 4)
-    return t_rms_norm(q, q_norm["weight"]), t_rms_norm(k, k_norm["weight"]), v
-
-
-def t_merge(x):
-    b, h, n, dh = x.shape
-    return x.transpose(1, 2).reshape(b, n, h * dh)
-
-
-def torch_mmjit_forward(params, config: MMJiTConfig, images, context, mask):
-    """[B, C, H, W], [B, L, Dc], [B, L] -> x0 [B, C, H, W] (torch, float32)."""
-    b, c, size, _ = images.shape
-    p, d, heads = config.patch_size, config.hidden_size, config.num_heads
-    grid = size // p
-    length = context.shape[1]
-    embedder = params["img_embedder"]
-    patches = images.reshape(b, c, grid, p, grid, p).permute(0, 2, 4, 1, 3, 5).reshape(b, grid * grid, -1)
-    img = F.linear(patches, embedder["proj1"]["weight"].reshape(config.pca_channels, -1))
-    img = F.linear(img, embedder["proj2"]["weight"].reshape(d, -1), embedder["proj2"]["bias"])
-    img = img + torch_table(sincos_2d_table(grid, grid, d, np.float32))
-    txt = torch.where(mask[..., None] > 0.5, context, params["mask_token"][0, 0])
-    txt = F.linear(txt, params["txt_embedder"]["weight"])
-
-    cos, sin = map(torch_table, text_rope(length, config.head_dim, np.float32))
-    for blk in params["txt_preamble_blocks"]:
-        q, k, v = t_qkv(t_rms_norm(txt, blk["norm1"]["weight"]), blk["qkv"], blk["q_norm"], blk["k_norm"], heads)
-        out = F.scaled_dot_product_attention(t_rope(q, cos, sin), t_rope(k, cos, sin), v)
-        txt = txt + F.linear(t_merge(out), blk["attn_proj"]["weight"], blk["attn_proj"]["bias"])
-        txt = txt + t_swiglu(t_rms_norm(txt, blk["norm2"]["weight"]), blk["mlp"])
-
-    cos, sin = map(torch_table, joint_rope(length, grid, grid, config.head_dim, np.float32))
-    for blk in params["double_blocks"]:
-        qi, ki, vi = t_qkv(t_rms_norm(img, blk["img_norm1"]["weight"]), blk["img_qkv"],
-                           blk["q_norm"], blk["k_norm"], heads)
-        qt, kt, vt = t_qkv(t_rms_norm(txt, blk["txt_norm1"]["weight"]), blk["txt_qkv"],
-                           blk["q_norm"], blk["k_norm"], heads)
-        q = t_rope(torch.cat([qt, qi], dim=2), cos, sin)
-        k = t_rope(torch.cat([kt, ki], dim=2), cos, sin)
-        out = t_merge(F.scaled_dot_product_attention(q, k, torch.cat([vt, vi], dim=2)))
-        img = img + F.linear(out[:, length:], blk["img_attn_proj"]["weight"], blk["img_attn_proj"]["bias"])
-        txt = txt + F.linear(out[:, :length], blk["txt_attn_proj"]["weight"], blk["txt_attn_proj"]["bias"])
-        img = img + t_swiglu(t_rms_norm(img, blk["img_norm2"]["weight"]), blk["img_mlp"])
-        txt = txt + t_swiglu(t_rms_norm(txt, blk["txt_norm2"]["weight"]), blk["txt_mlp"])
-
-    final = params["final_layer"]
-    out = F.linear(t_rms_norm(img, final["norm_final"]["weight"]), final["linear"]["weight"], final["linear"]["bias"])
-    out = out.reshape(b, grid, grid, p, p, c).permute(0, 5, 1, 3, 2, 4)
-    return out.reshape(b, c, size, size)
+# The PyTorch peer of T5 (MMJiT's is torch_peer.mmjit_forward): the same math as reference/t5.py
 
 
 def torch_t5_encode(params, config: T5Config, ids, mask):
@@ -164,15 +86,15 @@ def torch_t5_encode(params, config: T5Config, ids, mask):
     for blk in blocks:
         attn_layer, ffn_layer = blk["layer"]
         attn = attn_layer["SelfAttention"]
-        x = t_rms_norm(h, attn_layer["layer_norm"]["weight"], eps)
+        x = torch_peer.rms_norm(h, attn_layer["layer_norm"]["weight"], eps)
         q, k, v = (F.linear(x, attn[n]["weight"]).unflatten(-1, (heads, -1)).transpose(1, 2) for n in "qkv")
         scores = torch.softmax(q @ k.transpose(-1, -2) + bias, dim=-1)
-        h = h + F.linear(t_merge(scores @ v), attn["o"]["weight"])
+        h = h + F.linear(torch_peer.merge_heads(scores @ v), attn["o"]["weight"])
         ffn = ffn_layer["DenseReluDense"]
-        x = t_rms_norm(h, ffn_layer["layer_norm"]["weight"], eps)
+        x = torch_peer.rms_norm(h, ffn_layer["layer_norm"]["weight"], eps)
         gate = F.gelu(F.linear(x, ffn["wi_0"]["weight"]), approximate="tanh")
         h = h + F.linear(gate * F.linear(x, ffn["wi_1"]["weight"]), ffn["wo"]["weight"])
-    return t_rms_norm(h, params["encoder"]["final_layer_norm"]["weight"], eps)
+    return torch_peer.rms_norm(h, params["encoder"]["final_layer_norm"]["weight"], eps)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -235,10 +157,11 @@ def bench_mmjit(config: MMJiTConfig, size: int, repeats: int) -> dict:
     mask = np.zeros((BATCH, TEXT_LENGTH), dtype=np.float32)
     mask[0, :TEXT_LENGTH // 3] = 1.0  # a short prompt; the unconditional row is all padding
     mask[1, :1] = 1.0
-    tparams, args = torch_tree(params), [torch.from_numpy(a) for a in (images, context, mask)]
+    tparams, tables = torch_peer.to_torch_tree(params), torch_peer.position_tables(config, size, TEXT_LENGTH)
+    args = [torch.from_numpy(a) for a in (images, context, mask)]
     return comparison(f"MMJiT {size}x{size} b{BATCH} L{TEXT_LENGTH} ({config.depth_double} double blocks)",
                       lambda: mmjit_forward(params, config, images, context, mask),
-                      lambda: torch_mmjit_forward(tparams, config, *args),
+                      lambda: torch_peer.mmjit_forward(tparams, config, tables, *args),
                       mmjit_flops(config, BATCH, size, TEXT_LENGTH), repeats)
 
 
@@ -260,7 +183,7 @@ def bench_t5(config: T5Config, repeats: int) -> dict:
     ids = np.random.default_rng(SEED + 2).integers(0, config.vocab_size, (1, TEXT_LENGTH))
     mask = np.zeros((1, TEXT_LENGTH), dtype=np.float32)
     mask[0, :TEXT_LENGTH // 3] = 1.0
-    tparams, tids, tmask = torch_tree(params), torch.from_numpy(ids), torch.from_numpy(mask)
+    tparams, tids, tmask = torch_peer.to_torch_tree(params), torch.from_numpy(ids), torch.from_numpy(mask)
     return comparison(f"T5 encoder b1 L{TEXT_LENGTH} ({config.num_layers} layers)",
                       lambda: t5_encode(params, config, ids, mask, np.float32),
                       lambda: torch_t5_encode(tparams, config, tids, tmask),

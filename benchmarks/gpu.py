@@ -6,8 +6,8 @@
 Weights are random with the real B/16 (or L/16) shapes (speed does not depend on their values),
 the context is a random [1, 256, 1024] T5 output. Both backends run the same math: one batched
 [cond ; uncond] forward per step, guidance and the Euler update on the device. The PyTorch
-baseline is written here with torch ops and F.scaled_dot_product_attention (the official code
-uses an einsum softmax, see shared notes); the CuPy path is accelerated.sampler.sample.
+baseline is benchmarks/torch_peer.py, torch ops with F.scaled_dot_product_attention (the official
+code uses an einsum softmax, see shared notes); the CuPy path is accelerated.sampler.sample.
 
 Reported: wall time per run (CUDA events), ms per step, achieved TFLOP/s of the MMJiT GEMM +
 attention work against the device's peak for that precision, and per-kernel timings of the
@@ -25,7 +25,7 @@ from accelerated import kernels
 from minit2i.config import MODEL_VARIANTS, VARIANT_ALIASES, MMJiTConfig
 from minit2i.errors import MiniT2IError
 from minit2i.weights import mmjit_expected_shapes, nest
-from reference.layers import joint_rope, sincos_2d_table, text_rope
+from reference.layers import joint_rope
 from reference.sampler import initial_noise, step_factors
 
 # Dense peak TFLOP/s by device-name fragment: (fp32 CUDA cores, fp16 tensor, bf16 tensor).
@@ -161,66 +161,17 @@ def kernel_timings(cp, config: MMJiTConfig, size: int, precision: str):
 
 
 # ---------------------------------------------------------------------------------------------
-# PyTorch eager baseline: the reference math in torch ops, SDPA for attention
+# PyTorch eager baseline: benchmarks/torch_peer.py (the reference math in torch ops, SDPA)
 
 
 def torch_sampler(torch, params, config: MMJiTConfig, size, steps, precision, cfg_scale, dev="cuda"):
     """A closure running the whole sampler in torch eager; returns the final state [1, C, H, W]."""
-    import torch.nn.functional as F
+    import torch_peer  # a sibling file; imported here because torch is optional for this script
 
     dtype = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[precision]
-    tree = _to_torch(torch, params, dtype, dev)
-    p, grid = config.patch_size, size // config.patch_size
-    heads, dh = config.num_heads, config.head_dim
+    tree = torch_peer.to_torch_tree(params, dev, dtype)
     length = config.prompt_length
-    pos = torch.tensor(sincos_2d_table(grid, grid, config.hidden_size, np.float32), device=dev, dtype=dtype)
-    txt_rope = [torch.tensor(t, device=dev, dtype=dtype) for t in text_rope(length, dh, np.float32)]
-    joint = [torch.tensor(t, device=dev, dtype=dtype) for t in joint_rope(length, grid, grid, dh, np.float32)]
-
-    def rms(x, weight):
-        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * weight
-
-    def rope(x, cos, sin):
-        x1, x2 = x.chunk(2, dim=-1)
-        return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
-
-    def heads_of(h, qkv, qn, kn):
-        b, n, _ = h.shape
-        q, k, v = F.linear(h, qkv["weight"], qkv["bias"]).view(b, n, 3, heads, dh).permute(2, 0, 3, 1, 4)
-        return rms(q, qn), rms(k, kn), v
-
-    def mlp(h, m):
-        return F.linear(F.silu(F.linear(h, m["w1"]["weight"])) * F.linear(h, m["w3"]["weight"]), m["w2"]["weight"])
-
-    def attend(q, k, v):
-        out = F.scaled_dot_product_attention(q, k, v)
-        return out.transpose(1, 2).flatten(2)
-
-    def forward(images, context, mask):
-        b = images.shape[0]
-        patches = images.view(b, 3, grid, p, grid, p).permute(0, 2, 4, 1, 3, 5).reshape(b, grid * grid, -1)
-        e = tree["img_embedder"]
-        img = F.linear(F.linear(patches, e["proj1"]["weight"].flatten(1)), e["proj2"]["weight"].flatten(1), e["proj2"]["bias"]) + pos
-        ctx = torch.where(mask[..., None] > 0.5, context, tree["mask_token"][0, 0])
-        txt = F.linear(ctx, tree["txt_embedder"]["weight"])
-        for blk in tree["txt_preamble_blocks"]:
-            q, k, v = heads_of(rms(txt, blk["norm1"]["weight"]), blk["qkv"], blk["q_norm"]["weight"], blk["k_norm"]["weight"])
-            out = attend(rope(q, *txt_rope), rope(k, *txt_rope), v)
-            txt = txt + F.linear(out, blk["attn_proj"]["weight"], blk["attn_proj"]["bias"])
-            txt = txt + mlp(rms(txt, blk["norm2"]["weight"]), blk["mlp"])
-        for blk in tree["double_blocks"]:
-            qn, kn = blk["q_norm"]["weight"], blk["k_norm"]["weight"]
-            qi, ki, vi = heads_of(rms(img, blk["img_norm1"]["weight"]), blk["img_qkv"], qn, kn)
-            qt, kt, vt = heads_of(rms(txt, blk["txt_norm1"]["weight"]), blk["txt_qkv"], qn, kn)
-            out = attend(rope(torch.cat([qt, qi], 2), *joint), rope(torch.cat([kt, ki], 2), *joint), torch.cat([vt, vi], 2))
-            img = img + F.linear(out[:, length:], blk["img_attn_proj"]["weight"], blk["img_attn_proj"]["bias"])
-            txt = txt + F.linear(out[:, :length], blk["txt_attn_proj"]["weight"], blk["txt_attn_proj"]["bias"])
-            img = img + mlp(rms(img, blk["img_norm2"]["weight"]), blk["img_mlp"])
-            txt = txt + mlp(rms(txt, blk["txt_norm2"]["weight"]), blk["txt_mlp"])
-        f = tree["final_layer"]
-        out = F.linear(rms(img, f["norm_final"]["weight"]), f["linear"]["weight"], f["linear"]["bias"])
-        return out.view(b, grid, grid, p, p, 3).permute(0, 5, 1, 3, 2, 4).reshape(b, 3, size, size)
-
+    tables = torch_peer.position_tables(config, size, length, dev, dtype)
     gen = np.random.default_rng(1)
     context = torch.as_tensor(gen.standard_normal((1, length, config.txt_input_size), dtype=np.float32), device=dev, dtype=dtype)
     both_context = torch.cat([context, context])
@@ -232,20 +183,12 @@ def torch_sampler(torch, params, config: MMJiTConfig, size, steps, precision, cf
     def run():
         x = noise.clone()
         for f in factors:
-            x0 = forward(torch.cat([x, x]).to(dtype), both_context, both_mask).float()
+            x0 = torch_peer.mmjit_forward(tree, config, tables, torch.cat([x, x]).to(dtype), both_context, both_mask).float()
             guided = x0[1:] + cfg_scale * (x0[:1] - x0[1:])
             x = x + float(f) * (guided - x)
         return x
 
     return run
-
-
-def _to_torch(torch, tree, dtype, device):
-    if isinstance(tree, dict):
-        return {k: _to_torch(torch, v, dtype, device) for k, v in tree.items()}
-    if isinstance(tree, list):
-        return [_to_torch(torch, v, dtype, device) for v in tree]
-    return torch.as_tensor(np.ascontiguousarray(tree), device=device).to(dtype)
 
 
 def time_torch(torch, fn, repeats: int) -> float:

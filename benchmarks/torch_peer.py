@@ -1,0 +1,130 @@
+"""The PyTorch peer of the MMJiT denoiser: reference/mmjit.py's math in torch ops, for the benchmarks.
+
+Written from the spec like the reference, with F.scaled_dot_product_attention for attention. It is
+device- and dtype-agnostic: it runs on whatever tensors it is given, so benchmarks/cpu.py feeds it
+float32 CPU tensors that share memory with the NumPy weights and benchmarks/gpu.py feeds it CUDA
+tensors in fp32, fp16 or bf16. Imported as a sibling module (`python benchmarks/<script>.py` puts
+this folder on sys.path); benchmarks/ is not a package.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from minit2i.config import MMJiTConfig
+from reference.layers import joint_rope, sincos_2d_table, text_rope
+
+
+def to_torch_tree(tree, device="cpu", dtype=torch.float32):
+    """A nested dict/list of NumPy arrays -> the same tree of torch tensors on `device` in `dtype`.
+
+    A float32 array bound for the CPU as float32 is shared, not copied.
+    """
+    if isinstance(tree, dict):
+        return {k: to_torch_tree(v, device, dtype) for k, v in tree.items()}
+    if isinstance(tree, list):
+        return [to_torch_tree(v, device, dtype) for v in tree]
+    return torch.as_tensor(np.ascontiguousarray(tree), device=device, dtype=dtype)
+
+
+def rms_norm(x, weight, eps: float = 1e-6):
+    """[..., D], [D] -> [..., D]: x / rms(x) * weight over the last axis."""
+    return x * torch.rsqrt(x.square().mean(-1, keepdim=True) + eps) * weight
+
+
+def swiglu(x, mlp):
+    """[B, N, D] -> [B, N, D]: w2(silu(w1 x) * w3 x), weights from the `mlp` subtree."""
+    return F.linear(F.silu(F.linear(x, mlp["w1"]["weight"])) * F.linear(x, mlp["w3"]["weight"]), mlp["w2"]["weight"])
+
+
+def rope(x, cos, sin):
+    """[B, H, N, Dh], cos/sin [N, Dh/2] -> [B, H, N, Dh]: half-split rotation of the channel pairs."""
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
+
+
+def qkv_heads(h, qkv, q_norm_weight, k_norm_weight, heads: int):
+    """[B, N, D] -> q, k, v each [B, H, N, Dh], q and k RMS-normed per head (QK-norm)."""
+    b, n, d = h.shape
+    q, k, v = F.linear(h, qkv["weight"], qkv["bias"]).view(b, n, 3, heads, d // heads).permute(2, 0, 3, 1, 4)
+    return rms_norm(q, q_norm_weight), rms_norm(k, k_norm_weight), v
+
+
+def merge_heads(x):
+    """[B, H, N, Dh] -> [B, N, H*Dh]."""
+    b, h, n, dh = x.shape
+    return x.transpose(1, 2).reshape(b, n, h * dh)
+
+
+@dataclass(frozen=True)
+class PositionTables:
+    """The fixed position tables of one (image size, prompt length), on the device of the run.
+
+    image_pos: [N, D] sin/cos embedding added to the image tokens;
+    text_rope / joint_rope: (cos, sin), each [L, Dh/2] / [L + N, Dh/2] (text rows first).
+    """
+
+    image_pos: torch.Tensor
+    text_rope: tuple[torch.Tensor, torch.Tensor]
+    joint_rope: tuple[torch.Tensor, torch.Tensor]
+
+
+def position_tables(config: MMJiTConfig, size: int, length: int, device="cpu", dtype=torch.float32) -> PositionTables:
+    """The reference's tables for [size, size] images and `length` text tokens, as torch copies.
+
+    Copies, because the reference caches its tables read-only and torch refuses read-only memory.
+    """
+    grid, head_dim = size // config.patch_size, config.head_dim
+
+    def copy(table):
+        return torch.tensor(table, device=device, dtype=dtype)
+
+    return PositionTables(copy(sincos_2d_table(grid, grid, config.hidden_size, np.float32)),
+                          tuple(map(copy, text_rope(length, head_dim, np.float32))),
+                          tuple(map(copy, joint_rope(length, grid, grid, head_dim, np.float32))))
+
+
+def mmjit_forward(params, config: MMJiTConfig, tables: PositionTables, images, context, mask):
+    """[B, C, H, W], [B, L, Dc], [B, L] -> x0 [B, C, H, W], in the dtype of `params`.
+
+    `params` is the nested weight tree (to_torch_tree) and `tables` the position_tables of this
+    image size and L, both already on the device and in the dtype of the inputs.
+    """
+    b, c, size, _ = images.shape
+    p, d, heads = config.patch_size, config.hidden_size, config.num_heads
+    grid = size // p
+    length = context.shape[1]
+    embedder = params["img_embedder"]
+    patches = images.reshape(b, c, grid, p, grid, p).permute(0, 2, 4, 1, 3, 5).reshape(b, grid * grid, -1)
+    img = F.linear(patches, embedder["proj1"]["weight"].reshape(config.pca_channels, -1))
+    img = F.linear(img, embedder["proj2"]["weight"].reshape(d, -1), embedder["proj2"]["bias"]) + tables.image_pos
+    txt = torch.where(mask[..., None] > 0.5, context, params["mask_token"][0, 0])
+    txt = F.linear(txt, params["txt_embedder"]["weight"])
+
+    for blk in params["txt_preamble_blocks"]:
+        q, k, v = qkv_heads(rms_norm(txt, blk["norm1"]["weight"]), blk["qkv"],
+                            blk["q_norm"]["weight"], blk["k_norm"]["weight"], heads)
+        out = F.scaled_dot_product_attention(rope(q, *tables.text_rope), rope(k, *tables.text_rope), v)
+        txt = txt + F.linear(merge_heads(out), blk["attn_proj"]["weight"], blk["attn_proj"]["bias"])
+        txt = txt + swiglu(rms_norm(txt, blk["norm2"]["weight"]), blk["mlp"])
+
+    for blk in params["double_blocks"]:
+        q_norm, k_norm = blk["q_norm"]["weight"], blk["k_norm"]["weight"]
+        qi, ki, vi = qkv_heads(rms_norm(img, blk["img_norm1"]["weight"]), blk["img_qkv"], q_norm, k_norm, heads)
+        qt, kt, vt = qkv_heads(rms_norm(txt, blk["txt_norm1"]["weight"]), blk["txt_qkv"], q_norm, k_norm, heads)
+        q = rope(torch.cat([qt, qi], dim=2), *tables.joint_rope)
+        k = rope(torch.cat([kt, ki], dim=2), *tables.joint_rope)
+        out = merge_heads(F.scaled_dot_product_attention(q, k, torch.cat([vt, vi], dim=2)))
+        img = img + F.linear(out[:, length:], blk["img_attn_proj"]["weight"], blk["img_attn_proj"]["bias"])
+        txt = txt + F.linear(out[:, :length], blk["txt_attn_proj"]["weight"], blk["txt_attn_proj"]["bias"])
+        img = img + swiglu(rms_norm(img, blk["img_norm2"]["weight"]), blk["img_mlp"])
+        txt = txt + swiglu(rms_norm(txt, blk["txt_norm2"]["weight"]), blk["txt_mlp"])
+
+    final = params["final_layer"]
+    out = F.linear(rms_norm(img, final["norm_final"]["weight"]), final["linear"]["weight"], final["linear"]["bias"])
+    out = out.reshape(b, grid, grid, p, p, c).permute(0, 5, 1, 3, 2, 4)
+    return out.reshape(b, c, size, size)
