@@ -71,10 +71,6 @@ def merge_heads(x):
     return x.transpose(0, 2, 1, 3).reshape(b, n, h * dh)
 
 
-# Attention runs over as many whole (batch, head) score tables as fit in this many bytes (one
-# head at 512x512): a chunk stays in cache and malloc recycles it, where one [B, H, L, L] table
-# (150 MB at 512x512) is page-faulted in fresh and streamed through DRAM by every softmax pass,
-# 1.5x slower in total (docs/benchmarks.md).
 def attention(q, k, v, scale: float, bias=None):
     """Softmax attention over all keys: softmax(q k^T * scale + bias) v.
 
