@@ -5,7 +5,7 @@
     python benchmarks/cpu.py --repeats 3 --size 256
 
 Weights are seeded random tensors in the real layout (`minit2i.default_model`); timing does not
-depend on their values. The PyTorch peers (MMJiT in benchmarks/torch_peer.py, T5 below) are
+depend on their values. The PyTorch peers (training/torch_model.py, shared with the demo model's training) are
 written from the spec, like the reference, and run the very same arrays (shared, no copy); their
 outputs are compared with NumPy's so the timings compare equal work. FLOPs are counted analytically, 2*M*N*K for every matmul
 (attention included); elementwise work is not counted. The roofline is the best float32 GEMM
@@ -30,9 +30,9 @@ from minit2i.default_model import random_mmjit_weights, random_t5_weights
 from minit2i.weights import nest
 from reference.layers import attention
 from reference.mmjit import mmjit_forward
-from reference.t5 import relative_position_buckets, t5_encode
+from reference.t5 import t5_encode
 
-import torch_peer  # a sibling file: running this script puts benchmarks/ first on sys.path
+from training import torch_model as torch_peer
 
 BATCH = 2  # one conditional + one unconditional row, as classifier-free guidance runs them
 TEXT_LENGTH = 256
@@ -67,34 +67,6 @@ def t5_flops(config: T5Config, batch: int, length: int) -> int:
     per_token = 2 * (4 * d * inner + 3 * d * ff)  # q, k, v, o; wi_0, wi_1, wo
     attention_flops = 2 * 2 * length * length * inner
     return batch * config.num_layers * (length * per_token + attention_flops)
-
-
-# ---------------------------------------------------------------------------------------------
-# The PyTorch peer of T5 (MMJiT's is torch_peer.mmjit_forward): the same math as reference/t5.py
-
-
-def torch_t5_encode(params, config: T5Config, ids, mask):
-    """ids [B, L] (int64), mask [B, L] -> last hidden state [B, L, d_model] (torch, float32)."""
-    eps, heads = config.layer_norm_epsilon, config.num_heads
-    blocks = params["encoder"]["block"]
-    length = ids.shape[1]
-    buckets = torch.from_numpy(np.array(relative_position_buckets(
-        length, config.relative_attention_num_buckets, config.relative_attention_max_distance)))
-    table = blocks[0]["layer"][0]["SelfAttention"]["relative_attention_bias"]["weight"]
-    bias = table[buckets].permute(2, 0, 1)[None] + ((1.0 - mask) * torch.finfo(torch.float32).min)[:, None, None, :]
-    h = params["shared"]["weight"][ids]
-    for blk in blocks:
-        attn_layer, ffn_layer = blk["layer"]
-        attn = attn_layer["SelfAttention"]
-        x = torch_peer.rms_norm(h, attn_layer["layer_norm"]["weight"], eps)
-        q, k, v = (F.linear(x, attn[n]["weight"]).unflatten(-1, (heads, -1)).transpose(1, 2) for n in "qkv")
-        scores = torch.softmax(q @ k.transpose(-1, -2) + bias, dim=-1)
-        h = h + F.linear(torch_peer.merge_heads(scores @ v), attn["o"]["weight"])
-        ffn = ffn_layer["DenseReluDense"]
-        x = torch_peer.rms_norm(h, ffn_layer["layer_norm"]["weight"], eps)
-        gate = F.gelu(F.linear(x, ffn["wi_0"]["weight"]), approximate="tanh")
-        h = h + F.linear(gate * F.linear(x, ffn["wi_1"]["weight"]), ffn["wo"]["weight"])
-    return torch_peer.rms_norm(h, params["encoder"]["final_layer_norm"]["weight"], eps)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -186,7 +158,7 @@ def bench_t5(config: T5Config, repeats: int) -> dict:
     tparams, tids, tmask = torch_peer.to_torch_tree(params), torch.from_numpy(ids), torch.from_numpy(mask)
     return comparison(f"T5 encoder b1 L{TEXT_LENGTH} ({config.num_layers} layers)",
                       lambda: t5_encode(params, config, ids, mask, np.float32),
-                      lambda: torch_t5_encode(tparams, config, tids, tmask),
+                      lambda: torch_peer.t5_encode(tparams, config, tids, tmask),
                       t5_flops(config, 1, TEXT_LENGTH), repeats)
 
 

@@ -6,7 +6,7 @@
 Weights are random with the real B/16 (or L/16) shapes (speed does not depend on their values),
 the context is a random [1, 256, 1024] T5 output. Both backends run the same math: one batched
 [cond ; uncond] forward per step, guidance and the Euler update on the device. The PyTorch
-baseline is benchmarks/torch_peer.py, torch ops with F.scaled_dot_product_attention (the official
+baseline is training/torch_model.py, torch ops with F.scaled_dot_product_attention (the official
 code uses an einsum softmax, see shared notes); the CuPy path is accelerated.sampler.sample.
 
 Reported: wall time per run (CUDA events), ms per step, achieved TFLOP/s of the MMJiT GEMM +
@@ -161,12 +161,12 @@ def kernel_timings(cp, config: MMJiTConfig, size: int, precision: str):
 
 
 # ---------------------------------------------------------------------------------------------
-# PyTorch eager baseline: benchmarks/torch_peer.py (the reference math in torch ops, SDPA)
+# PyTorch eager baseline: training/torch_model.py (the reference math in torch ops, SDPA)
 
 
 def torch_sampler(torch, params, config: MMJiTConfig, size, steps, precision, cfg_scale, dev="cuda"):
     """A closure running the whole sampler in torch eager; returns the final state [1, C, H, W]."""
-    import torch_peer  # a sibling file; imported here because torch is optional for this script
+    from training import torch_model as torch_peer  # here, because torch is optional for this script
 
     dtype = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[precision]
     tree = torch_peer.to_torch_tree(params, dev, dtype)

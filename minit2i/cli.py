@@ -56,7 +56,8 @@ def add_generate_parser(sub) -> None:
 
     p = sub.add_parser("generate", help="text to PNG",
                        description="Generate images from a prompt. Without --model/--t5 the built-in "
-                                   "tiny default model (random weights) is used.")
+                                   "demo model is used: a tiny MiniT2I trained on coloured shapes "
+                                   "(try \"a large red circle at the left on a gray background\").")
     p.add_argument("-p", "--prompt", required=True, help="the text prompt")
     p.add_argument("-n", "--negative-prompt", default=None,
                    help="not supported by MiniT2I (its unconditional branch is an all-zero text mask)")
@@ -68,10 +69,12 @@ def add_generate_parser(sub) -> None:
                    help="google/flan-t5-large: model.safetensors, its folder or an HF cache folder")
     p.add_argument("--tokenizer", default=None, help="tokenizer.json (default: next to the T5 weights)")
     p.add_argument("-o", "--output", default="output.png", help="PNG path (batches add _0, _1, ...)")
-    p.add_argument("--steps", type=int, default=100, help="Euler steps (default 100, as official)")
-    p.add_argument("--cfg-scale", type=float, default=6.0, help="guidance scale (pipeline default 6.0)")
-    p.add_argument("-W", "--width", type=int, default=512)
-    p.add_argument("-H", "--height", type=int, default=512)
+    p.add_argument("--steps", type=int, default=None,
+                   help="Euler steps (default: the model's; 100 for MiniT2I, as official)")
+    p.add_argument("--cfg-scale", type=float, default=None,
+                   help="guidance scale (default: the model's; 6.0 for MiniT2I, as the official pipeline)")
+    p.add_argument("-W", "--width", type=int, default=None, help="default: the model's training size (512; demo 64)")
+    p.add_argument("-H", "--height", type=int, default=None, help="default: the model's training size (512; demo 64)")
     p.add_argument("-s", "--seed", type=int, default=42, help="image i of a batch uses seed + i")
     p.add_argument("-b", "--batch-count", type=int, default=1)
     p.add_argument("--a-min", type=float, default=DEFAULT_A_MIN,
@@ -88,7 +91,7 @@ def run_generate(args) -> int:
     from tqdm import tqdm
 
     from .images import check_writable, save_png, to_pixels
-    from .pipeline import Request, generate, load_model, make_runner, output_paths, validate
+    from .pipeline import Request, generate, load_model, make_runner, output_paths, sampling_defaults, validate
 
     if args.negative_prompt:
         raise MiniT2IError(
@@ -97,10 +100,12 @@ def run_generate(args) -> int:
         )
     outputs = [check_writable(p) for p in output_paths(Path(args.output), max(args.batch_count, 1))]
     model_path, t5_path = _model_paths(args)
-    request = Request(args.prompt, args.steps, args.cfg_scale, args.width, args.height, args.seed,
-                      args.batch_count, args.a_min)
     model = load_model(model_path, t5_path, args.tokenizer, args.variant)
+    given = {"steps": args.steps, "cfg_scale": args.cfg_scale, "width": args.width, "height": args.height}
+    settings = sampling_defaults(model) | {k: v for k, v in given.items() if v is not None}
+    request = Request(args.prompt, seed=args.seed, batch_count=args.batch_count, a_min=args.a_min, **settings)
     validate(request, model)
+    _warn_unknown_words(model.tokenizer, args.prompt)
     preview_dir = _preview_dir(args.preview_dir)
     pieces = model.tokenizer.count_pieces(args.prompt)
     if pieces > model.tokenizer.max_length - 1:
@@ -132,14 +137,29 @@ def _model_paths(args) -> tuple[Path, Path]:
     if args.model is None and args.t5 is None:
         from .default_model import default_model_dir
 
-        folder, created = default_model_dir()
-        verb = "created" if created else "using"
-        _say(args, f"no --model/--t5 given: {verb} the built-in tiny default model (random weights) at {folder}")
+        _say(args, "no --model/--t5 given: using the built-in demo model, a tiny MiniT2I trained on "
+                   "coloured shapes (docs/demo-model.md)")
+        folder = default_model_dir()
         return folder / "transformer", folder / "t5"
     if args.model is None or args.t5 is None:
         missing = "--model" if args.model is None else "--t5"
         raise MiniT2IError(f"{missing} is missing: pass both --model and --t5, or neither for the default model")
     return Path(args.model), Path(args.t5)
+
+
+# A vocabulary this small is worth listing when a word is missing from it (the demo model's).
+LISTED_VOCABULARY = 200
+
+
+def _warn_unknown_words(tokenizer, prompt: str) -> None:
+    """One line on stderr (even with -q) when the model has never seen some words of the prompt."""
+    unknown = tokenizer.unknown_words(prompt)
+    if not unknown:
+        return
+    message = f"minit2i: warning: the model does not know {', '.join(map(repr, unknown))}"
+    if tokenizer.vocab_size <= LISTED_VOCABULARY:
+        message += f"; it knows: {' '.join(tokenizer.known_words())}"
+    print(message, file=sys.stderr)
 
 
 def _preview_dir(path) -> Path | None:
@@ -179,16 +199,40 @@ def _say(args, message: str) -> None:
 
 
 def add_info_parser(sub) -> None:
-    p = sub.add_parser("info", help="describe a weight file or folder",
-                       description="Say what a weight file or folder is: model, config, dtype, parameters, prefix.")
-    p.add_argument("path", help="MiniT2I transformer or T5 weights (file or folder)")
+    p = sub.add_parser("info", help="describe a weight file or folder, or the built-in demo model",
+                       description="Say what a weight file or folder is: model, config, dtype, parameters, "
+                                   "prefix. Without PATH: the built-in demo model.")
+    p.add_argument("path", nargs="?", default=None,
+                   help="MiniT2I transformer or T5 weights (file or folder); default: the built-in demo model")
     p.add_argument("--variant", default="minit2i-b-16")
     p.set_defaults(run=run_info)
 
 
 def run_info(args) -> int:
-    print(describe(args.path, args.variant))
+    print(describe(args.path, args.variant) if args.path is not None else describe_demo_model())
     return 0
+
+
+def describe_demo_model() -> str:
+    """What the default model is, what it knows, and the report of both of its folders."""
+    from .default_model import default_model_dir
+    from .pipeline import load_model, sampling_defaults
+
+    folder = default_model_dir()
+    model = load_model(folder / "transformer", folder / "t5")
+    defaults = sampling_defaults(model)
+    return "\n".join([
+        "built-in demo model: a tiny MiniT2I trained on procedural coloured shapes (docs/demo-model.md)",
+        f"  folder:     {folder}",
+        f"  defaults:   {defaults['width']}x{defaults['height']}, {defaults['steps']} steps, "
+        f"guidance {defaults['cfg_scale']}",
+        f"  words:      {' '.join(model.tokenizer.known_words())}",
+        f"  try:        minit2i generate -p \"a large red circle at the left on a gray background\" -o shape.png",
+        "",
+        describe(folder / "transformer"),
+        "",
+        describe(folder / "t5"),
+    ])
 
 
 def describe(path, variant: str = "minit2i-b-16") -> str:

@@ -111,6 +111,19 @@ VARIANT_ALIASES = {
 }
 
 
+def read_sampling(path: Path) -> dict:
+    """The "sampling" block of a transformer config.json ({"steps": int, "cfg_scale": float}):
+    the settings a model was tuned for. Released MiniT2I configs have none."""
+    block = _read_json(path).get("sampling", {})
+    checks = {"steps": (int, lambda v: v >= 1, "an integer >= 1"),
+              "cfg_scale": ((int, float), lambda v: v == v and abs(v) < 1e6, "a finite number")}
+    for name, (types, ok, expected) in checks.items():
+        value = block.get(name)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, types) or not ok(value)):
+            raise MiniT2IError(f"{path}: sampling.{name} must be {expected}, found {value!r}; fix or delete it")
+    return {k: block[k] for k in checks if k in block}
+
+
 def to_json(config) -> str:
     """Serialise a config the way diffusers/HF would (used by the default model and tests)."""
     return json.dumps(dataclasses.asdict(config), indent=2)

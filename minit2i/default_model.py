@@ -1,36 +1,36 @@
-"""The built-in tiny default model: seeded random weights in the real key layout.
+"""The built-in default model, and writing models in the real file layouts.
 
-It lets a fresh machine run `minit2i generate` in seconds without downloads. It is generated
-on first use into a cache folder, laid out exactly like the real files, so the same loader,
+The default model is the demo model trained on procedural coloured shapes (training/, see
+docs/demo-model.md), shipped inside the package in the real layouts so that the same loader,
 tokenizer and checks run on it:
 
-    <cache>/default-model-v1/transformer/{config.json, diffusion_pytorch_model.safetensors}
-    <cache>/default-model-v1/t5/{config.json, model.safetensors, tokenizer.json}
+    minit2i/demo_model/transformer/{config.json, diffusion_pytorch_model.safetensors}
+    minit2i/demo_model/t5/{config.json, model.safetensors, tokenizer.json}
 
-The cache is $MINIT2I_CACHE, else $XDG_CACHE_HOME/minit2i, else ~/.cache/minit2i.
+The transformer's config.json also carries the sampler settings it was tuned for (its "sampling"
+block: steps and guidance), which `generate` uses when the user gives none.
+
+`write_model` writes a model with seeded random weights in the same layouts: the tests, golden
+recipes and benchmarks build their small checkpoints with it.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import os
-import shutil
-import tempfile
+import hashlib
+import json
 from pathlib import Path
 
 import numpy as np
 from safetensors.numpy import save_file
+from tokenizers import Tokenizer
 
-from .config import MMJIT_TINY, T5_TINY, MMJiTConfig, T5Config, to_json
+from .config import MMJiTConfig, T5Config, to_json
 from .tokenizer import make_t5_style_tokenizer
 from .weights import mmjit_expected_shapes, t5_expected_shapes
 
-VERSION = "default-model-v1"
-DEFAULT_MMJIT = dataclasses.replace(MMJIT_TINY, image_size=512, prompt_length=256)
-DEFAULT_T5 = T5_TINY
-WEIGHT_SEED = 20260101
+DEMO_MODEL_DIR = Path(__file__).parent / "demo_model"
 
-# A small English vocabulary so prompts tokenize into words, not only characters.
+# A small English vocabulary so that prompts to random-weight test models tokenize into words.
 WORDS = (
     "a an the of in on at with and or to from by for is are under over near behind big small red "
     "green blue yellow black white orange purple pink brown gray golden silver bright dark cat dog "
@@ -45,30 +45,17 @@ WORDS = (
 ).split()
 
 
-def cache_root() -> Path:
-    if os.environ.get("MINIT2I_CACHE"):
-        return Path(os.environ["MINIT2I_CACHE"]).expanduser()
-    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    return base / "minit2i"
+def default_model_dir() -> Path:
+    """The folder of the shipped demo model (transformer/ and t5/)."""
+    return DEMO_MODEL_DIR
 
 
-def default_model_dir() -> tuple[Path, bool]:
-    """(folder of the default model, whether it was created just now)."""
-    target = cache_root() / VERSION
-    if (target / "t5" / "tokenizer.json").is_file():
-        return target, False
-    target.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{VERSION}.", dir=target.parent))
-    try:
-        write_model(staging / "transformer", staging / "t5", DEFAULT_MMJIT, DEFAULT_T5, WEIGHT_SEED)
-        try:
-            staging.rename(target)
-        except OSError:  # another process created it first; theirs is identical
-            shutil.rmtree(staging, ignore_errors=True)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
-    return target, True
+def demo_model_digest() -> str:
+    """The first 16 hex digits of the sha256 of the demo model's two weight files."""
+    digest = hashlib.sha256()
+    for name in ("transformer/diffusion_pytorch_model.safetensors", "t5/model.safetensors"):
+        digest.update((DEMO_MODEL_DIR / name).read_bytes())
+    return digest.hexdigest()[:16]
 
 
 def random_mmjit_weights(config: MMJiTConfig, seed: int) -> dict[str, np.ndarray]:
@@ -102,15 +89,30 @@ def _random_weights(shapes: dict[str, tuple[int, ...]], seed: int) -> dict[str, 
 
 def write_model(transformer_dir: Path, t5_dir: Path, mmjit: MMJiTConfig, t5: T5Config, seed: int,
                 prefix: str = "model.net.") -> None:
-    """Write a complete model (diffusers transformer folder + T5 folder with tokenizer.json)."""
-    transformer_dir.mkdir(parents=True)
-    t5_dir.mkdir(parents=True)
-    weights = {prefix + k: v for k, v in random_mmjit_weights(mmjit, seed).items()}
-    save_file(weights, str(transformer_dir / "diffusion_pytorch_model.safetensors"))
-    (transformer_dir / "config.json").write_text(to_json(mmjit))
-    save_file(random_t5_weights(t5, seed + 1), str(t5_dir / "model.safetensors"))
+    """Write a complete model with seeded random weights (float32)."""
+    save_model(transformer_dir, t5_dir, mmjit, t5, random_mmjit_weights(mmjit, seed), random_t5_weights(t5, seed + 1),
+               make_t5_style_tokenizer(tokenizer_pieces(t5.vocab_size - 3)), prefix=prefix)
+
+
+def save_model(transformer_dir: Path, t5_dir: Path, mmjit: MMJiTConfig, t5: T5Config,
+               mmjit_weights: dict[str, np.ndarray], t5_weights: dict[str, np.ndarray], tokenizer: Tokenizer,
+               dtype=np.float32, prefix: str = "model.net.", sampling: dict | None = None) -> None:
+    """Write a diffusers transformer folder and a T5 folder (with tokenizer.json), tensors in `dtype`.
+
+    `sampling` (e.g. {"steps": 20, "cfg_scale": 3.0}) is stored in the transformer's config.json.
+    """
+    transformer_dir.mkdir(parents=True, exist_ok=True)
+    t5_dir.mkdir(parents=True, exist_ok=True)
+
+    def stored(weights, name_prefix=""):
+        return {name_prefix + k: np.ascontiguousarray(v, dtype=dtype) for k, v in weights.items()}
+
+    save_file(stored(mmjit_weights, prefix), str(transformer_dir / "diffusion_pytorch_model.safetensors"))
+    config = json.loads(to_json(mmjit)) | ({"sampling": sampling} if sampling else {})
+    (transformer_dir / "config.json").write_text(json.dumps(config, indent=2))
+    save_file(stored(t5_weights), str(t5_dir / "model.safetensors"))
     (t5_dir / "config.json").write_text(to_json(t5))
-    make_t5_style_tokenizer(tokenizer_pieces(t5.vocab_size - 3)).save(str(t5_dir / "tokenizer.json"))
+    tokenizer.save(str(t5_dir / "tokenizer.json"))
 
 
 def tokenizer_pieces(limit: int) -> list[tuple[str, float]]:

@@ -16,6 +16,7 @@ import numpy as np
 
 from reference.sampler import initial_noise
 
+from .config import read_sampling
 from .errors import MiniT2IError
 from .images import to_pixels
 from .tokenizer import PromptTokenizer
@@ -45,6 +46,7 @@ class Model:
     mmjit: LoadedWeights
     t5: LoadedWeights
     tokenizer: PromptTokenizer
+    sampling: dict = field(default_factory=dict)  # the config.json "sampling" block, if any
 
 
 @dataclass
@@ -66,7 +68,15 @@ def load_model(model_path, t5_path, tokenizer_path=None, variant: str = "minit2i
             f"{tokenizer.source} has {tokenizer.vocab_size} tokens but the T5 embedding has only "
             f"{t5.config.vocab_size} rows; use the tokenizer.json that belongs to this T5"
         )
-    return Model(mmjit, t5, tokenizer)
+    sampling = read_sampling(Path(mmjit.config_source)) if Path(mmjit.config_source).is_file() else {}
+    return Model(mmjit, t5, tokenizer, sampling)
+
+
+def sampling_defaults(model: Model) -> dict:
+    """Request settings for a model when the user gives none: its training image size, and the
+    steps and guidance of its config's "sampling" block, else the official 100 steps and 6.0."""
+    size = model.mmjit.config.image_size
+    return {"steps": 100, "cfg_scale": 6.0, "width": size, "height": size, **model.sampling}
 
 
 def make_runner(model: Model, backend: str = "numpy", precision: str = "fp32"):

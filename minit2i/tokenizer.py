@@ -66,6 +66,18 @@ class PromptTokenizer:
         mask = np.array([e.attention_mask for e in encodings], dtype=np.float32)
         return ids, mask
 
+    def unknown_words(self, prompt: str) -> list[str]:
+        """The words of `prompt` that the vocabulary lacks (they become `<unk>`), in order, once each."""
+        unk_id = self.tokenizer.token_to_id(UNK)
+        encoding = self._unbounded.encode(prompt, add_special_tokens=False)
+        words = (prompt[start:end] for i, (start, end) in zip(encoding.ids, encoding.offsets) if i == unk_id)
+        return list(dict.fromkeys(words))
+
+    def known_words(self) -> list[str]:
+        """The vocabulary in id order, without special tokens and the word marker of unigram pieces."""
+        vocab = sorted(self.tokenizer.get_vocab().items(), key=lambda item: item[1])
+        return [piece.lstrip("\u2581") for piece, _ in vocab if piece not in (PAD, EOS, UNK)]
+
     def count_pieces(self, prompt: str) -> int:
         """Pieces the prompt needs before truncation (without `</s>`), to warn about cutting."""
         return len(self._unbounded.encode(prompt, add_special_tokens=False).ids)
@@ -83,5 +95,21 @@ def make_t5_style_tokenizer(pieces: list[tuple[str, float]]) -> Tokenizer:
     tokenizer.normalizer = normalizers.Sequence([normalizers.NFKC(), normalizers.Replace(Regex(" {2,}"), " ")])
     tokenizer.pre_tokenizer = pre_tokenizers.Metaspace(replacement="\u2581", prepend_scheme="always")
     tokenizer.decoder = decoders.Metaspace(replacement="\u2581", prepend_scheme="always")
+    tokenizer.post_processor = processors.TemplateProcessing(single=f"$A {EOS}", special_tokens=[(EOS, 1)])
+    return tokenizer
+
+
+def make_word_tokenizer(words: list[str]) -> Tokenizer:
+    """A whole-word tokenizer for a small closed vocabulary (the demo model's captions).
+
+    Ids 0, 1, 2 are `<pad>`, `</s>`, `<unk>` as in T5, then `words` in order. Prompts are
+    lower-cased, punctuation is dropped and the rest is split at whitespace; any other word
+    becomes `<unk>`.
+    """
+    vocab = {PAD: 0, EOS: 1, UNK: 2, **{w: i + 3 for i, w in enumerate(words)}}
+    tokenizer = Tokenizer(models.WordLevel(vocab, unk_token=UNK))
+    tokenizer.normalizer = normalizers.Sequence(
+        [normalizers.NFKC(), normalizers.Lowercase(), normalizers.Replace(Regex(r"[^\w\s]"), " ")])
+    tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     tokenizer.post_processor = processors.TemplateProcessing(single=f"$A {EOS}", special_tokens=[(EOS, 1)])
     return tokenizer

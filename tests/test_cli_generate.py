@@ -1,7 +1,8 @@
-"""`minit2i generate` end to end on the built-in default model, and its error handling."""
+"""`minit2i generate` end to end on the built-in demo model, and its error handling."""
 
 from __future__ import annotations
 
+import json
 import os
 import stat
 
@@ -9,7 +10,9 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from minit2i import pipeline
 from minit2i.cli import main
+from minit2i.default_model import default_model_dir
 from reference.pipeline import NumpyRunner
 
 SMALL = ["--steps", "2", "-W", "64", "-H", "48"]
@@ -41,30 +44,30 @@ def leftovers(folder) -> list[str]:
 
 
 def test_writes_png_of_requested_size_and_prints_timings(tmp_path, capsys):
-    code, out, err = generate(capsys, "-p", "a red cat", *SMALL, "-o", "cat.png")
+    code, out, err = generate(capsys, "-p", "a red circle", *SMALL, "-o", "circle.png")
     assert code == 0, err
-    with Image.open(tmp_path / "cat.png") as image:
+    with Image.open(tmp_path / "circle.png") as image:
         assert image.format == "PNG" and image.size == (64, 48) and image.mode == "RGB"
     assert "timings (numpy, fp32):" in out
     for row in ("tokenize", "T5 encoder", "step 1", "step 2", "sampling", "total"):
         assert row in out
     assert "step 3" not in out
-    assert out.strip().endswith("cat.png")
-    assert len(np.unique(read_pixels(tmp_path / "cat.png"))) > 10  # not a flat image
+    assert out.strip().endswith("circle.png")
+    assert len(np.unique(read_pixels(tmp_path / "circle.png"))) > 10  # not a flat image
 
 
 def test_png_permissions_follow_umask(tmp_path, capsys):
     old = os.umask(0o022)
     try:
-        assert generate(capsys, "-p", "a cat", *SMALL, "-q", "-o", "cat.png")[0] == 0
+        assert generate(capsys, "-p", "a circle", *SMALL, "-q", "-o", "circle.png")[0] == 0
     finally:
         os.umask(old)
-    assert stat.S_IMODE((tmp_path / "cat.png").stat().st_mode) == 0o644
+    assert stat.S_IMODE((tmp_path / "circle.png").stat().st_mode) == 0o644
 
 
 def test_same_seed_same_bytes_other_seed_or_prompt_other_image(tmp_path, capsys):
-    for name, prompt, seed in (("a", "a red cat", "1"), ("b", "a red cat", "1"),
-                               ("c", "a red cat", "2"), ("d", "a blue dog", "1")):
+    for name, prompt, seed in (("a", "a red circle", "1"), ("b", "a red circle", "1"),
+                               ("c", "a red circle", "2"), ("d", "a blue square", "1")):
         assert generate(capsys, "-p", prompt, "-s", seed, *SMALL, "-q", "-o", f"{name}.png")[0] == 0
     assert (tmp_path / "a.png").read_bytes() == (tmp_path / "b.png").read_bytes()
     a = read_pixels(tmp_path / "a.png").astype(int)
@@ -73,19 +76,19 @@ def test_same_seed_same_bytes_other_seed_or_prompt_other_image(tmp_path, capsys)
 
 
 def test_batch_count_images_equal_single_runs_with_seed_plus_i(tmp_path, capsys):
-    code, out, _ = generate(capsys, "-p", "a cat", "-s", "5", "-b", "2", *SMALL, "-q", "-o", "cats.png")
+    code, out, _ = generate(capsys, "-p", "a circle", "-s", "5", "-b", "2", *SMALL, "-q", "-o", "circles.png")
     assert code == 0
-    assert not (tmp_path / "cats.png").exists()
-    assert out.split() == ["cats_0.png", "cats_1.png"]
+    assert not (tmp_path / "circles.png").exists()
+    assert out.split() == ["circles_0.png", "circles_1.png"]
     for i in range(2):
-        assert generate(capsys, "-p", "a cat", "-s", str(5 + i), *SMALL, "-q", "-o", f"single{i}.png")[0] == 0
-        np.testing.assert_array_equal(read_pixels(tmp_path / f"cats_{i}.png"), read_pixels(tmp_path / f"single{i}.png"))
-    assert not np.array_equal(read_pixels(tmp_path / "cats_0.png"), read_pixels(tmp_path / "cats_1.png"))
+        assert generate(capsys, "-p", "a circle", "-s", str(5 + i), *SMALL, "-q", "-o", f"single{i}.png")[0] == 0
+        np.testing.assert_array_equal(read_pixels(tmp_path / f"circles_{i}.png"), read_pixels(tmp_path / f"single{i}.png"))
+    assert not np.array_equal(read_pixels(tmp_path / "circles_0.png"), read_pixels(tmp_path / "circles_1.png"))
 
 
 def test_preview_dir_gets_one_png_per_step(tmp_path, capsys):
-    code, _, _ = generate(capsys, "-p", "a cat", "--steps", "3", "-W", "64", "-H", "48", "-q",
-                          "--preview-dir", "previews/run", "-o", "cat.png")
+    code, _, _ = generate(capsys, "-p", "a circle", "--steps", "3", "-W", "64", "-H", "48", "-q",
+                          "--preview-dir", "previews/run", "-o", "circle.png")
     assert code == 0
     previews = sorted((tmp_path / "previews" / "run").iterdir())
     assert [p.name for p in previews] == ["step_001.png", "step_002.png", "step_003.png"]
@@ -93,13 +96,43 @@ def test_preview_dir_gets_one_png_per_step(tmp_path, capsys):
         with Image.open(path) as image:
             assert image.size == (64, 48)
     # the last step with the default a_min lands on the guided x0 that the last preview shows
-    assert np.abs(read_pixels(previews[-1]).astype(int) - read_pixels(tmp_path / "cat.png")).max() <= 1
+    assert np.abs(read_pixels(previews[-1]).astype(int) - read_pixels(tmp_path / "circle.png")).max() <= 1
 
 
-def test_default_size_is_512(tmp_path, capsys):
-    assert generate(capsys, "-p", "a cat", "--steps", "1", "-q", "-o", "big.png")[0] == 0
-    with Image.open(tmp_path / "big.png") as image:
-        assert image.size == (512, 512)
+def test_size_steps_and_guidance_default_to_the_models(tmp_path, capsys, monkeypatch):
+    """The demo model's config says 64 x 64 and its own steps and guidance, not MiniT2I's 512,
+    100 and 6.0; a flag given by the user still wins."""
+    transformer = default_model_dir() / "transformer" / "config.json"
+    sampling = json.loads(transformer.read_text())["sampling"]
+    code, out, _ = generate(capsys, "-p", "a circle", "-o", "default.png")
+    assert code == 0
+    with Image.open(tmp_path / "default.png") as image:
+        assert image.size == (64, 64)
+    assert f"steps 4-{sampling['steps']} (mean)" in out
+
+    class Stop(Exception):
+        pass
+
+    def record(model, runner, request, on_step=None):
+        seen.append(request)
+        raise Stop
+
+    seen = []
+    monkeypatch.setattr(pipeline, "generate", record)
+    with pytest.raises(Stop):
+        main(["generate", "-p", "a circle", "-q", "-o", "x.png", "--steps", "3"])
+    assert (seen[0].steps, seen[0].cfg_scale, seen[0].width, seen[0].height) == (3, sampling["cfg_scale"], 64, 64)
+
+
+def test_unknown_words_get_one_warning_line_listing_the_known_ones(tmp_path, capsys):
+    code, _, err = generate(capsys, "-p", "a purple dragon, flying", "--steps", "1", "-q", "-o", "d.png")
+    assert code == 0
+    warnings = [line for line in err.splitlines() if "warning" in line]
+    assert warnings == [line for line in err.splitlines() if line]  # nothing else on stderr with -q
+    assert len(warnings) == 1
+    assert "'dragon', 'flying'" in warnings[0] and "purple" not in warnings[0].split("it knows")[0]
+    assert "it knows: a small large red" in warnings[0]
+    assert generate(capsys, "-p", "A Large, red circle!", "--steps", "1", "-q", "-o", "e.png")[2] == ""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -132,7 +165,7 @@ def assert_user_error(tmp_path, capsys, args, words):
 ], ids=["width", "height", "steps", "batch", "a-min", "negative", "fp16", "missing-model", "no-t5",
         "no-model", "no-folder", "not-png"])
 def test_bad_arguments(tmp_path, capsys, args, words):
-    base = ["-p", "a cat", "--steps", "2", "-W", "64", "-H", "48", "-o", "out.png"]
+    base = ["-p", "a circle", "--steps", "2", "-W", "64", "-H", "48", "-o", "out.png"]
     assert_user_error(tmp_path, capsys, base + args, words)
 
 
@@ -148,7 +181,7 @@ def test_unwritable_output_folder(tmp_path, capsys):
     try:
         if os.access(folder, os.W_OK):
             pytest.skip("running with privileges that ignore folder permissions")
-        assert_user_error(tmp_path, capsys, ["-p", "a cat", *SMALL, "-o", str(folder / "x.png")],
+        assert_user_error(tmp_path, capsys, ["-p", "a circle", *SMALL, "-o", str(folder / "x.png")],
                           ["not writable"])
     finally:
         folder.chmod(0o700)
@@ -160,7 +193,7 @@ def test_output_folder_reported_unwritable(tmp_path, capsys, monkeypatch):
     locked = tmp_path / "locked"
     locked.mkdir()
     monkeypatch.setattr(os, "access", lambda p, mode: False if str(p) == "locked" else real_access(p, mode))
-    assert_user_error(tmp_path, capsys, ["-p", "a cat", *SMALL, "-o", "locked/x.png"],
+    assert_user_error(tmp_path, capsys, ["-p", "a circle", *SMALL, "-o", "locked/x.png"],
                       ["output folder locked is not writable"])
 
 
@@ -170,7 +203,7 @@ def test_write_failure_is_one_line_and_leaves_no_part_file(tmp_path, capsys, mon
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(Image.Image, "save", disk_full)
-    assert_user_error(tmp_path, capsys, ["-p", "a cat", *SMALL, "-o", "out.png"],
+    assert_user_error(tmp_path, capsys, ["-p", "a circle", *SMALL, "-o", "out.png"],
                       ["cannot write out.png", "No space left on device"])
 
 
@@ -186,7 +219,7 @@ def _cuda_device_count() -> int:
 def test_cupy_backend_without_gpu_is_a_clear_error(tmp_path, capsys):
     if _cuda_device_count() > 0:
         pytest.skip("a CUDA GPU is usable here; this checks the message on machines without one")
-    assert_user_error(tmp_path, capsys, ["-p", "a cat", *SMALL, "--backend", "cupy", "-o", "out.png"],
+    assert_user_error(tmp_path, capsys, ["-p", "a circle", *SMALL, "--backend", "cupy", "-o", "out.png"],
                       ["cupy", "--backend numpy"])
 
 
@@ -210,13 +243,13 @@ def _fail_on_second_forward(monkeypatch, error):
 def test_crash_mid_sampling_leaves_no_file(tmp_path, capsys, monkeypatch):
     _fail_on_second_forward(monkeypatch, RuntimeError("boom"))
     with pytest.raises(RuntimeError, match="boom"):
-        main(["generate", "-p", "a cat", "--steps", "3", "-W", "64", "-H", "48", "-b", "2", "-o", "out.png"])
+        main(["generate", "-p", "a circle", "--steps", "3", "-W", "64", "-H", "48", "-b", "2", "-o", "out.png"])
     assert leftovers(tmp_path) == []
 
 
 def test_interrupt_mid_sampling_exits_130_and_leaves_no_file(tmp_path, capsys, monkeypatch):
     _fail_on_second_forward(monkeypatch, KeyboardInterrupt())
-    code, _, err = generate(capsys, "-p", "a cat", "--steps", "3", "-W", "64", "-H", "48", "-o", "out.png")
+    code, _, err = generate(capsys, "-p", "a circle", "--steps", "3", "-W", "64", "-H", "48", "-o", "out.png")
     assert code == 130
     assert "interrupted" in err and "Traceback" not in err
     assert leftovers(tmp_path) == []

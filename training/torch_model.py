@@ -1,10 +1,10 @@
-"""The PyTorch peer of the MMJiT denoiser: reference/mmjit.py's math in torch ops, for the benchmarks.
+"""MMJiT and the T5 encoder in PyTorch: the reference's math in torch ops, written once.
 
-Written from the spec like the reference, with F.scaled_dot_product_attention for attention. It is
-device- and dtype-agnostic: it runs on whatever tensors it is given, so benchmarks/cpu.py feeds it
-float32 CPU tensors that share memory with the NumPy weights and benchmarks/gpu.py feeds it CUDA
-tensors in fp32, fp16 or bf16. Imported as a sibling module (`python benchmarks/<script>.py` puts
-this folder on sys.path); benchmarks/ is not a package.
+Written from the spec like reference/, with F.scaled_dot_product_attention for attention. Both
+networks are plain functions of a nested weight tree (the checkpoint's names, as
+`minit2i.weights.nest` builds them), so the same code serves three uses: the demo model's
+training (training/train.py: leaves that require grad), the CPU benchmark (float32 tensors sharing
+memory with the NumPy weights) and the GPU benchmark (CUDA tensors in fp32, fp16 or bf16).
 """
 
 from __future__ import annotations
@@ -15,8 +15,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from minit2i.config import MMJiTConfig
+from minit2i.config import MMJiTConfig, T5Config
 from reference.layers import joint_rope, sincos_2d_table, text_rope
+from reference.t5 import relative_position_buckets
 
 
 def to_torch_tree(tree, device="cpu", dtype=torch.float32):
@@ -128,3 +129,28 @@ def mmjit_forward(params, config: MMJiTConfig, tables: PositionTables, images, c
     out = F.linear(rms_norm(img, final["norm_final"]["weight"]), final["linear"]["weight"], final["linear"]["bias"])
     out = out.reshape(b, grid, grid, p, p, c).permute(0, 5, 1, 3, 2, 4)
     return out.reshape(b, c, size, size)
+
+
+
+def t5_encode(params, config: T5Config, ids, mask):
+    """ids [B, L] (int64), mask [B, L] -> last hidden state [B, L, d_model] (torch, float32)."""
+    eps, heads = config.layer_norm_epsilon, config.num_heads
+    blocks = params["encoder"]["block"]
+    length = ids.shape[1]
+    buckets = torch.from_numpy(np.array(relative_position_buckets(
+        length, config.relative_attention_num_buckets, config.relative_attention_max_distance)))
+    table = blocks[0]["layer"][0]["SelfAttention"]["relative_attention_bias"]["weight"]
+    bias = table[buckets].permute(2, 0, 1)[None] + ((1.0 - mask) * torch.finfo(torch.float32).min)[:, None, None, :]
+    h = params["shared"]["weight"][ids]
+    for blk in blocks:
+        attn_layer, ffn_layer = blk["layer"]
+        attn = attn_layer["SelfAttention"]
+        x = rms_norm(h, attn_layer["layer_norm"]["weight"], eps)
+        q, k, v = (F.linear(x, attn[n]["weight"]).unflatten(-1, (heads, -1)).transpose(1, 2) for n in "qkv")
+        scores = torch.softmax(q @ k.transpose(-1, -2) + bias, dim=-1)
+        h = h + F.linear(merge_heads(scores @ v), attn["o"]["weight"])
+        ffn = ffn_layer["DenseReluDense"]
+        x = rms_norm(h, ffn_layer["layer_norm"]["weight"], eps)
+        gate = F.gelu(F.linear(x, ffn["wi_0"]["weight"]), approximate="tanh")
+        h = h + F.linear(gate * F.linear(x, ffn["wi_1"]["weight"]), ffn["wo"]["weight"])
+    return rms_norm(h, params["encoder"]["final_layer_norm"]["weight"], eps)

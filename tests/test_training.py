@@ -1,0 +1,160 @@
+"""The demo model's data set, checker and training script (training/).
+
+The training run itself is never repeated here: a few steps of the tiny smoke configuration prove
+that the script runs, resumes deterministically and exports files the NumPy reference reproduces.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from minit2i.pipeline import load_model
+from minit2i.weights import nest
+from reference.mmjit import mmjit_forward
+from reference.t5 import t5_encode
+from training import shapes
+from training.evaluate import ATTRIBUTES, accuracy_report, classify, evaluation_scenes
+
+torch = pytest.importorskip("torch")
+from training import train  # noqa: E402  (needs torch)
+from training.torch_model import mmjit_forward as torch_mmjit_forward  # noqa: E402
+from training.torch_model import position_tables, t5_encode as torch_t5_encode, to_torch_tree  # noqa: E402
+
+# ---------------------------------------------------------------------------------------------
+# Data set
+
+
+@pytest.mark.parametrize("shape, area", [
+    ("square", 16 * 16),
+    ("cross", 2 * 16 * 6 - 6 * 6),  # two 16 x 6 bars (arm 16/3 -> 6 pixel centres) sharing a 6 x 6 centre
+    ("triangle", 128),  # rows of 0, 2, 2, 4, 4, ..., 14, 14, 16 pixels: the apex row holds no pixel centre
+])
+def test_rendered_areas_are_exact(shape, area):
+    assert shapes.render_mask(shape, 16, (32, 32)).sum() == area
+
+
+def test_circle_area_is_close_to_pi_r_squared():
+    # the pixel-centre count of a radius-14 disc differs from pi r^2 by a boundary term O(r)
+    assert abs(shapes.render_mask("circle", 28, (32, 32)).sum() - np.pi * 14**2) < 2 * np.pi * 14
+
+
+@pytest.mark.parametrize("shape", shapes.SHAPES)
+@pytest.mark.parametrize("size", shapes.SIZES.values())
+def test_every_shape_fills_its_bounding_box(shape, size):
+    """Exactly `size` pixels wide and tall, except the triangle, whose apex row is empty."""
+    ys, xs = np.nonzero(shapes.render_mask(shape, size, (16, 48)))
+    top = 48 - size // 2 + (shape == "triangle")
+    assert (xs.min(), xs.max() + 1, ys.min(), ys.max() + 1) == (16 - size // 2, 16 + size // 2, top, 48 + size // 2)
+
+
+def test_held_out_pairs_never_appear_in_training_batches():
+    rng = np.random.default_rng(0)
+    for _ in range(20):
+        _, captions = shapes.random_batch(rng, 64)
+        for caption in captions:
+            words = caption.split()
+            assert not any(c in words and s in words for c, s in shapes.HELD_OUT), caption
+
+
+def test_short_captions_leave_out_phrases():
+    _, captions = shapes.random_batch(np.random.default_rng(1), 400)
+    assert any(c.count(" ") == 2 for c in captions)  # "a red circle"
+    assert any(c.endswith("background") for c in captions)
+    assert all(set(c.split()) <= set(shapes.vocabulary()) for c in captions)
+
+
+def test_pixels_round_trip_through_the_model_range():
+    from minit2i.images import to_pixels
+
+    pixels = np.random.default_rng(2).integers(0, 256, (2, 8, 8, 3), dtype=np.uint8)
+    np.testing.assert_array_equal(to_pixels(shapes.to_model_range(pixels)), pixels)
+
+
+# ---------------------------------------------------------------------------------------------
+# Checker
+
+
+def test_checker_reads_back_every_rendered_scene():
+    scenes = shapes.all_scenes() + shapes.all_scenes(held_out=True)
+    assert len(scenes) == 2 * 8 * 4 * 5 * 4 - 2 * 4 * 5  # white shapes on white are left out
+    wrong = [s for s in scenes if classify(shapes.render(s)) != {a: getattr(s, a) for a in ATTRIBUTES}]
+    assert wrong == []
+
+
+def test_checker_reports_no_shape_on_a_plain_image():
+    blank = np.full((64, 64, 3), 128, dtype=np.uint8)
+    assert classify(blank) == {"background": "gray", "colour": None, "position": None, "size": None, "shape": None}
+
+
+def test_accuracy_report_counts_groups_separately():
+    scenes = evaluation_scenes(4, seeds=2)
+    assert sum(held_out for _, _, held_out in scenes) == 2 * 2
+    pixels = [shapes.render(scene) for scene, _, _ in scenes]
+    pixels[0] = np.full_like(pixels[0], 15)  # a black image: only a black background can be right
+    report = accuracy_report(scenes, pixels)
+    assert report["counts"] == {"held_in": 8, "held_out": 4}
+    assert report["held_out"] == dict.fromkeys(ATTRIBUTES, 1.0)
+    assert report["held_in"]["shape"] == 7 / 8
+
+
+# ---------------------------------------------------------------------------------------------
+# Training script (tiny configuration)
+
+
+def run_training(folder, steps):
+    train.main(["--tiny", "--steps", str(steps), "--run", str(folder), "--export-dir", str(folder / "export"),
+                "--eval-every", "0", "--checkpoint-every", "2", "--batch", "4", "--threads", "1"])
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """A 4-step run in one go, and the same run stopped after 2 steps and resumed."""
+    whole, split = tmp_path_factory.mktemp("whole"), tmp_path_factory.mktemp("split")
+    run_training(whole, 4)
+    run_training(split, 2)
+    run_training(split, 4)
+    return whole, split
+
+
+def test_training_resumes_to_the_same_weights(trained):
+    """Step k's batch, noise and t depend only on (seed, k), so a resumed run repeats the
+    uninterrupted one; the only difference allowed is float32 summation order (one thread here,
+    so none is expected, but torch does not promise it): 1e-6 relative."""
+    whole, split = (torch.load(f / "checkpoint.pt", weights_only=False) for f in trained)
+    assert whole["step"] == split["step"] == 4
+    for name, value in whole["ema"].items():
+        np.testing.assert_allclose(split["ema"][name].numpy(), value.numpy(), rtol=1e-6, atol=1e-7)
+    losses = [json.loads(line)["loss"] for line in (trained[0] / "log.jsonl").read_text().splitlines()]
+    assert all(np.isfinite(losses))
+
+
+def test_export_is_reproduced_by_the_numpy_reference(trained):
+    """The exported float16 files, loaded by the ordinary loader, run through reference/ and the
+    torch model on the same float32 weights. Both compute in float32 over reductions of at most
+    128 terms, so they agree to a few float32 ulps of the outputs' scale (bound: 1e-5 relative)."""
+    model = load_model(trained[0] / "export" / "transformer", trained[0] / "export" / "t5")
+    assert model.mmjit.config == train.SMOKE_MMJIT and model.t5.config == train.SMOKE_T5
+    assert model.mmjit.stored_dtypes == ["F16"] and model.sampling == {"steps": 20, "cfg_scale": 3.0}
+    ids, mask = model.tokenizer(["a large red circle at the left on a gray background", "a blue cross"])
+    t5_params, mmjit_params = nest(model.t5.tensors), nest(model.mmjit.tensors)
+    context = t5_encode(t5_params, model.t5.config, ids, mask, np.float32)
+    torch_context = torch_t5_encode(to_torch_tree(t5_params), model.t5.config, torch.from_numpy(ids),
+                                    torch.from_numpy(mask)).numpy()
+    np.testing.assert_allclose(context, torch_context, rtol=1e-5, atol=1e-5 * np.abs(torch_context).max())
+    x = np.random.default_rng(3).standard_normal((2, 3, 64, 64)).astype(np.float32)
+    config = model.mmjit.config
+    ours = mmjit_forward(mmjit_params, config, x, context, mask)
+    theirs = torch_mmjit_forward(to_torch_tree(mmjit_params), config, position_tables(config, 64, config.prompt_length),
+                                 *map(torch.from_numpy, (x, context, mask))).numpy()
+    np.testing.assert_allclose(ours, theirs, rtol=1e-5, atol=1e-5 * np.abs(theirs).max())
+
+
+def test_learning_rate_warms_up_then_decays_to_its_floor():
+    recipe = train.Recipe(steps=1000, warmup=100)
+    lrs = [train.learning_rate(recipe, k) for k in range(1001)]
+    assert lrs[0] == pytest.approx(recipe.lr / 100) and lrs[99] == pytest.approx(recipe.lr)
+    assert all(a >= b for a, b in zip(lrs[100:], lrs[101:]))
+    assert lrs[-1] == pytest.approx(recipe.lr * recipe.final_lr_fraction)

@@ -1,0 +1,148 @@
+"""Judge the demo model like a user would: draw full captions, read back what was drawn.
+
+    python -m training.evaluate                    # the shipped model, 64 held-in + 32 held-out prompts x 2 seeds
+    python -m training.evaluate --prompts 8 --seeds 1 --model-dir DIR
+
+Images come from the ordinary `generate` path (NumPy backend, the model's default steps and
+guidance). A plain deterministic checker reads each image back:
+
+* background: the nearest background colour to the median of the 2-pixel border;
+* shape mask: pixels farther than MASK_DISTANCE (RGB Euclidean) from that background colour;
+* colour: the nearest palette colour to the median of the mask's pixels;
+* position: the nearest of the five positions to the mask's centroid;
+* size: the nearest size to the longer side of the mask's bounding box;
+* shape: the candidate whose rendering at the mask's bounding box overlaps the mask best (IoU).
+
+It prints accuracy per attribute, separately for held-in scenes and the six held-out colour-shape
+pairs, and can write the table as Markdown for docs/demo-model.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from minit2i.images import to_pixels
+from reference.sampler import initial_noise, sample
+
+from . import shapes
+
+ATTRIBUTES = ("background", "colour", "position", "size", "shape")
+MASK_DISTANCE = 50.0  # the closest shape/background pair (blue on navy) is 150 apart
+MIN_MASK_PIXELS = 16
+BORDER = 2
+
+
+def _nearest(table: dict[str, tuple[int, int, int]], rgb: np.ndarray) -> str:
+    names = list(table)
+    distances = [np.linalg.norm(np.subtract(table[n], rgb, dtype=np.float64)) for n in names]
+    return names[int(np.argmin(distances))]
+
+
+def classify(pixels: np.ndarray) -> dict[str, str | None]:
+    """uint8 [H, W, 3] -> the five attributes read from the image (None where no shape is found)."""
+    frame = np.ones(pixels.shape[:2], dtype=bool)
+    frame[BORDER:-BORDER, BORDER:-BORDER] = False
+    background = _nearest(shapes.BACKGROUNDS, np.median(pixels[frame], axis=0))
+    distance = np.linalg.norm(pixels.astype(np.float64) - shapes.BACKGROUNDS[background], axis=-1)
+    mask = distance > MASK_DISTANCE
+    result = dict.fromkeys(ATTRIBUTES)
+    result["background"] = background
+    if mask.sum() < MIN_MASK_PIXELS:
+        return result
+    ys, xs = np.nonzero(mask)
+    result["colour"] = _nearest(shapes.COLOURS, np.median(pixels[mask], axis=0))
+    centroid = np.array([xs.mean() + 0.5, ys.mean() + 0.5])
+    result["position"] = min(shapes.POSITIONS, key=lambda p: np.linalg.norm(centroid - shapes.POSITIONS[p]))
+    extent = max(xs.max() - xs.min() + 1, ys.max() - ys.min() + 1)
+    result["size"] = min(shapes.SIZES, key=lambda s: abs(shapes.SIZES[s] - extent))
+    centre = ((xs.min() + xs.max() + 1) / 2, (ys.min() + ys.max() + 1) / 2)
+
+    def overlap(shape):
+        candidate = shapes.render_mask(shape, extent, centre, pixels.shape[0])
+        return (candidate & mask).sum() / (candidate | mask).sum()
+
+    result["shape"] = max(shapes.SHAPES, key=overlap)
+    return result
+
+
+def evaluation_scenes(prompts: int, seeds: int, held_out_prompts: int | None = None):
+    """[(scene, seed, held_out)]: `prompts` held-in and `held_out_prompts` (default prompts // 2)
+    held-out scenes, spread over the data set by a fixed generator, each with `seeds` seeds."""
+    rng = np.random.default_rng(2026)
+    held_out_prompts = prompts // 2 if held_out_prompts is None else held_out_prompts
+    picked = []
+    for held_out, count in ((False, prompts), (True, held_out_prompts)):
+        pool = shapes.all_scenes(held_out)
+        picked += [(pool[i], held_out) for i in rng.choice(len(pool), size=min(count, len(pool)), replace=False)]
+    return [(scene, seed, held_out) for scene, held_out in picked for seed in range(seeds)]
+
+
+def accuracy_report(scenes, pixels) -> dict:
+    """{"held_in": {attribute: accuracy}, "held_out": {...}, "counts": {...}} over the images."""
+    report, counts = {}, {}
+    for group, wanted in (("held_in", False), ("held_out", True)):
+        pairs = [(scene, classify(p)) for (scene, _, held_out), p in zip(scenes, pixels) if held_out == wanted]
+        counts[group] = len(pairs)
+        if pairs:
+            report[group] = {a: float(np.mean([getattr(s, a) == found[a] for s, found in pairs])) for a in ATTRIBUTES}
+    report["counts"] = counts
+    return report
+
+
+def evaluate_scenes(scenes, tokenizer, encode, denoise, steps: int, cfg_scale: float, batch: int = 64) -> dict:
+    """Draw every (scene, seed) with `encode(ids, mask)` and `denoise` through the reference
+    sampler, in batches, and score them (used by training, where the network is torch)."""
+    pixels = []
+    for start in range(0, len(scenes), batch):
+        chunk = scenes[start:start + batch]
+        ids, mask = tokenizer([scene.caption() for scene, _, _ in chunk])
+        noise = np.concatenate([initial_noise(seed, 1, 3, shapes.IMAGE_SIZE, shapes.IMAGE_SIZE) for _, seed, _ in chunk])
+        pixels += list(to_pixels(sample(denoise, noise, encode(ids, mask), mask, steps, cfg_scale)))
+    return accuracy_report(scenes, pixels)
+
+
+def generate_scenes(scenes, model_dir: Path | None) -> list[np.ndarray]:
+    """Draw every (scene, seed) through minit2i's ordinary generate path with its defaults."""
+    from minit2i.default_model import default_model_dir
+    from minit2i.pipeline import Request, generate, load_model, make_runner, sampling_defaults
+
+    folder = model_dir or default_model_dir()
+    model = load_model(folder / "transformer", folder / "t5")
+    runner = make_runner(model, "numpy")
+    defaults = sampling_defaults(model)
+    return [generate(model, runner, Request(scene.caption(), seed=seed, **defaults)).pixels[0]
+            for scene, seed, _ in scenes]
+
+
+def markdown_table(report: dict) -> str:
+    """The accuracy report as a Markdown table (rows: held-in, held-out; columns: attributes)."""
+    lines = ["| prompts | images | " + " | ".join(ATTRIBUTES) + " |", "|---" * (len(ATTRIBUTES) + 2) + "|"]
+    for group, label in (("held_in", "held-in"), ("held_out", "held-out pairs")):
+        if group in report:
+            cells = " | ".join(f"{report[group][a]:.0%}" for a in ATTRIBUTES)
+            lines.append(f"| {label} | {report['counts'][group]} | {cells} |")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--prompts", type=int, default=64, help="held-in prompts (held-out: half as many)")
+    p.add_argument("--seeds", type=int, default=2)
+    p.add_argument("--model-dir", type=Path, default=None, help="default: the shipped demo model")
+    p.add_argument("--json", type=Path, default=None, help="also write the report here")
+    args = p.parse_args(argv)
+    scenes = evaluation_scenes(args.prompts, args.seeds)
+    report = accuracy_report(scenes, generate_scenes(scenes, args.model_dir))
+    print(markdown_table(report))
+    if args.json:
+        args.json.write_text(json.dumps(report, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

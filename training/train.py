@@ -1,0 +1,312 @@
+"""Train the demo model (a tiny MMJiT + tiny T5) on the coloured-shapes data set, then export it.
+
+    python -m training.train                       # train (or resume) runs/demo, export to minit2i/demo_model
+    python -m training.train --steps 20 --tiny --run runs/smoke --export-dir /tmp/smoke
+    python -m training.train --export-only         # re-export the last checkpoint
+
+The objective is MiniT2I's (spec 4.1, 7.4): x_t = t x + (1 - t) 2 eps with t ~ sigmoid(N(mu, s)),
+the network predicts x0 and the loss is the MSE between the implied velocity
+(x0_pred - x_t) / max(1 - t, a_min) and the true one (x - x_t) / max(1 - t, a_min); the whole
+caption is dropped (all-zero mask) with probability 0.1 so classifier-free guidance has an
+unconditional branch. AdamW with warm-up and cosine decay, and an EMA of the weights, which is
+what gets exported.
+
+Everything the run depends on is a function of (seed, step): the batch, the noise and t of step
+k are drawn from generators seeded with (seed, k). A run therefore resumes from its last
+checkpoint to exactly the weights an uninterrupted run would have reached (up to the
+non-determinism of multi-threaded float32 reductions in torch).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import os
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from minit2i.config import MMJiTConfig, T5Config
+from minit2i.default_model import DEMO_MODEL_DIR, save_model
+from minit2i.tokenizer import PromptTokenizer, make_word_tokenizer
+from minit2i.weights import mmjit_expected_shapes, nest, t5_expected_shapes
+
+from . import shapes
+from .evaluate import evaluate_scenes, evaluation_scenes
+from .torch_model import mmjit_forward, position_tables, t5_encode
+
+DEMO_MMJIT = MMJiTConfig(image_size=64, patch_size=4, txt_input_size=128, hidden_size=128, depth_double=4,
+                         txt_preamble_depth=2, num_heads=4, head_dim=32, pca_channels=32, prompt_length=16,
+                         cond_vec_size=128)
+DEMO_T5 = T5Config(vocab_size=3 + len(shapes.vocabulary()), d_model=128, d_kv=32, num_heads=4, d_ff=256,
+                   num_layers=2)
+# For the smoke test of the script (CI): every structural feature, a fraction of the cost.
+SMOKE_MMJIT = dataclasses.replace(DEMO_MMJIT, txt_input_size=32, hidden_size=32, depth_double=1, num_heads=2,
+                                  head_dim=16, pca_channels=8, cond_vec_size=32)
+SMOKE_T5 = dataclasses.replace(DEMO_T5, d_model=32, d_kv=8, d_ff=64, num_layers=1)
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """Optimisation settings; the defaults are the shipped demo model's (docs/demo-model.md)."""
+
+    steps: int = 3000
+    batch: int = 32
+    lr: float = 1e-3
+    warmup: int = 200
+    final_lr_fraction: float = 0.05
+    betas: tuple[float, float] = (0.9, 0.95)
+    weight_decay: float = 0.0
+    ema_decay: float = 0.999
+    caption_drop: float = 0.1
+    t_mu: float = -0.8
+    t_sigma: float = 0.8
+    a_min: float = 0.05
+    seed: int = 0
+
+
+def learning_rate(recipe: Recipe, step: int) -> float:
+    """Linear warm-up to `lr`, then a cosine down to `final_lr_fraction * lr` at `steps`."""
+    if step < recipe.warmup:
+        return recipe.lr * (step + 1) / recipe.warmup
+    progress = min(1.0, (step - recipe.warmup) / max(1, recipe.steps - recipe.warmup))
+    floor = recipe.final_lr_fraction
+    return recipe.lr * (floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * progress)))
+
+
+# ---------------------------------------------------------------------------------------------
+# Parameters
+
+
+def initial_weights(mmjit: MMJiTConfig, t5: T5Config, seed: int) -> dict[str, np.ndarray]:
+    """float32 weights for both networks, flat names prefixed "mmjit." / "t5.".
+
+    Linear and conv weights ~ N(0, 1/fan_in), except the projections that write into a residual
+    stream (attention out, MLP down), scaled by 1/sqrt(2 * depth) as in GPT-2, and the final
+    layer, zero, so the untrained network predicts x0 = 0 (the data mean); norms 1, biases 0.
+    """
+    rng = np.random.default_rng(seed)
+    depth = mmjit.depth_double + mmjit.txt_preamble_depth
+    shapes_by_name = {**{f"mmjit.{k}": v for k, v in mmjit_expected_shapes(mmjit).items()},
+                      **{f"t5.{k}": v for k, v in t5_expected_shapes(t5).items()}}
+    weights = {}
+    for name, shape in sorted(shapes_by_name.items()):
+        if "norm" in name:
+            value = np.ones(shape)
+        elif name.endswith("bias") and "relative_attention" not in name or name.startswith("mmjit.final_layer.linear"):
+            value = np.zeros(shape)
+        elif name.endswith(("mask_token", "shared.weight", "relative_attention_bias.weight")):
+            value = rng.standard_normal(shape)
+        else:
+            value = rng.standard_normal(shape) / np.sqrt(np.prod(shape[1:]))
+            if name.endswith(("attn_proj.weight", "w2.weight", ".o.weight", ".wo.weight")):
+                value /= np.sqrt(2 * depth)
+        weights[name] = value.astype(np.float32)
+    return weights
+
+
+def split_tree(flat: dict[str, torch.Tensor]) -> tuple[dict, dict]:
+    """The flat "mmjit."/"t5." parameter dict -> (MMJiT tree, T5 tree) sharing its tensors."""
+    def part(prefix):
+        return nest({k[len(prefix):]: v for k, v in flat.items() if k.startswith(prefix)})
+    return part("mmjit."), part("t5.")
+
+
+# ---------------------------------------------------------------------------------------------
+# One step
+
+
+def training_batch(recipe: Recipe, tokenizer: PromptTokenizer, step: int):
+    """Everything random about step `step`: images, ids, masks (T5's and MMJiT's), t and noise."""
+    rng = np.random.default_rng([recipe.seed, step])
+    images, captions = shapes.random_batch(rng, recipe.batch)
+    ids, mask = tokenizer(captions)
+    dropped = rng.random(recipe.batch) < recipe.caption_drop
+    mmjit_mask = mask * ~dropped[:, None]
+    t = 1.0 / (1.0 + np.exp(-(recipe.t_mu + recipe.t_sigma * rng.standard_normal(recipe.batch))))
+    noise = rng.standard_normal(images.shape, dtype=np.float32)
+    return {name: torch.from_numpy(np.asarray(value)) for name, value in (
+        ("images", images), ("ids", ids), ("mask", mask), ("mmjit_mask", mmjit_mask.astype(np.float32)),
+        ("t", t.astype(np.float32)), ("noise", noise))}
+
+
+def v_loss(params: dict, mmjit: MMJiTConfig, t5: T5Config, tables, batch: dict, a_min: float) -> torch.Tensor:
+    """Mean squared velocity error of the x0 prediction (scalar)."""
+    mmjit_params, t5_params = split_tree(params)
+    t = batch["t"][:, None, None, None]
+    x_t = t * batch["images"] + (1 - t) * 2.0 * batch["noise"]
+    context = t5_encode(t5_params, t5, batch["ids"], batch["mask"])
+    x0 = mmjit_forward(mmjit_params, mmjit, tables, x_t, context, batch["mmjit_mask"])
+    return (((x0 - batch["images"]) / torch.clamp(1 - t, min=a_min)) ** 2).mean()
+
+
+# ---------------------------------------------------------------------------------------------
+# The run: checkpoint, resume, log, evaluate, export
+
+
+class Run:
+    """A training run in `folder`: checkpoint.pt (weights, EMA, optimiser, step) and log.jsonl."""
+
+    def __init__(self, folder: Path, recipe: Recipe, mmjit: MMJiTConfig, t5: T5Config):
+        self.folder, self.recipe, self.mmjit, self.t5 = folder, recipe, mmjit, t5
+        self.tokenizer = PromptTokenizer(make_word_tokenizer(shapes.vocabulary()), mmjit.prompt_length)
+        self.tables = position_tables(mmjit, mmjit.image_size, mmjit.prompt_length)
+        weights = initial_weights(mmjit, t5, recipe.seed)
+        self.params = {k: torch.tensor(v, requires_grad=True) for k, v in weights.items()}
+        self.ema = {k: v.detach().clone() for k, v in self.params.items()}
+        self.optimizer = torch.optim.AdamW(self.params.values(), lr=recipe.lr, betas=recipe.betas,
+                                           weight_decay=recipe.weight_decay)
+        self.step = 0
+        if self.checkpoint_path.exists():
+            self._resume()
+
+    @property
+    def checkpoint_path(self) -> Path:
+        return self.folder / "checkpoint.pt"
+
+    def identity(self) -> dict:
+        """What a checkpoint must share with the run that resumes it. The total step count is
+        left out on purpose: resuming with another --steps extends (or shortens) the cosine."""
+        recipe = dataclasses.asdict(self.recipe)
+        del recipe["steps"]
+        return {"recipe": recipe, "mmjit": dataclasses.asdict(self.mmjit), "t5": dataclasses.asdict(self.t5)}
+
+    def _resume(self) -> None:
+        state = torch.load(self.checkpoint_path, weights_only=False)
+        if state["identity"] != json.loads(json.dumps(self.identity())):
+            sys.exit(f"train: {self.checkpoint_path} was made with other settings; use another --run folder")
+        names = list(self.params)
+        with torch.no_grad():
+            for k in names:
+                self.params[k].copy_(state["params"][k])
+                self.ema[k].copy_(state["ema"][k])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.step = state["step"]
+
+    def save(self) -> None:
+        """Write checkpoint.pt atomically: a kill mid-write leaves the previous one intact."""
+        self.folder.mkdir(parents=True, exist_ok=True)
+        tmp = self.checkpoint_path.with_suffix(".tmp")
+        torch.save({"identity": json.loads(json.dumps(self.identity())), "step": self.step,
+                    "params": {k: v.detach() for k, v in self.params.items()}, "ema": self.ema,
+                    "optimizer": self.optimizer.state_dict()}, tmp)
+        os.replace(tmp, self.checkpoint_path)
+
+    def log(self, record: dict) -> None:
+        self.folder.mkdir(parents=True, exist_ok=True)
+        with open(self.folder / "log.jsonl", "a") as f:
+            f.write(json.dumps(record) + "\n")
+
+    def train_step(self) -> float:
+        lr = learning_rate(self.recipe, self.step)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        batch = training_batch(self.recipe, self.tokenizer, self.step)
+        loss = v_loss(self.params, self.mmjit, self.t5, self.tables, batch, self.recipe.a_min)
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        self.optimizer.step()
+        # EMA warm-up (decay (1 + k) / (10 + k) early on) so early evaluations are not the init.
+        decay = min(self.recipe.ema_decay, (1 + self.step) / (10 + self.step))
+        with torch.no_grad():
+            for k, p in self.params.items():
+                self.ema[k].lerp_(p, 1 - decay)
+        self.step += 1
+        return loss.item()
+
+    def export(self, folder: Path, steps: int, cfg_scale: float) -> None:
+        """The EMA weights as a float16 model in the real file layouts (minit2i.default_model)."""
+        mmjit, t5 = split_flat({k: v.numpy() for k, v in self.ema.items()})
+        save_model(folder / "transformer", folder / "t5", self.mmjit, self.t5, mmjit, t5,
+                   make_word_tokenizer(shapes.vocabulary()), np.float16,
+                   sampling={"steps": steps, "cfg_scale": cfg_scale})
+
+
+def split_flat(flat: dict[str, np.ndarray]) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """{"mmjit.x": a, "t5.y": b} -> ({"x": a}, {"y": b})."""
+    return ({k[6:]: v for k, v in flat.items() if k.startswith("mmjit.")},
+            {k[3:]: v for k, v in flat.items() if k.startswith("t5.")})
+
+
+def torch_denoiser(run: Run):
+    """A NumPy denoise(x, context, mask) over the EMA weights, for reference.sampler.sample."""
+    mmjit_params, _ = split_tree(run.ema)
+
+    def denoise(x, context, mask):
+        with torch.no_grad():
+            out = mmjit_forward(mmjit_params, run.mmjit, run.tables, torch.from_numpy(x),
+                                torch.from_numpy(context), torch.from_numpy(mask))
+        return out.numpy()
+    return denoise
+
+
+def torch_encoder(run: Run):
+    _, t5_params = split_tree(run.ema)
+
+    def encode(ids, mask):
+        with torch.no_grad():
+            return t5_encode(t5_params, run.t5, torch.from_numpy(ids), torch.from_numpy(mask)).numpy()
+    return encode
+
+
+def train(run: Run, eval_every: int, checkpoint_every: int, eval_prompts: int, sample_steps: int,
+          cfg_scale: float) -> None:
+    bar = tqdm(total=run.recipe.steps, initial=run.step, desc="training", unit="step", dynamic_ncols=True)
+    started, first_step, recent = time.time(), run.step, []
+    while run.step < run.recipe.steps:
+        recent = (recent + [run.train_step()])[-50:]
+        bar.update(1)
+        bar.set_postfix(loss=f"{np.mean(recent):.4f}", lr=f"{learning_rate(run.recipe, run.step):.1e}")
+        run.log({"step": run.step, "loss": recent[-1], "lr": learning_rate(run.recipe, run.step - 1),
+                 "seconds": time.time() - started, "steps_this_session": run.step - first_step})
+        if run.step % checkpoint_every == 0 or run.step == run.recipe.steps:
+            run.save()
+        if eval_every and (run.step % eval_every == 0 or run.step == run.recipe.steps):
+            scenes = evaluation_scenes(eval_prompts, seeds=1)
+            report = evaluate_scenes(scenes, run.tokenizer, torch_encoder(run), torch_denoiser(run),
+                                     sample_steps, cfg_scale)
+            run.log({"step": run.step, "eval": report})
+            bar.write(f"step {run.step}: " + ", ".join(f"{k} {v:.0%}" for k, v in report["held_in"].items()))
+    bar.close()
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--run", type=Path, default=Path("runs/demo"), help="checkpoint and log folder")
+    p.add_argument("--export-dir", type=Path, default=DEMO_MODEL_DIR, help="where the trained model is written")
+    p.add_argument("--steps", type=int, default=Recipe.steps)
+    p.add_argument("--batch", type=int, default=Recipe.batch)
+    p.add_argument("--seed", type=int, default=Recipe.seed)
+    p.add_argument("--tiny", action="store_true", help="the smoke-test architecture (CI)")
+    p.add_argument("--threads", type=int, default=2, help="torch CPU threads")
+    p.add_argument("--eval-every", type=int, default=500, help="0: never")
+    p.add_argument("--eval-prompts", type=int, default=48)
+    p.add_argument("--checkpoint-every", type=int, default=100)
+    p.add_argument("--sample-steps", type=int, default=20, help="sampler steps of evaluation and export")
+    p.add_argument("--cfg-scale", type=float, default=3.0, help="guidance of evaluation and export")
+    p.add_argument("--export-only", action="store_true")
+    return p.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    torch.set_num_threads(args.threads)
+    recipe = dataclasses.replace(Recipe(), steps=args.steps, batch=args.batch, seed=args.seed)
+    mmjit, t5 = (SMOKE_MMJIT, SMOKE_T5) if args.tiny else (DEMO_MMJIT, DEMO_T5)
+    run = Run(args.run, recipe, mmjit, t5)
+    if not args.export_only:
+        train(run, args.eval_every, args.checkpoint_every, args.eval_prompts, args.sample_steps, args.cfg_scale)
+    run.export(args.export_dir, args.sample_steps, args.cfg_scale)
+    print(f"exported step {run.step} to {args.export_dir}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
