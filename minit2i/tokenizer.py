@@ -86,8 +86,8 @@ class PromptTokenizer:
 def make_t5_style_tokenizer(pieces: list[tuple[str, float]]) -> Tokenizer:
     """A SentencePiece-unigram tokenizer shaped like flan-t5's, from a scored piece list.
 
-    Ids 0, 1, 2 are `<pad>`, `</s>`, `<unk>` as in T5; `pieces` follow. Used for the built-in
-    default model and by the tests (the real flan-t5 tokenizer.json cannot be downloaded here).
+    Ids 0, 1, 2 are `<pad>`, `</s>`, `<unk>` as in T5; `pieces` follow. Used for the random-weight
+    models of the tests and golden recipes (the real flan-t5 tokenizer.json cannot be downloaded here).
     NFKC stands in for T5's precompiled SentencePiece charsmap.
     """
     vocab = [(PAD, 0.0), (EOS, 0.0), (UNK, 0.0), *pieces]

@@ -196,10 +196,10 @@ def add_parser(sub) -> None:
     p = sub.add_parser("trace", help="compare two backends/precisions layer by layer",
                        description="Run the T5 encoder and one MMJiT forward (noise at t=0) on two sides "
                                    "and print, per layer, how far they are apart and the first layer "
-                                   "beyond tolerance. Without --model/--t5 the built-in default model is used.")
+                                   "beyond tolerance. Without --model/--t5 the built-in demo model is used.")
     p.add_argument("--a", default="numpy:fp64", help="reference side, backend:precision (default numpy:fp64)")
     p.add_argument("--b", default="numpy:fp32", help="compared side, backend:precision (default numpy:fp32)")
-    p.add_argument("-p", "--prompt", default="a cat")
+    p.add_argument("-p", "--prompt", default="a large red circle at the left on a gray background")
     p.add_argument("-s", "--seed", type=int, default=42)
     p.add_argument("-W", "--width", type=int, default=None, help="default: the model's image size")
     p.add_argument("-H", "--height", type=int, default=None, help="default: the model's image size")
@@ -209,7 +209,7 @@ def add_parser(sub) -> None:
     p.add_argument("--tokenizer", default=None)
     p.add_argument("--rtol", type=float, default=None, help="default: by the less precise side")
     p.add_argument("--atol", type=float, default=None, help="default: by the less precise side")
-    p.add_argument("-q", "--quiet", action="store_true", help="no note about the default model")
+    p.add_argument("-q", "--quiet", action="store_true", help="no note about the demo model")
     p.set_defaults(run=run)
 
 

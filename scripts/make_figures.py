@@ -1,15 +1,18 @@
 """Draw the figures of docs/ (Pillow only; run from the repository root):
 
-    python scripts/make_figures.py            # writes docs/figures/dataflow.png, x0-steps.png
+    python scripts/make_figures.py            # writes every figure into docs/figures/
 
 dataflow.png: one prompt through the system, with the B/16 shape at every stage.
-x0-steps.png: what the sampler sees at each step on the built-in default model (random
-weights, so the pictures are abstract; the point is how x moves onto the guided x0).
+x0-steps.png: what the sampler sees at each step on the built-in demo model: x moving onto the
+guided x0 while the shape forms.
+demo-grid.png: prompts and the demo model's images, the held-out colour-shape pairs included.
+demo-loss.png: the demo model's training loss (from minit2i/demo_model/training-log.jsonl).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 from pathlib import Path
 
 import numpy as np
@@ -17,7 +20,8 @@ from PIL import Image, ImageDraw, ImageFont
 
 from minit2i.default_model import default_model_dir
 from minit2i.images import grid, save_png, to_pixels
-from minit2i.pipeline import Request, generate, load_model, make_runner
+from minit2i.pipeline import Request, generate, load_model, make_runner, sampling_defaults
+from training.shapes import HELD_OUT
 
 FIGURES = Path(__file__).resolve().parent.parent / "docs" / "figures"
 INK, PAPER, ARROW = (30, 30, 30), (255, 255, 255), (90, 90, 90)
@@ -119,18 +123,17 @@ def dataflow_figure() -> Image.Image:
 def x0_steps_figure(steps: int, size: int, zoom: int, prompt: str) -> Image.Image:
     """Top row: the state x after each step; bottom row: the guided x0 that step aimed at.
 
-    Tiles are enlarged `zoom` times without smoothing, so the 16x16 patch grid stays visible.
+    Tiles are enlarged `zoom` times without smoothing, so the patch grid stays visible.
     """
-    folder, _ = default_model_dir()
-    model = load_model(folder / "transformer", folder / "t5")
-    runner = make_runner(model)
+    model, runner = demo_model()
     states, previews = [], []
 
     def on_step(info):
         states.append(to_pixels(runner.to_host(info.x))[0])
         previews.append(to_pixels(runner.to_host(info.x0))[0])
 
-    generate(model, runner, Request(prompt, steps=steps, width=size, height=size, seed=42), on_step)
+    settings = sampling_defaults(model) | {"steps": steps, "width": size, "height": size}
+    generate(model, runner, Request(prompt, seed=42, **settings), on_step)
     tile = size * zoom
     tiles = grid([p.repeat(zoom, axis=0).repeat(zoom, axis=1) for p in states + previews], columns=steps)
     label_h, side_w = 40, 90
@@ -146,17 +149,98 @@ def x0_steps_figure(steps: int, size: int, zoom: int, prompt: str) -> Image.Imag
     return canvas
 
 
+def demo_model():
+    """(the built-in demo model, a NumPy runner for it)."""
+    folder = default_model_dir()
+    model = load_model(folder / "transformer", folder / "t5")
+    return model, make_runner(model)
+
+
+# Full captions of every kind, then one prompt for each held-out colour-shape pair.
+GRID_PROMPTS = (
+    "a large red circle at the left on a gray background",
+    "a small blue square at the top on a white background",
+    "a large yellow cross at the center on a navy background",
+    "a small green triangle at the right on a black background",
+    "a large white square at the bottom on a navy background",
+    "a small orange cross at the left on a gray background",
+    "a large purple circle at the right on a white background",
+    "a small cyan triangle at the bottom on a black background",
+    "a large red triangle at the center on a black background",
+    "a small green circle at the left on a white background",
+    "a large blue cross at the bottom on a gray background",
+    "a large yellow square at the right on a navy background",
+    "a small purple triangle at the top on a gray background",
+    "a large cyan square at the center on a black background",
+    "a blue circle",
+    "a small orange square on a white background",
+)
+
+
+def demo_grid_figure(zoom: int, columns: int = 4) -> Image.Image:
+    """Each prompt's image (seed 42, the model's default settings) with its caption underneath;
+    prompts naming a held-out colour-shape pair are labelled as such."""
+    model, runner = demo_model()
+    settings = sampling_defaults(model)
+    tile, caption_h, gap = settings["width"] * zoom, 44, 16
+    cell_w, cell_h = tile * 2 + gap, tile + caption_h + gap
+    rows = -(-len(GRID_PROMPTS) // columns)
+    canvas = Image.new("RGB", (columns * cell_w + gap, rows * cell_h + gap), PAPER)
+    draw = ImageDraw.Draw(canvas)
+    for i, prompt in enumerate(GRID_PROMPTS):
+        pixels = generate(model, runner, Request(prompt, seed=42, **settings)).pixels[0]
+        x, y = gap + (i % columns) * cell_w, gap + (i // columns) * cell_h
+        canvas.paste(Image.fromarray(pixels.repeat(zoom, axis=0).repeat(zoom, axis=1)), (x + tile // 2, y))
+        words = prompt.split()
+        lines = [" ".join(words[:len(words) // 2 + 1]), " ".join(words[len(words) // 2 + 1:])]
+        held_out = any(c in words and s in words for c, s in HELD_OUT)
+        for j, line in enumerate(lines + (["(held-out pair)"] if held_out else [])):
+            draw.text((x + cell_w // 2 - gap // 2, y + tile + 10 + 14 * j), line, fill=ARROW if j == 2 else INK,
+                      font=font(12), anchor="mm")
+    return canvas
+
+
+def loss_figure(log_path: Path, width: int = 720, height: int = 360) -> Image.Image:
+    """Training loss (mean over 10-step windows, log scale) against the step."""
+    records = [json.loads(line) for line in log_path.read_text().splitlines()]
+    points = [(r["step"], r["loss"]) for r in records if "loss" in r]
+    left, right, top, bottom = 70, 20, 40, 50
+    steps = np.array([p[0] for p in points], dtype=float)
+    losses = np.log10([p[1] for p in points])
+    low, high = np.floor(losses.min()), np.ceil(losses.max())
+    canvas = Image.new("RGB", (width, height), PAPER)
+    draw = ImageDraw.Draw(canvas)
+
+    def xy(step, log_loss):
+        x = left + (width - left - right) * step / steps.max()
+        return x, top + (height - top - bottom) * (high - log_loss) / (high - low)
+
+    draw.text((left, 12), "demo model: training loss (v-space MSE)", fill=INK, font=font(15))
+    for decade in np.arange(low, high + 1):
+        y = xy(0, decade)[1]
+        draw.line([(left, y), (width - right, y)], fill=(225, 225, 225))
+        draw.text((left - 8, y), f"{10 ** decade:g}", fill=INK, font=font(12), anchor="rm")
+    for step in np.linspace(0, steps.max(), 6):
+        draw.text((xy(step, low)[0], height - bottom + 14), f"{int(step)}", fill=INK, font=font(12), anchor="mm")
+    draw.text(((left + width - right) // 2, height - 14), "step", fill=INK, font=font(12), anchor="mm")
+    draw.line([xy(s, v) for s, v in zip(steps, losses)], fill=(40, 80, 230), width=2)
+    return canvas
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=FIGURES)
-    parser.add_argument("--steps", type=int, default=8)
-    parser.add_argument("--size", type=int, default=64, help="image size in pixels (multiple of 16)")
+    parser.add_argument("--steps", type=int, default=10, help="sampler steps shown in x0-steps.png")
+    parser.add_argument("--size", type=int, default=64, help="image size in pixels (multiple of the patch size)")
     parser.add_argument("--zoom", type=int, default=2)
-    parser.add_argument("--prompt", default="a red cat sitting on a boat")
+    parser.add_argument("--prompt", default="a large red circle at the left on a gray background")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
+    log = default_model_dir() / "training-log.jsonl"
     for name, figure in (("dataflow.png", dataflow_figure()),
-                         ("x0-steps.png", x0_steps_figure(args.steps, args.size, args.zoom, args.prompt))):
+                         ("x0-steps.png", x0_steps_figure(args.steps, args.size, args.zoom, args.prompt)),
+                         ("demo-grid.png", demo_grid_figure(args.zoom)),
+                         ("demo-loss.png", loss_figure(log))):
         print(save_png(np.asarray(figure), args.out / name))
 
 

@@ -13,12 +13,6 @@ from minit2i.default_model import write_model
 TINY_SEED = 1234
 
 
-@pytest.fixture(autouse=True)
-def _isolated_cache(tmp_path_factory, monkeypatch):
-    """Never touch the user's ~/.cache: the default model goes to a per-session folder."""
-    monkeypatch.setenv("MINIT2I_CACHE", str(tmp_path_factory.getbasetemp() / "minit2i-cache"))
-
-
 @pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory):
     """(transformer folder, t5 folder) of a tiny MiniT2I in diffusers/HF layout (float32)."""

@@ -20,6 +20,7 @@ pairs, and can write the table as Markdown for docs/demo-model.md.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import sys
 from pathlib import Path
@@ -107,7 +108,11 @@ def evaluate_scenes(scenes, tokenizer, encode, denoise, steps: int, cfg_scale: f
 
 
 def generate_scenes(scenes, model_dir: Path | None) -> list[np.ndarray]:
-    """Draw every (scene, seed) through minit2i's ordinary generate path with its defaults."""
+    """Draw every (scene, seed) through minit2i's ordinary generate path with its defaults.
+
+    The seeds of one scene (consecutive in `scenes`) are one request with a batch count, which
+    gives image i the seed first + i, exactly as separate runs would.
+    """
     from minit2i.default_model import default_model_dir
     from minit2i.pipeline import Request, generate, load_model, make_runner, sampling_defaults
 
@@ -115,8 +120,14 @@ def generate_scenes(scenes, model_dir: Path | None) -> list[np.ndarray]:
     model = load_model(folder / "transformer", folder / "t5")
     runner = make_runner(model, "numpy")
     defaults = sampling_defaults(model)
-    return [generate(model, runner, Request(scene.caption(), seed=seed, **defaults)).pixels[0]
-            for scene, seed, _ in scenes]
+    pixels = []
+    for (scene, _), group in itertools.groupby(scenes, key=lambda s: (s[0], s[2])):
+        seeds = [seed for _, seed, _ in group]
+        if seeds != list(range(seeds[0], seeds[0] + len(seeds))):
+            raise ValueError(f"the seeds of {scene} are not consecutive: {seeds}")
+        request = Request(scene.caption(), seed=seeds[0], batch_count=len(seeds), **defaults)
+        pixels += list(generate(model, runner, request).pixels)
+    return pixels
 
 
 def markdown_table(report: dict) -> str:

@@ -222,11 +222,26 @@ class Run:
         return loss.item()
 
     def export(self, folder: Path, steps: int, cfg_scale: float) -> None:
-        """The EMA weights as a float16 model in the real file layouts (minit2i.default_model)."""
+        """The EMA weights as a float16 model in the real file layouts (minit2i.default_model),
+        and beside them training-log.jsonl: the loss per 10-step window and every evaluation."""
         mmjit, t5 = split_flat({k: v.numpy() for k, v in self.ema.items()})
         save_model(folder / "transformer", folder / "t5", self.mmjit, self.t5, mmjit, t5,
                    make_word_tokenizer(shapes.vocabulary()), np.float16,
                    sampling={"steps": steps, "cfg_scale": cfg_scale})
+        log = self.folder / "log.jsonl"
+        records = [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
+        (folder / "training-log.jsonl").write_text("".join(json.dumps(r) + "\n" for r in compact_log(records)))
+
+
+def compact_log(records: list[dict], window: int = 10) -> list[dict]:
+    """Per-step loss records -> one {"step", "loss"} per `window` steps (their mean), plus every
+    evaluation record, in step order."""
+    losses: dict[int, list[float]] = {}
+    for r in records:
+        if "loss" in r:
+            losses.setdefault((r["step"] - 1) // window, []).append(r["loss"])
+    compact = [{"step": (w + 1) * window, "loss": float(np.mean(v))} for w, v in sorted(losses.items())]
+    return sorted(compact + [r for r in records if "eval" in r], key=lambda r: r["step"])
 
 
 def split_flat(flat: dict[str, np.ndarray]) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
