@@ -31,6 +31,7 @@ from .config import (
     VARIANT_ALIASES,
     MMJiTConfig,
     T5Config,
+    _read_json,
 )
 from .errors import MiniT2IError
 
@@ -59,6 +60,7 @@ class LoadedWeights:
     stored_dtypes: list[str]
     config_source: str
     ignored: list[str] = field(default_factory=list)
+    text_encoder: str | None = None  # the T5 repo a MiniT2I config.json names (`llm`)
 
     @property
     def num_parameters(self) -> int:
@@ -519,13 +521,22 @@ class CheckedHeader:
 def load_mmjit(path: str | Path, variant: str = "minit2i-b-16") -> LoadedWeights:
     """Load and check an MMJiT checkpoint; tensors keyed without the `model.net.` style prefix."""
     files, config_path = find_mmjit_files(path, variant)
-    return _load(files, check_mmjit_header(read_index(files), config_path, files[0]))
+    loaded = _load(files, check_mmjit_header(read_index(files), config_path, files[0]))
+    loaded.text_encoder = named_text_encoder(config_path)
+    return loaded
 
 
 def load_t5(path: str | Path, expected_d_model: int | None = None) -> LoadedWeights:
     """Load and check a T5 v1.1 encoder; `expected_d_model` is the MMJiT's txt_input_size."""
     files, config_path = find_t5_files(path)
     return _load(files, check_t5_header(read_index(files), config_path, files[0], expected_d_model))
+
+
+def named_text_encoder(config_path: Path | None) -> str | None:
+    """The text encoder a diffusers MiniT2I config.json names in `llm` (google/flan-t5-large), if any."""
+    raw = _read_json(config_path) if config_path is not None else None
+    llm = raw.get("llm") if isinstance(raw, dict) else None
+    return llm if isinstance(llm, str) and llm else None
 
 
 def _load(files: list[Path], checked: CheckedHeader) -> LoadedWeights:
