@@ -202,15 +202,25 @@ def _say(args, message: str) -> None:
 
 
 def add_info_parser(sub) -> None:
-    p = sub.add_parser("info", help="describe a weight file or folder",
-                       description="Say what a weight file or folder is: model, config, dtype, parameters, prefix.")
-    p.add_argument("path", help="MiniT2I transformer or T5 weights (file or folder)")
+    p = sub.add_parser("info", help="describe a weight file, folder or Hub repo",
+                       description="Say what a weight file or folder is: model, config, dtype, parameters, prefix. "
+                                   "For a Hub repo id: what is cached, and what a run would download and its "
+                                   "size (nothing is downloaded).")
+    p.add_argument("path", help="MiniT2I transformer or T5 weights (file or folder), or a Hub repo id")
     p.add_argument("--variant", default="minit2i-b-16")
     p.set_defaults(run=run_info)
 
 
 def run_info(args) -> int:
-    print(describe(args.path, args.variant))
+    from .hub import describe_repo, is_repo_id
+
+    if not is_repo_id(args.path):
+        print(describe(args.path, args.variant))
+        return 0
+    text, snapshot = describe_repo(args.path, args.variant)
+    print(text)
+    if snapshot is not None:
+        print(describe(snapshot, args.variant))
     return 0
 
 

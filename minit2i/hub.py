@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import os
+import posixpath
 import re
 import tempfile
 from dataclasses import dataclass
@@ -41,6 +42,7 @@ from .config import VARIANT_ALIASES
 from .errors import MiniT2IError
 from .weights import (
     MMJIT_WEIGHTS,
+    T5_INDEX,
     T5_WEIGHTS,
     cached_snapshot,
     check_mmjit_header,
@@ -69,8 +71,11 @@ class HubModel:
 
     @property
     def cache_folder(self) -> Path:
-        # Read at call time: huggingface_hub reads HF_HUB_CACHE / HF_HOME once, when imported.
         return Path(constants.HF_HUB_CACHE) / repo_folder_name(repo_id=self.repo_id, repo_type="model")
+
+
+class HubUnreachable(MiniT2IError):
+    """Files are missing from the cache and the Hub cannot be asked (offline or unreachable)."""
 
 
 def is_repo_id(spec) -> bool:
@@ -105,7 +110,7 @@ def resolve_t5(spec, expected_d_model: int | None = None):
 
 def local_snapshot(model: HubModel) -> Path:
     """The cached snapshot if it holds the model's files; otherwise download them (unless offline)."""
-    snapshot, missing = cached_files(model)
+    snapshot, _, missing = cached_files(model)
     if not missing:
         return snapshot
     if constants.is_offline_mode():
@@ -113,18 +118,26 @@ def local_snapshot(model: HubModel) -> Path:
     return download(model, missing)
 
 
-def cached_files(model: HubModel) -> tuple[Path | None, list[str]]:
-    """(cached snapshot or None, the needed files it lacks); `model.usual` when nothing usable is cached."""
-    folder = model.cache_folder
-    snapshot = cached_snapshot(folder) if (folder / "snapshots").is_dir() else None
+def cached_files(model: HubModel) -> tuple[Path | None, list[str], list[str]]:
+    """(cached snapshot or None, the files the model needs, those the snapshot lacks).
+
+    The needed files are `model.usual` when nothing usable is cached.
+    """
+    snapshot = _snapshot(model.repo_id)
     if snapshot is None:
-        return None, model.usual
+        return None, model.usual, model.usual
     try:
         needed = model.choose(local_listing(snapshot), model.repo_id,
                               lambda index: read_shard_index(snapshot / index)).files
     except MiniT2IError:  # e.g. another variant is cached: the usual files of this one are missing
         needed = model.usual
-    return snapshot, [name for name in needed if not (snapshot / name).is_file()]
+    return snapshot, needed, [name for name in needed if not (snapshot / name).is_file()]
+
+
+def _snapshot(repo_id: str) -> Path | None:
+    # Read at call time: huggingface_hub reads HF_HUB_CACHE / HF_HOME once, when imported.
+    folder = Path(constants.HF_HUB_CACHE) / repo_folder_name(repo_id=repo_id, repo_type="model")
+    return cached_snapshot(folder) if (folder / "snapshots").is_dir() else None
 
 
 def download(model: HubModel, missing: list[str]) -> Path:
@@ -160,9 +173,62 @@ def remote_header(api: HfApi, repo_id: str, revision: str, names: list[str]) -> 
     return index
 
 
-def not_cached(model: HubModel, missing: list[str], why: str) -> MiniT2IError:
+def describe_repo(repo_id: str, variant: str = "minit2i-b-16") -> tuple[str, Path | None]:
+    """What `info` says about a repo id, downloading nothing: the cached files, and the files a run
+    would download with their sizes (from the Hub's file list; offline, what the cache tells).
+
+    Returns the text, and the snapshot folder when it holds everything (to describe the model too).
+    """
+    snapshot = _snapshot(repo_id)
+    model = _model_for_info(repo_id, local_listing(snapshot) if snapshot else set(), variant)
+    _, needed, missing = cached_files(model)
+    sizes: dict[str, int] = {}
+    unknown = "sizes unknown offline"
+    if missing and not constants.is_offline_mode():
+        try:
+            info = _hub(model, missing, lambda: HfApi().model_info(repo_id, files_metadata=True))
+        except HubUnreachable:
+            unknown, info = "sizes unknown: the Hub cannot be reached", None
+        sizes = {s.rfilename: s.size or 0 for s in info.siblings or []} if info else {}
+    if sizes:
+        model = _model_for_info(repo_id, set(sizes), variant)
+        needed = model.choose(set(sizes), repo_id, lambda index: _shards_beside(index, sizes)).files
+        missing = [n for n in needed if snapshot is None or not (snapshot / n).is_file()]
+    cached = [n for n in needed if n not in missing]
+    lines = [f"{repo_id}: Hugging Face Hub repo, {model.kind}",
+             f"  cache:      {snapshot or f'nothing cached ({model.cache_folder})'}"]
+    if cached:
+        lines.append("  cached:     " + ", ".join(f"{n} ({human_size((snapshot / n).stat().st_size)})" for n in cached))
+    if not missing:
+        lines.append("  download:   nothing, every file is cached")
+    elif sizes:
+        lines.append("  download:   " + ", ".join(f"{n} ({human_size(sizes.get(n, 0))})" for n in missing)
+                     + f"; {human_size(sum(sizes.get(n, 0) for n in missing))} in all, fetched by the first run "
+                     "that needs it")
+    else:
+        lines.append(f"  download:   {', '.join(missing)} ({unknown}); fetch with: "
+                     f"hf download {repo_id} {' '.join(missing)}")
+    return "\n".join(lines), None if missing else snapshot
+
+
+def _shards_beside(index: str, names) -> list[str]:
+    """The .safetensors files beside a shard index (for `info`, which must not fetch the index)."""
+    folder = posixpath.dirname(index)
+    return sorted(posixpath.basename(n) for n in names
+                  if n.endswith(".safetensors") and posixpath.dirname(n) == folder)
+
+
+def _model_for_info(repo_id: str, names: set[str], variant: str) -> HubModel:
+    """A repo with a T5 file and no diffusion_pytorch_model.safetensors is taken for a T5 encoder."""
+    t5_files = {T5_WEIGHTS, T5_INDEX, "text_encoder/" + T5_WEIGHTS, "text_encoder/" + T5_INDEX}
+    if names & t5_files and not any(n.endswith(MMJIT_WEIGHTS) for n in names):
+        return t5_model(repo_id)
+    return mmjit_model(repo_id, variant)
+
+
+def not_cached(model: HubModel, missing: list[str], why: str) -> HubUnreachable:
     them = "it" if len(missing) == 1 else "them"
-    return MiniT2IError(
+    return HubUnreachable(
         f"{model.repo_id}: {', '.join(missing)} not in the Hugging Face cache ({constants.HF_HUB_CACHE}) "
         f"and {why}; fetch {them} with: hf download {model.repo_id} {' '.join(missing)}"
     )
