@@ -219,8 +219,8 @@ def _shards_beside(index: str, names) -> list[str]:
 
 
 def _model_for_info(repo_id: str, names: set[str], variant: str) -> HubModel:
-    """A repo with a T5 file and no diffusion_pytorch_model.safetensors is taken for a T5 encoder."""
-    t5_files = {T5_WEIGHTS, T5_INDEX, "text_encoder/" + T5_WEIGHTS, "text_encoder/" + T5_INDEX}
+    """A repo with T5 files (or a tokenizer.json) and no diffusion_pytorch_model.safetensors is taken for a T5."""
+    t5_files = {T5_WEIGHTS, T5_INDEX, "text_encoder/" + T5_WEIGHTS, "text_encoder/" + T5_INDEX, "tokenizer.json"}
     if names & t5_files and not any(n.endswith(MMJIT_WEIGHTS) for n in names):
         return t5_model(repo_id)
     return mmjit_model(repo_id, variant)
