@@ -151,7 +151,8 @@ def run_generate(args) -> int:
     return 0
 
 
-def _model_paths(args) -> tuple:
+def _model_paths(args) -> tuple[str | Path, str | Path | None]:
+    """(model, t5) as paths or Hub repo ids; t5 None means the one the model's config.json names."""
     if args.model is None and args.t5 is None:
         from .default_model import default_model_dir
 

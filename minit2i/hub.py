@@ -69,10 +69,6 @@ class HubModel:
     usual: list[str]  # the files it needs when nothing tells otherwise (offline, nothing cached)
     kind: str
 
-    @property
-    def cache_folder(self) -> Path:
-        return Path(constants.HF_HUB_CACHE) / repo_folder_name(repo_id=self.repo_id, repo_type="model")
-
 
 class HubUnreachable(MiniT2IError):
     """Files are missing from the cache and the Hub cannot be asked (offline or unreachable)."""
@@ -134,9 +130,13 @@ def cached_files(model: HubModel) -> tuple[Path | None, list[str], list[str]]:
     return snapshot, needed, [name for name in needed if not (snapshot / name).is_file()]
 
 
+def cache_folder(repo_id: str) -> Path:
+    """`models--org--name` in the hub cache (HF_HUB_CACHE / HF_HOME, which huggingface_hub reads at import)."""
+    return Path(constants.HF_HUB_CACHE) / repo_folder_name(repo_id=repo_id, repo_type="model")
+
+
 def _snapshot(repo_id: str) -> Path | None:
-    # Read at call time: huggingface_hub reads HF_HUB_CACHE / HF_HOME once, when imported.
-    folder = Path(constants.HF_HUB_CACHE) / repo_folder_name(repo_id=repo_id, repo_type="model")
+    folder = cache_folder(repo_id)
     return cached_snapshot(folder) if (folder / "snapshots").is_dir() else None
 
 
@@ -145,7 +145,7 @@ def download(model: HubModel, missing: list[str]) -> Path:
     api = HfApi()
     info = _hub(model, missing, lambda: api.model_info(model.repo_id, files_metadata=True))
     sizes = {s.rfilename: s.size or 0 for s in info.siblings or []}
-    snapshot = model.cache_folder / "snapshots" / info.sha
+    snapshot = cache_folder(model.repo_id) / "snapshots" / info.sha
 
     def fetch(name: str) -> Path:
         return Path(_hub(model, [name], lambda: hf_hub_download(model.repo_id, name, revision=info.sha)))
@@ -153,7 +153,7 @@ def download(model: HubModel, missing: list[str]) -> Path:
     choice = model.choose(set(sizes), model.repo_id, lambda index: read_shard_index(fetch(index)))
     for name in choice.files[:-len(choice.weights)]:
         fetch(name)
-    _record_main(model.cache_folder, info.sha)
+    _record_main(cache_folder(model.repo_id), info.sha)
     todo = [name for name in choice.weights if not (snapshot / name).is_file()]
     if todo:
         header = _hub(model, todo, lambda: remote_header(api, model.repo_id, info.sha, choice.weights))
@@ -196,7 +196,7 @@ def describe_repo(repo_id: str, variant: str = "minit2i-b-16") -> tuple[str, Pat
         missing = [n for n in needed if snapshot is None or not (snapshot / n).is_file()]
     cached = [n for n in needed if n not in missing]
     lines = [f"{repo_id}: Hugging Face Hub repo, {model.kind}",
-             f"  cache:      {snapshot or f'nothing cached ({model.cache_folder})'}"]
+             f"  cache:      {snapshot or f'nothing cached ({cache_folder(model.repo_id)})'}"]
     if cached:
         lines.append("  cached:     " + ", ".join(f"{n} ({human_size((snapshot / n).stat().st_size)})" for n in cached))
     if not missing:
