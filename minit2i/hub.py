@@ -33,6 +33,7 @@ from huggingface_hub.errors import (
     HfHubHTTPError,
     LocalEntryNotFoundError,
     OfflineModeIsEnabled,
+    RemoteEntryNotFoundError,
     RepositoryNotFoundError,
     SafetensorsParsingError,
 )
@@ -44,6 +45,7 @@ from .weights import (
     MMJIT_WEIGHTS,
     T5_INDEX,
     T5_WEIGHTS,
+    Choice,
     cached_snapshot,
     check_mmjit_header,
     check_t5_header,
@@ -88,10 +90,16 @@ def mmjit_model(repo_id: str, variant: str = "minit2i-b-16") -> HubModel:
 
 
 def t5_model(repo_id: str, expected_d_model: int | None = None) -> HubModel:
+    def choose(names, where, read_shards) -> Choice:
+        choice = choose_t5(names, where, read_shards)
+        # A T5 repo is used with its tokenizer: one not cached yet is missing, not absent.
+        choice.tokenizer = choice.tokenizer or posixpath.join(posixpath.dirname(choice.weights[0]), "tokenizer.json")
+        return choice
+
     def check(index, config_path, label):
         return check_t5_header(index, config_path, label, expected_d_model)
 
-    return HubModel(repo_id, choose_t5, check, ["config.json", T5_WEIGHTS, "tokenizer.json"], "T5 encoder")
+    return HubModel(repo_id, choose, check, ["config.json", T5_WEIGHTS, "tokenizer.json"], "T5 encoder")
 
 
 def resolve_model(spec, variant: str = "minit2i-b-16"):
@@ -270,6 +278,8 @@ def _hub(model: HubModel, files: list[str], call):
                            "(a private one needs `hf auth login`); check the name") from None
     except (OfflineModeIsEnabled, LocalEntryNotFoundError, httpx2.TransportError) as err:
         raise not_cached(model, files, f"the Hub cannot be reached ({_first_line(err)})") from None
+    except RemoteEntryNotFoundError:
+        raise MiniT2IError(f"{repo} has no {', '.join(files)}; it does not hold a usable {model.kind}") from None
     except SafetensorsParsingError as err:
         raise MiniT2IError(f"{repo}: {_first_line(err)}; this repo does not hold a usable {model.kind}") from None
     except HfHubHTTPError as err:

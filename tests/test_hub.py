@@ -155,14 +155,15 @@ def test_offline_miss_names_the_repo_the_files_and_the_command(offline_hub, caps
     assert not list(tmp_path.glob("*.png"))
 
 
-def test_offline_miss_names_only_the_files_missing(offline_hub, tiny_model, capsys):
+@pytest.mark.parametrize("absent", ["model.safetensors", "tokenizer.json"])
+def test_offline_miss_names_only_the_files_missing(offline_hub, tiny_model, capsys, absent):
     files = t5_files(tiny_model)
-    del files["model.safetensors"]
+    del files[absent]
     offline_hub.add(T5_REPO, files)
     offline_hub.add("MiniT2I/MiniT2I", minit2i_files(tiny_model))
     code, _, err = cli(capsys, "generate", "-p", "a cat", "--model", "MiniT2I/MiniT2I", *SMALL)
     assert code == 2
-    assert err == offline_miss(offline_hub, T5_REPO, ["model.safetensors"])
+    assert err == offline_miss(offline_hub, T5_REPO, [absent])
 
 
 def test_offline_with_only_another_variant_cached_names_the_asked_one(offline_hub, tiny_model, capsys):
@@ -375,6 +376,7 @@ def fake_hub(tiny_model, tmp_path):
         T5_REPO: {**t5_files(tiny_model), "pytorch_model.bin": b"\0" * 4096, "README.md": b"# tiny\n"},
         "other-org/wide-t5": {"config.json": to_json(wide).encode(), "tokenizer.json": t5_files(tiny_model)["tokenizer.json"],
                               "model.safetensors": save(random_t5_weights(wide, 0))},
+        "other-org/bare-t5": {n: c for n, c in t5_files(tiny_model).items() if n != "tokenizer.json"},
     }
     server = FakeHub(repos)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
@@ -432,6 +434,15 @@ def test_wrong_t5_is_refused_from_its_header_before_its_data_is_downloaded(fake_
     assert reads and all(rng and rng.startswith("bytes=") for rng in reads)  # header range reads only
     assert not (tmp_path / "hf-hub" / "models--other-org--wide-t5" / "snapshots" / fake_hub.commit("other-org/wide-t5")
                 / "model.safetensors").exists()
+
+
+def test_t5_repo_without_tokenizer_is_refused_before_its_weights_are_downloaded(fake_hub, tmp_path):
+    result = run_cli(tmp_path, {"HF_ENDPOINT": fake_hub.url}, "generate", "-p", "a cat",
+                     "--model", "MiniT2I/MiniT2I", "--t5", "other-org/bare-t5", *SMALL)
+    assert (result.returncode, result.stderr) == (
+        2, "minit2i: error: other-org/bare-t5 has no tokenizer.json; it does not hold a usable T5 encoder\n")
+    assert not [p for m, p, r in fake_hub.requests if p.startswith("/other-org/bare-t5/resolve/")
+                and p.endswith("model.safetensors")]
 
 
 def test_info_online_says_what_would_be_downloaded_and_downloads_nothing(fake_hub, tiny_model, tmp_path):
