@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import logging
 import sys
 from pathlib import Path
 
@@ -21,6 +22,7 @@ SUBCOMMAND_MODULES = ["minit2i.golden", "minit2i.trace"]
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    _show_notes(getattr(args, "quiet", False))
     try:
         return args.run(args) or 0
     except MiniT2IError as err:
@@ -29,6 +31,25 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("minit2i: interrupted", file=sys.stderr)
         return 130
+
+
+def _show_notes(quiet: bool) -> None:
+    """Print the library's notes (logger "minit2i") as one stderr line each; -q keeps only warnings.
+
+    With -q, huggingface_hub's download bars are off too (like our sampling bar).
+    """
+    notes = logging.getLogger("minit2i")
+    for handler in list(notes.handlers):
+        notes.removeHandler(handler)
+    handler = logging.StreamHandler(sys.stderr)  # this call's stderr (tests swap it between calls)
+    handler.setFormatter(logging.Formatter("minit2i: %(message)s"))
+    notes.addHandler(handler)
+    notes.propagate = False
+    notes.setLevel(logging.WARNING if quiet else logging.INFO)
+    if quiet:
+        from huggingface_hub.utils import disable_progress_bars
+
+        disable_progress_bars()
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -62,11 +83,13 @@ def add_generate_parser(sub) -> None:
     p.add_argument("-n", "--negative-prompt", default=None,
                    help="not supported by MiniT2I (its unconditional branch is an all-zero text mask)")
     p.add_argument("-m", "--model", "--diffusion-model", dest="model", default=None,
-                   help="MiniT2I transformer: .safetensors file, diffusers folder, pipeline repo, "
-                        "HF snapshot or HF cache folder")
+                   help="MiniT2I transformer: a Hub repo id (MiniT2I/MiniT2I: cached, else downloaded) or a "
+                        "path (.safetensors file, diffusers folder, pipeline repo, HF snapshot or HF cache "
+                        "folder); an existing path wins over a repo id of the same name")
     p.add_argument("--variant", default="minit2i-b-16", help="variant inside a pipeline repo (b16, l16, ...)")
     p.add_argument("--t5", "--t5xxl", dest="t5", default=None,
-                   help="google/flan-t5-large: model.safetensors, its folder or an HF cache folder")
+                   help="text encoder: a Hub repo id or a path (model.safetensors, its folder or an HF cache "
+                        "folder); default: the one --model's config.json names (google/flan-t5-large)")
     p.add_argument("--tokenizer", default=None, help="tokenizer.json (default: next to the T5 weights)")
     p.add_argument("-o", "--output", default="output.png", help="PNG path (batches add _0, _1, ...)")
     p.add_argument("--steps", type=int, default=None,
@@ -133,7 +156,8 @@ def run_generate(args) -> int:
     return 0
 
 
-def _model_paths(args) -> tuple[Path, Path]:
+def _model_paths(args) -> tuple[str | Path, str | Path | None]:
+    """(model, t5) as paths or Hub repo ids; t5 None means the one the model's config.json names."""
     if args.model is None and args.t5 is None:
         from .default_model import default_model_dir
 
@@ -141,10 +165,10 @@ def _model_paths(args) -> tuple[Path, Path]:
                    "coloured shapes (docs/demo-model.md)")
         folder = default_model_dir()
         return folder / "transformer", folder / "t5"
-    if args.model is None or args.t5 is None:
-        missing = "--model" if args.model is None else "--t5"
-        raise MiniT2IError(f"{missing} is missing: pass both --model and --t5, or neither for the default model")
-    return Path(args.model), Path(args.t5)
+    if args.model is None:
+        raise MiniT2IError("--model is missing: pass --model (e.g. MiniT2I/MiniT2I) with --t5, or neither "
+                           "for the default model")
+    return args.model, args.t5
 
 
 # A vocabulary this small is worth listing when a word is missing from it (the demo model's).
@@ -199,17 +223,30 @@ def _say(args, message: str) -> None:
 
 
 def add_info_parser(sub) -> None:
-    p = sub.add_parser("info", help="describe a weight file or folder, or the built-in demo model",
-                       description="Say what a weight file or folder is: model, config, dtype, parameters, "
-                                   "prefix. Without PATH: the built-in demo model.")
+    p = sub.add_parser("info", help="describe a weight file, folder or Hub repo, or the built-in demo model",
+                       description="Say what a weight file or folder is: model, config, dtype, parameters, prefix. "
+                                   "For a Hub repo id: what is cached, and what a run would download and its "
+                                   "size (nothing is downloaded). Without PATH: the built-in demo model.")
     p.add_argument("path", nargs="?", default=None,
-                   help="MiniT2I transformer or T5 weights (file or folder); default: the built-in demo model")
+                   help="MiniT2I transformer or T5 weights (file or folder), or a Hub repo id; "
+                        "default: the built-in demo model")
     p.add_argument("--variant", default="minit2i-b-16")
     p.set_defaults(run=run_info)
 
 
 def run_info(args) -> int:
-    print(describe(args.path, args.variant) if args.path is not None else describe_demo_model())
+    from .hub import describe_repo, is_repo_id
+
+    if args.path is None:
+        print(describe_demo_model())
+        return 0
+    if not is_repo_id(args.path):
+        print(describe(args.path, args.variant))
+        return 0
+    text, snapshot = describe_repo(args.path, args.variant)
+    print(text)
+    if snapshot is not None:
+        print(describe(snapshot, args.variant))
     return 0
 
 

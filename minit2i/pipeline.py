@@ -18,9 +18,10 @@ from reference.sampler import initial_noise
 
 from .config import read_sampling
 from .errors import MiniT2IError
+from .hub import resolve_model, resolve_t5
 from .images import to_pixels
 from .tokenizer import PromptTokenizer
-from .weights import LoadedWeights, find_t5_files, find_tokenizer_json, load_mmjit, load_t5
+from .weights import LoadedWeights, find_tokenizer_json, load_mmjit, load_t5
 
 BACKENDS = {"numpy": ("reference.pipeline", "NumpyRunner"), "cupy": ("accelerated.pipeline", "CupyRunner")}
 
@@ -57,19 +58,31 @@ class Result:
     step_times: list[float] = field(default_factory=list)
 
 
-def load_model(model_path, t5_path, tokenizer_path=None, variant: str = "minit2i-b-16") -> Model:
-    """Load and cross-check the MMJiT, the T5 (its width must match) and the tokenizer."""
-    mmjit = load_mmjit(model_path, variant)
-    t5 = load_t5(t5_path, expected_d_model=mmjit.config.txt_input_size)
-    tokenizer = PromptTokenizer.from_file(
-        find_tokenizer_json(find_t5_files(t5_path)[0], tokenizer_path), mmjit.config.prompt_length)
-    if tokenizer.vocab_size > t5.config.vocab_size:
+def load_model(model, t5=None, tokenizer_path=None, variant: str = "minit2i-b-16") -> Model:
+    """Load and cross-check the MMJiT, the T5 (its width must match) and the tokenizer.
+
+    `model` and `t5` are paths or Hub repo ids (`minit2i.hub`: cached, else downloaded). Without
+    `t5`, the encoder the transformer's config.json names (`llm`, google/flan-t5-large) is used.
+    """
+    mmjit = load_mmjit(resolve_model(model, variant), variant)
+    if t5 is None:
+        t5 = mmjit.text_encoder
+    if t5 is None:
+        raise MiniT2IError(
+            f"--t5 is missing, and {model} has no config.json naming its text encoder ('llm'); "
+            "pass --t5 (google/flan-t5-large, or a path to it)"
+        )
+    width = mmjit.config.txt_input_size
+    t5_weights = load_t5(resolve_t5(t5, width), expected_d_model=width)
+    tokenizer = PromptTokenizer.from_file(find_tokenizer_json(t5_weights.files, tokenizer_path),
+                                          mmjit.config.prompt_length)
+    if tokenizer.vocab_size > t5_weights.config.vocab_size:
         raise MiniT2IError(
             f"{tokenizer.source} has {tokenizer.vocab_size} tokens but the T5 embedding has only "
-            f"{t5.config.vocab_size} rows; use the tokenizer.json that belongs to this T5"
+            f"{t5_weights.config.vocab_size} rows; use the tokenizer.json that belongs to this T5"
         )
     sampling = read_sampling(Path(mmjit.config_source)) if Path(mmjit.config_source).is_file() else {}
-    return Model(mmjit, t5, tokenizer, sampling)
+    return Model(mmjit, t5_weights, tokenizer, sampling)
 
 
 def sampling_defaults(model: Model) -> dict:

@@ -14,7 +14,11 @@ widened to float32 one tensor at a time, so loading never holds two float copies
 
 from __future__ import annotations
 
+import errno
 import json
+import logging
+import os
+import posixpath
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,6 +31,7 @@ from .config import (
     VARIANT_ALIASES,
     MMJiTConfig,
     T5Config,
+    _read_json,
 )
 from .errors import MiniT2IError
 
@@ -41,6 +46,8 @@ T5_NAMES_BY_WIDTH = {512: "flan-t5-small", 768: "flan-t5-base", 1024: "flan-t5-l
                      2048: "flan-t5-xl", 4096: "flan-t5-xxl"}
 HF_REPOS = {"mmjit": "models--MiniT2I--MiniT2I", "t5": "models--google--flan-t5-large"}
 
+log = logging.getLogger(__name__)
+
 
 @dataclass
 class LoadedWeights:
@@ -53,6 +60,7 @@ class LoadedWeights:
     stored_dtypes: list[str]
     config_source: str
     ignored: list[str] = field(default_factory=list)
+    text_encoder: str | None = None  # the T5 repo a MiniT2I config.json names (`llm`)
 
     @property
     def num_parameters(self) -> int:
@@ -188,44 +196,108 @@ def _count_blocks(shapes, prefix: str) -> int:
 
 # ---------------------------------------------------------------------------------------------
 # Finding files
+#
+# Which files of a folder or Hub repo make up a model is decided once, on a listing of relative
+# names (`choose_mmjit`, `choose_t5`): for a local folder the listing is read from disk, for a
+# repo id it is the Hub's file list (`minit2i.hub`), so both accept exactly the same layouts.
+
+MMJIT_WEIGHTS = "diffusion_pytorch_model.safetensors"
+T5_WEIGHTS = "model.safetensors"
+T5_INDEX = "model.safetensors.index.json"
+# Where tokenizer.json may sit, relative to the T5 weights' folder: a T5 repo, a pipeline's text_encoder/.
+TOKENIZER_PLACES = ("tokenizer.json", "../tokenizer/tokenizer.json", "../tokenizer.json")
+
+
+@dataclass
+class Choice:
+    """One model's files inside a folder or repo, as relative posix names."""
+
+    weights: list[str]
+    config: str | None
+    tokenizer: str | None = None
+    index: str | None = None  # the shard index the weights were read from, if sharded
+
+    @property
+    def files(self) -> list[str]:
+        """Every file to fetch: small ones (config, tokenizer, index) first, then the weights."""
+        return [f for f in (self.config, self.tokenizer, self.index) if f] + self.weights
+
+
+def choose_mmjit(names: set[str], variant: str, where: str) -> Choice:
+    """The transformer of a file listing: diffusers folder, its parent, a pipeline variant, or a lone file."""
+    variant = VARIANT_ALIASES.get(variant.lower(), variant)
+    for folder in ("", "transformer/", f"{variant}/transformer/"):
+        if folder + MMJIT_WEIGHTS in names:
+            return _choice(names, [folder + MMJIT_WEIGHTS])
+    variants = sorted(n.split("/")[0] for n in names if n.count("/") == 2 and n.endswith("/transformer/" + MMJIT_WEIGHTS))
+    if variants:
+        raise MiniT2IError(
+            f"{where} has no variant {variant!r}; it has {', '.join(variants)}: pass --variant with one of them"
+        )
+    return _choice(names, _lone_safetensors(names, where, "MiniT2I transformer", MMJIT_WEIGHTS))
+
+
+def choose_t5(names: set[str], where: str, read_shards) -> Choice:
+    """The T5 of a file listing: a shard index, model.safetensors (also under text_encoder/), or a lone file.
+
+    `read_shards(index_name)` returns the shard file names an index lists (it may have to fetch it).
+    """
+    for folder in ("", "text_encoder/"):
+        if folder + T5_INDEX in names:
+            shards = [folder + shard for shard in read_shards(folder + T5_INDEX)]
+            return _choice(names, shards, index=folder + T5_INDEX)
+        if folder + T5_WEIGHTS in names:
+            return _choice(names, [folder + T5_WEIGHTS])
+    return _choice(names, _lone_safetensors(names, where, "T5 encoder", T5_WEIGHTS))
+
+
+def read_shard_index(path: Path) -> list[str]:
+    """The shard files a `model.safetensors.index.json` lists, sorted, each named relative to it."""
+    try:
+        shards = sorted(set(json.loads(path.read_text())["weight_map"].values()))
+    except (OSError, ValueError, KeyError, AttributeError, TypeError) as err:
+        raise MiniT2IError(f"{path} is not a valid shard index ({err}); re-download it") from None
+    if not shards or not all(isinstance(s, str) and "/" not in s and s not in (".", "..") for s in shards):
+        raise MiniT2IError(f"{path} is not a valid shard index (its weight_map must name files beside it); re-download it")
+    return shards
+
+
+def _choice(names: set[str], weights: list[str], index: str | None = None) -> Choice:
+    """Add the config.json beside the weights and the tokenizer.json near them, when listed."""
+    folder = posixpath.dirname(weights[0])
+    config = posixpath.join(folder, "config.json")
+    tokenizers = [posixpath.normpath(posixpath.join(folder, place)) for place in TOKENIZER_PLACES]
+    return Choice(weights, config if config in names else None,
+                  next((t for t in tokenizers if t in names), None), index)
+
+
+def _lone_safetensors(names: set[str], where: str, what: str, usual: str) -> list[str]:
+    files = sorted(n for n in names if "/" not in n and n.endswith(".safetensors"))
+    if len(files) == 1:
+        return files
+    if files:
+        found, fix = f"{len(files)} .safetensors files", "pass the file itself"
+    else:
+        found, fix = "no .safetensors file", "check the path or download the weights into it"
+    raise MiniT2IError(f"{where}: expected the {what} weights ({usual}), found {found}; {fix}")
 
 
 def find_mmjit_files(path: str | Path, variant: str = "minit2i-b-16") -> tuple[list[Path], Path | None]:
-    """Resolve any accepted MMJiT location to (safetensors files, config.json or None)."""
+    """Resolve any accepted local MMJiT location to (safetensors files, config.json or None)."""
     root = _existing(path, "--model")
     if root.is_file():
         return [root], _sibling_config(root)
-    root = _resolve_hf_folder(root, "mmjit")
-    variant = VARIANT_ALIASES.get(variant.lower(), variant)
-    for folder in (root, root / "transformer", root / variant / "transformer"):
-        weights = folder / "diffusion_pytorch_model.safetensors"
-        if weights.is_file():
-            return [weights], _sibling_config(weights)
-    variants = sorted(p.parent.parent.name for p in root.glob("*/transformer/diffusion_pytorch_model.safetensors"))
-    if variants:
-        raise MiniT2IError(
-            f"{root} has no variant {variant!r}; it has {', '.join(variants)}: pass --variant with one of them"
-        )
-    return _lone_safetensors(root, "MiniT2I transformer", "diffusion_pytorch_model.safetensors")
+    root = _hf_cache_snapshot(root, "mmjit")
+    return _local_files(root, choose_mmjit(local_listing(root), variant, str(root)))
 
 
 def find_t5_files(path: str | Path) -> tuple[list[Path], Path | None]:
-    """Resolve any accepted T5 location to (safetensors files, config.json or None)."""
+    """Resolve any accepted local T5 location to (safetensors files, config.json or None)."""
     root = _existing(path, "--t5")
     if root.is_file():
         return [root], _sibling_config(root)
-    root = _resolve_hf_folder(root, "t5")
-    for folder in (root, root / "text_encoder"):
-        index = folder / "model.safetensors.index.json"
-        if index.is_file():
-            try:
-                shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-            except (OSError, json.JSONDecodeError, KeyError, AttributeError) as err:
-                raise MiniT2IError(f"{index} is not a valid shard index ({err}); re-download it") from None
-            return [folder / s for s in shards], _sibling_config(index)
-        if (folder / "model.safetensors").is_file():
-            return [folder / "model.safetensors"], _sibling_config(folder / "model.safetensors")
-    return _lone_safetensors(root, "T5 encoder", "model.safetensors")
+    root = _hf_cache_snapshot(root, "t5")
+    return _local_files(root, choose_t5(local_listing(root), str(root), lambda index: read_shard_index(root / index)))
 
 
 def find_tokenizer_json(t5_files: list[Path], explicit: str | Path | None = None) -> Path:
@@ -233,8 +305,8 @@ def find_tokenizer_json(t5_files: list[Path], explicit: str | Path | None = None
     if explicit is not None:
         return _existing(explicit, "--tokenizer")
     folder = t5_files[0].parent
-    for candidate in (folder / "tokenizer.json", folder.parent / "tokenizer" / "tokenizer.json",
-                      folder.parent / "tokenizer.json"):
+    for place in TOKENIZER_PLACES:
+        candidate = Path(os.path.normpath(folder / place))
         if candidate.is_file():
             return candidate
     raise MiniT2IError(
@@ -243,10 +315,44 @@ def find_tokenizer_json(t5_files: list[Path], explicit: str | Path | None = None
     )
 
 
+def local_listing(root: Path) -> set[str]:
+    """Relative names of the non-folder entries a model folder can use (what `choose_*` look at).
+
+    Broken links are listed too, so that a chosen one is reported as broken, not as absent.
+    """
+    try:
+        os.listdir(root)
+    except OSError as err:
+        raise MiniT2IError(f"cannot read the folder {root}: {err.strerror}; check its permissions") from None
+    names = set()
+    for pattern in ("*", "*/*", "*/transformer/*"):
+        names.update(p.relative_to(root).as_posix() for p in root.glob(pattern) if not p.is_dir())
+    return names
+
+
+def _local_files(root: Path, choice: Choice) -> tuple[list[Path], Path | None]:
+    weights = [root / name for name in choice.weights]
+    for path in weights:
+        _existing(path, "weights file")
+    return weights, root / choice.config if choice.config else None
+
+
 def _existing(path, flag: str) -> Path:
+    """`path` as a Path if it can be used; otherwise say exactly why not (missing, broken link, loop, denied)."""
     p = Path(path).expanduser()
-    if not p.exists():
-        raise MiniT2IError(f"{flag} {path}: no such file or folder; check the path")
+    try:
+        p.stat()
+    except OSError as err:
+        if err.errno == errno.ENOENT and p.is_symlink():
+            why = (f"a link to {os.readlink(p)}, which does not exist (an interrupted download or a cleaned "
+                   "cache); re-download it")
+        elif err.errno == errno.ENOENT:
+            why = "no such file or folder; check the path"
+        elif err.errno == errno.ELOOP:
+            why = "a loop of symbolic links; point at the real file or folder"
+        else:
+            why = f"cannot be read ({err.strerror}); check its permissions"
+        raise MiniT2IError(f"{flag} {path}: {why}") from None
     return p
 
 
@@ -255,31 +361,61 @@ def _sibling_config(weights: Path) -> Path | None:
     return cfg if cfg.is_file() else None
 
 
-def _resolve_hf_folder(root: Path, kind: str) -> Path:
+def _hf_cache_snapshot(root: Path, kind: str) -> Path:
     """Step from the hub cache root or a `models--org--name` folder down to one snapshot."""
     if (root / HF_REPOS[kind]).is_dir():
         root = root / HF_REPOS[kind]
-    snapshots = root / "snapshots"
-    if not snapshots.is_dir():
+    if not (root / "snapshots").is_dir():
         return root
-    ref = root / "refs" / "main"
-    if ref.is_file() and (snapshots / ref.read_text().strip()).is_dir():
-        return snapshots / ref.read_text().strip()
-    revisions = sorted(snapshots.iterdir(), key=lambda p: p.stat().st_mtime)
-    if not revisions:
+    snapshot = cached_snapshot(root)
+    if snapshot is None:
         raise MiniT2IError(f"{root} is an HF cache folder with no snapshots; download the model into it first")
-    return revisions[-1]
+    return snapshot
 
 
-def _lone_safetensors(root: Path, what: str, usual: str) -> tuple[list[Path], Path | None]:
-    files = sorted(root.glob("*.safetensors"))
-    if len(files) == 1:
-        return files, _sibling_config(files[0])
-    if files:
-        found, fix = f"{len(files)} .safetensors files", "pass the file itself"
-    else:
-        found, fix = "no .safetensors file", "check the path or download the weights into it"
-    raise MiniT2IError(f"{root}: expected the {what} weights ({usual}), found {found}; {fix}")
+def cached_snapshot(repo: Path) -> Path | None:
+    """The snapshot `refs/main` names in an HF cache repo folder, else the newest one (None if none).
+
+    huggingface_hub's own readers (`scan_cache_dir`, `try_to_load_from_cache`) raise on a non-UTF-8
+    `refs/main` and drop a whole repo for one broken link, so damaged caches are read here: links and
+    files in `snapshots/` that are not folders are skipped, and an unusable `refs/main` is reported
+    (one log line) and replaced by the newest snapshot.
+    """
+    folder = repo / "snapshots"
+    try:
+        snapshots = [p for p in folder.iterdir() if p.is_dir()]
+    except OSError as err:
+        raise MiniT2IError(f"cannot read the folder {folder}: {err.strerror}; check its permissions") from None
+    commit, problem = _read_ref(repo / "refs" / "main")
+    if commit is not None and (folder / commit).is_dir():
+        return folder / commit
+    if commit is not None:
+        problem = f"names {commit}, which is not in {folder}"
+    if not snapshots:
+        return None
+    newest = max(snapshots, key=lambda p: p.stat().st_mtime)
+    if problem:
+        log.warning(f"{repo / 'refs' / 'main'} {problem}; using the newest snapshot, {newest.name}")
+    return newest
+
+
+def _read_ref(ref: Path) -> tuple[str | None, str | None]:
+    """(commit named by a refs/ file, or None; why it is unusable, or None when fine or absent)."""
+    try:
+        raw = ref.read_bytes()
+    except FileNotFoundError:
+        return None, None
+    except OSError as err:
+        return None, f"cannot be read ({err.strerror})"
+    try:
+        commit = raw.decode("ascii").strip()
+    except UnicodeDecodeError:
+        return None, "is not a commit hash (it holds binary data)"
+    if not commit:
+        return None, "is empty"
+    if not re.fullmatch(r"[\w.-]+", commit) or commit in (".", ".."):
+        return None, f"is not a commit hash ({commit[:40]!r})"
+    return commit, None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -370,37 +506,78 @@ def _materialise(index, names_to_file_names: dict[str, str]) -> dict[str, np.nda
     return tensors
 
 
+@dataclass
+class CheckedHeader:
+    """What the safetensors headers alone establish: the config, and where each live tensor is."""
+
+    config: MMJiTConfig | T5Config
+    config_source: str
+    index: dict  # our tensor name -> (dtype, shape, file)
+    stored_names: dict[str, str]  # our tensor name -> its name in the file
+    prefix: str
+    ignored: list[str]
+
+
 def load_mmjit(path: str | Path, variant: str = "minit2i-b-16") -> LoadedWeights:
     """Load and check an MMJiT checkpoint; tensors keyed without the `model.net.` style prefix."""
     files, config_path = find_mmjit_files(path, variant)
-    index = read_index(files)
+    loaded = _load(files, check_mmjit_header(read_index(files), config_path, files[0]))
+    loaded.text_encoder = named_text_encoder(config_path)
+    return loaded
+
+
+def load_t5(path: str | Path, expected_d_model: int | None = None) -> LoadedWeights:
+    """Load and check a T5 v1.1 encoder; `expected_d_model` is the MMJiT's txt_input_size."""
+    files, config_path = find_t5_files(path)
+    return _load(files, check_t5_header(read_index(files), config_path, files[0], expected_d_model))
+
+
+def named_text_encoder(config_path: Path | None) -> str | None:
+    """The text encoder a diffusers MiniT2I config.json names in `llm` (google/flan-t5-large), if any."""
+    raw = _read_json(config_path) if config_path is not None else None
+    llm = raw.get("llm") if isinstance(raw, dict) else None
+    return llm if isinstance(llm, str) and llm else None
+
+
+def _load(files: list[Path], checked: CheckedHeader) -> LoadedWeights:
+    stored_dtypes = sorted({checked.index[k][0] for k in checked.stored_names})
+    return LoadedWeights(checked.config, _materialise(checked.index, checked.stored_names), files,
+                         checked.prefix, stored_dtypes, checked.config_source, checked.ignored)
+
+
+def check_mmjit_header(index, config_path: Path | None, label) -> CheckedHeader:
+    """Check an MMJiT's tensor names and shapes (`read_index` output) against its config.
+
+    Needs only the headers, so `minit2i.hub` runs it on a Hub file before downloading it.
+    """
     prefix = _detect_prefix(index)
     stripped = {k[len(prefix):]: v for k, v in index.items() if k.startswith(prefix)}
     if len(stripped) != len(index):
         others = sorted(k for k in index if not k.startswith(prefix))
         raise MiniT2IError(
-            f"{files[0]}: tensors outside the {prefix!r} prefix: {_short_list(others)}; "
+            f"{label}: tensors outside the {prefix!r} prefix: {_short_list(others)}; "
             "pass the MiniT2I transformer file alone"
         )
     shapes = {k: v[1] for k, v in stripped.items() if not k.startswith(MMJIT_DEAD_PREFIXES)}
     if config_path is not None:
         config, source = MMJiTConfig.from_json(config_path), str(config_path)
     else:
-        config, source = _infer(infer_mmjit_config, shapes, files[0]), "inferred from tensor shapes"
+        config, source = _infer(infer_mmjit_config, shapes, label), "inferred from tensor shapes"
     ignored = check_tensors(
         stripped, mmjit_expected_shapes(config), MMJIT_DEAD_PREFIXES,
-        f"{files[0]} does not match the MMJiT config ({source})",
+        f"{label} does not match the MMJiT config ({source})",
         "pass an unmodified MiniT2I transformer checkpoint (and its config.json)",
     )
     live = {k: prefix + k for k in mmjit_expected_shapes(config)}
-    return LoadedWeights(config, _materialise(stripped, live), files, prefix,
-                         sorted({index[v][0] for v in live.values()}), source, ignored)
+    return CheckedHeader(config, source, stripped, live, prefix, ignored)
 
 
-def load_t5(path: str | Path, expected_d_model: int | None = None) -> LoadedWeights:
-    """Load and check a T5 v1.1 encoder; `expected_d_model` is the MMJiT's txt_input_size."""
-    files, config_path = find_t5_files(path)
-    index = read_index(files)
+def check_t5_header(index, config_path: Path | None, label, expected_d_model: int | None = None) -> CheckedHeader:
+    """Check a T5's tensor names and shapes (`read_index` output), and its width against the MMJiT's.
+
+    Needs only the headers, so `minit2i.hub` refuses a wrong T5 on the Hub before downloading it.
+    """
+    index = dict(index)
     # Files carry the embedding as `shared.weight`, as its tied alias, or as both (spec 6.3).
     alias = index.pop(T5_TIED_EMBEDDING, None)
     embedding_name = "shared.weight"
@@ -410,12 +587,12 @@ def load_t5(path: str | Path, expected_d_model: int | None = None) -> LoadedWeig
     if config_path is not None:
         config, source = T5Config.from_json(config_path), str(config_path)
     else:
-        config, source = _infer(infer_t5_config, shapes, files[0]), "inferred from tensor shapes"
+        config, source = _infer(infer_t5_config, shapes, label), "inferred from tensor shapes"
     if expected_d_model is not None and config.d_model != expected_d_model:
         got = index.get("shared.weight", (None, ("?", config.d_model)))[1]
         name = T5_NAMES_BY_WIDTH.get(config.d_model, f"a T5 with d_model {config.d_model}")
         raise MiniT2IError(
-            f"{files[0]} is the wrong T5 encoder: it has d_model {config.d_model} (looks like {name}), "
+            f"{label} is the wrong T5 encoder: it has d_model {config.d_model} (looks like {name}), "
             f"but this MiniT2I model needs d_model {expected_d_model} (google/flan-t5-large): "
             f"expected shared.weight [{config.vocab_size}, {expected_d_model}], found {list(got)}; "
             "pass google/flan-t5-large's model.safetensors"
@@ -423,11 +600,11 @@ def load_t5(path: str | Path, expected_d_model: int | None = None) -> LoadedWeig
     expected = t5_expected_shapes(config)
     ignored = check_tensors(
         index, expected, T5_IGNORED_PREFIXES,
-        f"{files[0]} does not match the T5 config ({source})",
+        f"{label} does not match the T5 config ({source})",
         "pass an unmodified google/flan-t5-large model.safetensors (and its config.json)",
     )
-    tensors = _materialise(index, {k: embedding_name if k == "shared.weight" else k for k in expected})
-    return LoadedWeights(config, tensors, files, "", sorted({index[k][0] for k in expected}), source, ignored)
+    stored = {k: embedding_name if k == "shared.weight" else k for k in expected}
+    return CheckedHeader(config, source, index, stored, "", ignored)
 
 
 def _detect_prefix(index) -> str:

@@ -28,3 +28,50 @@ def rng():
 
 def pytest_report_header(config):
     return f"BLAS threads: OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset')}"
+
+
+class HFCache:
+    """A Hugging Face hub cache laid out exactly as huggingface_hub writes it:
+
+        models--org--name/blobs/<sha256>                       file contents
+        models--org--name/snapshots/<commit>/<path>            relative links to ../../blobs/<sha256>
+        models--org--name/refs/main                            the commit (no newline)
+    """
+
+    def __init__(self, root):
+        self.root = root
+
+    def folder(self, repo_id: str):
+        return self.root / ("models--" + repo_id.replace("/", "--"))
+
+    def add(self, repo_id: str, files: dict[str, bytes], commit: str = "a" * 40, main: bool = True):
+        """Put `files` (repo path -> bytes) into snapshot `commit`; return the snapshot folder."""
+        import hashlib
+
+        repo = self.folder(repo_id)
+        for name, content in files.items():
+            blob = repo / "blobs" / hashlib.sha256(content).hexdigest()
+            blob.parent.mkdir(parents=True, exist_ok=True)
+            blob.write_bytes(content)
+            link = repo / "snapshots" / commit / name
+            link.parent.mkdir(parents=True, exist_ok=True)
+            link.symlink_to(os.path.relpath(blob, link.parent))
+        if main:
+            (repo / "refs").mkdir(exist_ok=True)
+            (repo / "refs" / "main").write_text(commit)
+        return repo / "snapshots" / commit
+
+
+@pytest.fixture
+def offline_hub(tmp_path, monkeypatch):
+    """An empty HF cache in tmp_path with HF_HUB_OFFLINE=1: in the environment (for subprocesses) and
+    in huggingface_hub's constants, which it reads once, at import."""
+    from huggingface_hub import constants
+
+    root = tmp_path / "hf-hub"
+    root.mkdir()
+    monkeypatch.setenv("HF_HUB_CACHE", str(root))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(root))
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    return HFCache(root)

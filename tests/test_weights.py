@@ -366,23 +366,12 @@ def test_unknown_variant_lists_the_ones_there(tmp_path):
         f"{tmp_path} has no variant 'xl16'; it has minit2i-b-16, minit2i-l-16: pass --variant with one of them")
 
 
-def link_into_snapshot(repo, revision: str, files: dict[str, bytes]) -> None:
-    """Lay files out like huggingface_hub: content in blobs/, relative symlinks in snapshots/<rev>/."""
-    for relative, content in files.items():
-        blob = repo / "blobs" / f"{revision}-{relative.replace('/', '-')}"
-        blob.parent.mkdir(parents=True, exist_ok=True)
-        blob.write_bytes(content)
-        link = repo / "snapshots" / revision / relative
-        link.parent.mkdir(parents=True, exist_ok=True)
-        link.symlink_to(os.path.relpath(blob, link.parent))
-
-
 def folder_bytes(folder) -> dict[str, bytes]:
     return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
 
 
 @pytest.fixture
-def hub_cache(tmp_path):
+def hub_cache(tmp_path, offline_hub):
     """An HF hub cache root with MiniT2I (two snapshots, refs/main on the older) and flan-t5.
 
     Returns (root, weights by variant folder plus "newer" for the other snapshot, t5 weights).
@@ -391,15 +380,11 @@ def hub_cache(tmp_path):
     current = make_pipeline_repo(staging / "current")
     newer = live(write_transformer(staging / "newer" / "minit2i-b-16" / "transformer", seed=9))
     t5 = write_t5(staging / "t5")
-    hub = tmp_path / "hub"
-    repo = hub / "models--MiniT2I--MiniT2I"
-    link_into_snapshot(repo, "1111aaaa", folder_bytes(staging / "current"))
-    link_into_snapshot(repo, "2222bbbb", folder_bytes(staging / "newer"))
-    os.utime(repo / "snapshots" / "1111aaaa", (1_000_000, 1_000_000))
-    (repo / "refs").mkdir()
-    (repo / "refs" / "main").write_text("1111aaaa\n")
-    link_into_snapshot(hub / "models--google--flan-t5-large", "3333cccc", folder_bytes(staging / "t5"))
-    return hub, {**current, "newer": newer}, t5
+    offline_hub.add("MiniT2I/MiniT2I", folder_bytes(staging / "newer"), "2222bbbb", main=False)
+    older = offline_hub.add("MiniT2I/MiniT2I", folder_bytes(staging / "current"), "1111aaaa")
+    os.utime(older, (1_000_000, 1_000_000))
+    offline_hub.add("google/flan-t5-large", folder_bytes(staging / "t5"), "3333cccc")
+    return offline_hub.root, {**current, "newer": newer}, t5
 
 
 def test_hf_snapshot_folder_loads(hub_cache):

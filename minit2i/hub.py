@@ -1,0 +1,295 @@
+"""Weights by Hugging Face Hub repo id (`MiniT2I/MiniT2I`, `google/flan-t5-large`).
+
+`--model` and `--t5` take a path or a repo id: an existing path always wins, and `org/name` that is
+not a path is a repo id. A repo id becomes a snapshot folder of the Hugging Face cache (wherever
+`HF_HUB_CACHE` / `HF_HOME` put it), which `minit2i.weights` then reads like any folder:
+
+* cached: if the snapshot `refs/main` names holds every file the model needs, it is used and the
+  network is not touched;
+* otherwise the Hub's file list (with sizes) is read, the same `choose_*` rules as for folders pick
+  the files, the small ones (config.json, tokenizer.json, a shard index) are fetched, the weights'
+  safetensors headers are checked with HTTP range reads (a wrong checkpoint is refused before its
+  data is downloaded), one line says what will be downloaded and how big, and huggingface_hub
+  downloads it (its progress bars, locks and resumable partial files);
+* offline (`HF_HUB_OFFLINE=1`) or Hub unreachable: one `MiniT2IError` naming the repo, the files
+  missing from the cache and the `hf download` command that fetches them.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import posixpath
+import re
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import httpx2
+from huggingface_hub import HfApi, constants, hf_hub_download
+from huggingface_hub.errors import (
+    GatedRepoError,
+    HfHubHTTPError,
+    LocalEntryNotFoundError,
+    OfflineModeIsEnabled,
+    RemoteEntryNotFoundError,
+    RepositoryNotFoundError,
+    SafetensorsParsingError,
+)
+from huggingface_hub.file_download import repo_folder_name
+
+from .config import VARIANT_ALIASES
+from .errors import MiniT2IError
+from .weights import (
+    MMJIT_WEIGHTS,
+    T5_INDEX,
+    T5_WEIGHTS,
+    Choice,
+    cached_snapshot,
+    check_mmjit_header,
+    check_t5_header,
+    choose_mmjit,
+    choose_t5,
+    local_listing,
+    read_shard_index,
+)
+
+log = logging.getLogger(__name__)
+
+# `org/name` as the Hub spells repo ids (no `--` or `..`, which the Hub forbids too).
+REPO_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*")
+
+
+@dataclass
+class HubModel:
+    """One model inside a Hub repo: how to pick its files and check their headers."""
+
+    repo_id: str
+    choose: Callable  # (names, where, read_shards) -> Choice, as weights.choose_*
+    check: Callable  # (header index, config.json or None, label) -> CheckedHeader
+    usual: list[str]  # the files it needs when nothing tells otherwise (offline, nothing cached)
+    kind: str
+
+
+class HubUnreachable(MiniT2IError):
+    """Files are missing from the cache and the Hub cannot be asked (offline or unreachable)."""
+
+
+def is_repo_id(spec) -> bool:
+    """True for `org/name` that is not an existing path (an existing path always wins)."""
+    text = str(spec)
+    return (REPO_ID.fullmatch(text) is not None and "--" not in text and ".." not in text
+            and not text.endswith(".safetensors") and not os.path.lexists(os.path.expanduser(text)))
+
+
+def mmjit_model(repo_id: str, variant: str = "minit2i-b-16") -> HubModel:
+    folder = VARIANT_ALIASES.get(variant.lower(), variant) + "/transformer/"
+    return HubModel(repo_id, lambda names, where, read_shards: choose_mmjit(names, variant, where),
+                    check_mmjit_header, [folder + "config.json", folder + MMJIT_WEIGHTS], "MiniT2I transformer")
+
+
+def t5_model(repo_id: str, expected_d_model: int | None = None) -> HubModel:
+    def choose(names, where, read_shards) -> Choice:
+        choice = choose_t5(names, where, read_shards)
+        # A T5 repo is used with its tokenizer: one not cached yet is missing, not absent.
+        choice.tokenizer = choice.tokenizer or posixpath.join(posixpath.dirname(choice.weights[0]), "tokenizer.json")
+        return choice
+
+    def check(index, config_path, label):
+        return check_t5_header(index, config_path, label, expected_d_model)
+
+    return HubModel(repo_id, choose, check, ["config.json", T5_WEIGHTS, "tokenizer.json"], "T5 encoder")
+
+
+def resolve_model(spec, variant: str = "minit2i-b-16"):
+    """`spec` unchanged if it is a path; for a repo id, the local snapshot folder holding the transformer."""
+    return local_snapshot(mmjit_model(str(spec), variant)) if is_repo_id(spec) else spec
+
+
+def resolve_t5(spec, expected_d_model: int | None = None):
+    """`spec` unchanged if it is a path; for a repo id, the local snapshot folder holding the T5 encoder."""
+    return local_snapshot(t5_model(str(spec), expected_d_model)) if is_repo_id(spec) else spec
+
+
+def local_snapshot(model: HubModel) -> Path:
+    """The cached snapshot if it holds the model's files; otherwise download them (unless offline)."""
+    snapshot, _, missing = cached_files(model)
+    if not missing:
+        return snapshot
+    if constants.is_offline_mode():
+        raise not_cached(model, missing, "downloads are switched off (HF_HUB_OFFLINE=1)")
+    return download(model, missing)
+
+
+def cached_files(model: HubModel) -> tuple[Path | None, list[str], list[str]]:
+    """(cached snapshot or None, the files the model needs, those the snapshot lacks).
+
+    The needed files are `model.usual` when nothing usable is cached.
+    """
+    snapshot = _snapshot(model.repo_id)
+    if snapshot is None:
+        return None, model.usual, model.usual
+    try:
+        needed = model.choose(local_listing(snapshot), model.repo_id,
+                              lambda index: read_shard_index(snapshot / index)).files
+    except MiniT2IError:  # e.g. another variant is cached: the usual files of this one are missing
+        needed = model.usual
+    return snapshot, needed, [name for name in needed if not (snapshot / name).is_file()]
+
+
+def cache_folder(repo_id: str) -> Path:
+    """`models--org--name` in the hub cache (HF_HUB_CACHE / HF_HOME, which huggingface_hub reads at import)."""
+    return Path(constants.HF_HUB_CACHE) / repo_folder_name(repo_id=repo_id, repo_type="model")
+
+
+def _snapshot(repo_id: str) -> Path | None:
+    folder = cache_folder(repo_id)
+    return cached_snapshot(folder) if (folder / "snapshots").is_dir() else None
+
+
+def download(model: HubModel, missing: list[str]) -> Path:
+    """Fetch what the model needs from the Hub: small files, then (after a header check) the weights."""
+    api = HfApi()
+    info = _hub(model, missing, lambda: api.model_info(model.repo_id, files_metadata=True))
+    sizes = {s.rfilename: s.size or 0 for s in info.siblings or []}
+    snapshot = cache_folder(model.repo_id) / "snapshots" / info.sha
+
+    def fetch(name: str) -> Path:
+        return Path(_hub(model, [name], lambda: hf_hub_download(model.repo_id, name, revision=info.sha)))
+
+    choice = model.choose(set(sizes), model.repo_id, lambda index: read_shard_index(fetch(index)))
+    for name in choice.files[:-len(choice.weights)]:
+        fetch(name)
+    _record_main(cache_folder(model.repo_id), info.sha)
+    todo = [name for name in choice.weights if not (snapshot / name).is_file()]
+    if todo:
+        header = _hub(model, todo, lambda: remote_header(api, model.repo_id, info.sha, choice.weights))
+        model.check(header, snapshot / choice.config if choice.config else None, f"{model.repo_id}/{todo[0]}")
+        log.info(f"downloading {model.repo_id} {', '.join(todo)}, {human_size(sum(sizes[n] for n in todo))}, once")
+        for name in todo:
+            fetch(name)
+    return snapshot
+
+
+def remote_header(api: HfApi, repo_id: str, revision: str, names: list[str]) -> dict:
+    """`read_index` of files on the Hub, from their safetensors headers only (HTTP range reads)."""
+    index = {}
+    for name in names:
+        tensors = api.parse_safetensors_file_metadata(repo_id, name, revision=revision).tensors
+        index.update({k: (t.dtype, tuple(t.shape), name) for k, t in tensors.items()})
+    return index
+
+
+def describe_repo(repo_id: str, variant: str = "minit2i-b-16") -> tuple[str, Path | None]:
+    """What `info` says about a repo id, downloading nothing: the cached files, and the files a run
+    would download with their sizes (from the Hub's file list; offline, what the cache tells).
+
+    Returns the text, and the snapshot folder when it holds everything (to describe the model too).
+    """
+    snapshot = _snapshot(repo_id)
+    model = _model_for_info(repo_id, local_listing(snapshot) if snapshot else set(), variant)
+    _, needed, missing = cached_files(model)
+    sizes: dict[str, int] = {}
+    unknown = "sizes unknown offline"
+    if missing and not constants.is_offline_mode():
+        try:
+            info = _hub(model, missing, lambda: HfApi().model_info(repo_id, files_metadata=True))
+        except HubUnreachable:
+            unknown, info = "sizes unknown: the Hub cannot be reached", None
+        sizes = {s.rfilename: s.size or 0 for s in info.siblings or []} if info else {}
+    if sizes:
+        model = _model_for_info(repo_id, set(sizes), variant)
+        needed = model.choose(set(sizes), repo_id, lambda index: _shards_beside(index, sizes)).files
+        missing = [n for n in needed if snapshot is None or not (snapshot / n).is_file()]
+    cached = [n for n in needed if n not in missing]
+    lines = [f"{repo_id}: Hugging Face Hub repo, {model.kind}",
+             f"  cache:      {snapshot or f'nothing cached ({cache_folder(model.repo_id)})'}"]
+    if cached:
+        lines.append("  cached:     " + ", ".join(f"{n} ({human_size((snapshot / n).stat().st_size)})" for n in cached))
+    if not missing:
+        lines.append("  download:   nothing, every file is cached")
+    elif sizes:
+        lines.append("  download:   " + ", ".join(f"{n} ({human_size(sizes.get(n, 0))})" for n in missing)
+                     + f"; {human_size(sum(sizes.get(n, 0) for n in missing))} in all, fetched by the first run "
+                     "that needs it")
+    else:
+        lines.append(f"  download:   {', '.join(missing)} ({unknown}); fetch with: "
+                     f"hf download {repo_id} {' '.join(missing)}")
+    return "\n".join(lines), None if missing else snapshot
+
+
+def _shards_beside(index: str, names) -> list[str]:
+    """The .safetensors files beside a shard index (for `info`, which must not fetch the index)."""
+    folder = posixpath.dirname(index)
+    return sorted(posixpath.basename(n) for n in names
+                  if n.endswith(".safetensors") and posixpath.dirname(n) == folder)
+
+
+def _model_for_info(repo_id: str, names: set[str], variant: str) -> HubModel:
+    """A repo with T5 files (or a tokenizer.json) and no diffusion_pytorch_model.safetensors is taken for a T5."""
+    t5_files = {T5_WEIGHTS, T5_INDEX, "text_encoder/" + T5_WEIGHTS, "text_encoder/" + T5_INDEX, "tokenizer.json"}
+    if names & t5_files and not any(n.endswith(MMJIT_WEIGHTS) for n in names):
+        return t5_model(repo_id)
+    return mmjit_model(repo_id, variant)
+
+
+def not_cached(model: HubModel, missing: list[str], why: str) -> HubUnreachable:
+    them = "it" if len(missing) == 1 else "them"
+    return HubUnreachable(
+        f"{model.repo_id}: {', '.join(missing)} not in the Hugging Face cache ({constants.HF_HUB_CACHE}) "
+        f"and {why}; fetch {them} with: hf download {model.repo_id} {' '.join(missing)}"
+    )
+
+
+def human_size(size: int) -> str:
+    """Bytes in decimal units, as the Hub shows them: 3.1 GB."""
+    value = float(size)
+    for unit in ("B", "kB", "MB", "GB"):
+        if value < 1000:
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1000
+    return f"{value:.1f} TB"
+
+
+def _record_main(folder: Path, commit: str) -> None:
+    """Write refs/main as huggingface_hub does, so the next run finds this snapshot without the network.
+
+    (Downloads by commit hash keep one consistent snapshot but leave refs/ alone.)
+    """
+    refs = folder / "refs"
+    refs.mkdir(parents=True, exist_ok=True)
+    handle, temporary = tempfile.mkstemp(dir=refs, prefix=".main.")
+    with os.fdopen(handle, "w") as f:
+        f.write(commit)
+    os.replace(temporary, refs / "main")
+
+
+def _hub(model: HubModel, files: list[str], call):
+    """Run one huggingface_hub call; its failures become one-line MiniT2IErrors."""
+    repo = model.repo_id
+    try:
+        return call()
+    except GatedRepoError:
+        raise MiniT2IError(f"{repo} is gated on the Hub: accept its terms at https://huggingface.co/{repo} "
+                           "and log in with `hf auth login`") from None
+    except RepositoryNotFoundError:
+        raise MiniT2IError(f"{repo}: no such local path, and no model repo of that name on the Hub "
+                           "(a private one needs `hf auth login`); check the name") from None
+    except (OfflineModeIsEnabled, LocalEntryNotFoundError, httpx2.TransportError) as err:
+        raise not_cached(model, files, f"the Hub cannot be reached ({_first_line(err)})") from None
+    except RemoteEntryNotFoundError:
+        raise MiniT2IError(f"{repo} has no {', '.join(files)}; it does not hold a usable {model.kind}") from None
+    except SafetensorsParsingError as err:
+        raise MiniT2IError(f"{repo}: {_first_line(err)}; this repo does not hold a usable {model.kind}") from None
+    except HfHubHTTPError as err:
+        raise MiniT2IError(f"{repo}: the Hub answered {_first_line(err)}; try again later") from None
+    except OSError as err:  # writing the cache: disk full, permissions
+        raise MiniT2IError(f"cannot write to the Hugging Face cache {constants.HF_HUB_CACHE} ({err.strerror or err}); "
+                           "free some space or set HF_HUB_CACHE to another folder") from None
+
+
+def _first_line(err: Exception) -> str:
+    text = str(err).strip() or type(err).__name__
+    return text.splitlines()[0]
+
