@@ -177,17 +177,17 @@ GRID_PROMPTS = (
 )
 
 
-def demo_grid_figure(zoom: int, columns: int = 4) -> Image.Image:
+def demo_grid_figure(zoom: int, prompts: tuple[str, ...] = GRID_PROMPTS, columns: int = 4) -> Image.Image:
     """Each prompt's image (seed 42, the model's default settings) with its caption underneath;
     prompts naming a held-out colour-shape pair are labelled as such."""
     model, runner = demo_model()
     settings = sampling_defaults(model)
     tile, caption_h, gap = settings["width"] * zoom, 44, 16
     cell_w, cell_h = tile * 2 + gap, tile + caption_h + gap
-    rows = -(-len(GRID_PROMPTS) // columns)
+    rows = -(-len(prompts) // columns)
     canvas = Image.new("RGB", (columns * cell_w + gap, rows * cell_h + gap), PAPER)
     draw = ImageDraw.Draw(canvas)
-    for i, prompt in enumerate(GRID_PROMPTS):
+    for i, prompt in enumerate(prompts):
         pixels = generate(model, runner, Request(prompt, seed=42, **settings)).pixels[0]
         x, y = gap + (i % columns) * cell_w, gap + (i // columns) * cell_h
         canvas.paste(Image.fromarray(pixels.repeat(zoom, axis=0).repeat(zoom, axis=1)), (x + tile // 2, y))

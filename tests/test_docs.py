@@ -73,7 +73,8 @@ def test_a_wrong_function_name_would_be_caught():
 def test_readme_starts_with_the_exact_commands():
     readme = (ROOT / "README.md").read_text()
     commands = ['python3 -m venv .venv && .venv/bin/pip install -e ".[test]"',
-                '.venv/bin/minit2i generate --prompt "a cat" --output cat.png',
+                '.venv/bin/minit2i generate --prompt "a large red circle at the left on a gray background" '
+                '--output circle.png',
                 ".venv/bin/python -m pytest -q"]
     positions = [readme.find(f"\n{c}\n") for c in commands]
     assert all(p >= 0 for p in positions) and positions == sorted(positions)
@@ -82,7 +83,7 @@ def test_readme_starts_with_the_exact_commands():
 
 def test_every_figure_is_used_and_tracked():
     figures = sorted((ROOT / "docs" / "figures").glob("*.png"))
-    assert {f.name for f in figures} == {"dataflow.png", "x0-steps.png"}
+    assert {f.name for f in figures} == {"dataflow.png", "x0-steps.png", "demo-grid.png", "demo-loss.png"}
     used = {(doc.parent / target).resolve() for doc in DOCS for _, target in links(doc)}
     assert set(figures) <= used
     if shutil.which("git") and (ROOT / ".git").exists():
@@ -90,13 +91,26 @@ def test_every_figure_is_used_and_tracked():
         assert ignored.stdout == "", f".gitignore hides {ignored.stdout}"
 
 
-def test_figure_script_draws_both_figures():
+@pytest.fixture(scope="module")
+def figures():
     spec = importlib.util.spec_from_file_location("make_figures", ROOT / "scripts" / "make_figures.py")
-    figures = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(figures)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_figure_script_draws_the_demo_figures(figures, tmp_path):
+    grid = figures.demo_grid_figure(zoom=1, prompts=figures.GRID_PROMPTS[8:10], columns=2)
+    assert grid.size == (16 + 2 * (2 * 64 + 16), 16 + (64 + 44 + 16))
+    log = tmp_path / "log.jsonl"
+    log.write_text("".join(f'{{"step": {10 * k}, "loss": {1 / k}}}\n' for k in range(1, 50)) + '{"step": 500, "eval": {}}\n')
+    assert figures.loss_figure(log).size == (720, 360)
+
+
+def test_figure_script_draws_the_dataflow_and_the_steps(figures):
     dataflow = figures.dataflow_figure()
     assert dataflow.size[0] > 1000 and dataflow.size[1] > 800
-    steps = figures.x0_steps_figure(steps=3, size=32, zoom=1, prompt="a cat")
+    steps = figures.x0_steps_figure(steps=3, size=32, zoom=1, prompt="a red circle")
     assert steps.size == (90 + 3 * 32, 40 + 2 * 32)
     # The last step lands on the guided x0: the two rows of the last column agree (to the one
     # float32 rounding of x + (x0 - x), so within a level).
