@@ -24,7 +24,9 @@ import dataclasses
 import json
 import math
 import os
+import shutil
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -223,14 +225,34 @@ class Run:
 
     def export(self, folder: Path, steps: int, cfg_scale: float) -> None:
         """The EMA weights as a float16 model in the real file layouts (minit2i.default_model),
-        and beside them training-log.jsonl: the loss per 10-step window and every evaluation."""
-        mmjit, t5 = split_flat({k: v.numpy() for k, v in self.ema.items()})
-        save_model(folder / "transformer", folder / "t5", self.mmjit, self.t5, mmjit, t5,
-                   make_word_tokenizer(shapes.vocabulary()), np.float16,
-                   sampling={"steps": steps, "cfg_scale": cfg_scale})
-        log = self.folder / "log.jsonl"
-        records = [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
-        (folder / "training-log.jsonl").write_text("".join(json.dumps(r) + "\n" for r in compact_log(records)))
+        and beside them training-log.jsonl: the loss per 10-step window and every evaluation.
+
+        Everything is written to a sibling staging folder that then takes `folder`'s place, so an
+        interrupted export leaves the previous model whole.
+        """
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=folder.parent))
+        try:
+            mmjit, t5 = split_flat({k: v.numpy() for k, v in self.ema.items()})
+            save_model(staging / "transformer", staging / "t5", self.mmjit, self.t5, mmjit, t5,
+                       make_word_tokenizer(shapes.vocabulary()), np.float16,
+                       sampling={"steps": steps, "cfg_scale": cfg_scale})
+            log = self.folder / "log.jsonl"
+            records = [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
+            (staging / "training-log.jsonl").write_text("".join(json.dumps(r) + "\n" for r in compact_log(records)))
+            replace_folder(staging, folder)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+
+
+def replace_folder(new: Path, target: Path) -> None:
+    """Put the folder `new` where `target` is: the old one is moved aside first and removed last."""
+    old = target.with_name(f".{target.name}.old")
+    shutil.rmtree(old, ignore_errors=True)
+    if target.exists():
+        target.rename(old)
+    new.rename(target)
+    shutil.rmtree(old, ignore_errors=True)
 
 
 def compact_log(records: list[dict], window: int = 10) -> list[dict]:
