@@ -7,9 +7,11 @@ Where weights come from (spec 1.3, 2.1, 6.3):
   * an HF snapshot folder (`snapshots/<rev>`) or an HF cache repo folder (`models--org--name`),
     or the HF hub cache root itself (it holds `models--MiniT2I--MiniT2I`, ...).
 
-`safetensors.safe_open` validates every file and lists dtypes and shapes. Payloads are then
-memory-mapped: float32 tensors are zero-copy read-only views of the file, float16/bfloat16 are
-widened to float32 one tensor at a time, so loading never holds two float copies of the model.
+`safetensors.safe_open` validates every file and lists dtypes and shapes from its header:
+`inspect_mmjit` / `inspect_t5` check names, shapes and the config from the headers alone, so a
+wrong file is refused before any tensor is read. `Checkpoint.load` then memory-maps the payloads:
+float32 tensors are zero-copy read-only views of the file, float16/bfloat16 are widened to
+float32 one tensor at a time, so loading never holds two float copies of the model.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from pathlib import Path
 import numpy as np
 from safetensors import SafetensorError, safe_open
 
+from .checks import existing_path, read_json_object, shown
 from .config import (
     MODEL_VARIANTS,
     VARIANT_ALIASES,
@@ -40,6 +43,9 @@ SUPPORTED_DTYPES = {"F32": "<f4", "F16": "<f2", "BF16": "<u2"}
 T5_NAMES_BY_WIDTH = {512: "flan-t5-small", 768: "flan-t5-base", 1024: "flan-t5-large",
                      2048: "flan-t5-xl", 4096: "flan-t5-xxl"}
 HF_REPOS = {"mmjit": "models--MiniT2I--MiniT2I", "t5": "models--google--flan-t5-large"}
+# Fields that tensor shapes cannot tell: without config.json they keep their defaults.
+MMJIT_ASSUMED = ("image_size", "prompt_length")
+T5_ASSUMED = ("relative_attention_max_distance", "layer_norm_epsilon")
 
 
 @dataclass
@@ -138,13 +144,16 @@ def infer_mmjit_config(shapes: dict[str, tuple[int, ...]]) -> MMJiTConfig:
             "not a MiniT2I transformer checkpoint: missing " + ", ".join(missing)
             + "; pass minit2i-b-16/transformer/diffusion_pytorch_model.safetensors (or its folder)"
         )
+    _require_dims(shapes, {"img_embedder.proj1.weight": 4, "img_embedder.proj2.weight": 4,
+                           "txt_embedder.weight": 2, "double_blocks.0.q_norm.weight": 1,
+                           "double_blocks.0.img_mlp.w1.weight": 2, "t_embedder.mlp.0.weight": 2})
     pca, channels, patch, _ = shapes["img_embedder.proj1.weight"]
     hidden = shapes["img_embedder.proj2.weight"][0]
     head_dim = shapes["double_blocks.0.q_norm.weight"][0]
     mlp_hidden = shapes["double_blocks.0.img_mlp.w1.weight"][0]
     dead = shapes.get("t_embedder.mlp.0.weight")
-    return MMJiTConfig(
-        patch_size=patch, in_channels=channels, pca_channels=pca, hidden_size=hidden,
+    return _inferred(
+        MMJiTConfig, patch_size=patch, in_channels=channels, pca_channels=pca, hidden_size=hidden,
         txt_input_size=shapes["txt_embedder.weight"][1],
         depth_double=_count_blocks(shapes, "double_blocks"),
         txt_preamble_depth=_count_blocks(shapes, "txt_preamble_blocks"),
@@ -169,15 +178,35 @@ def infer_t5_config(shapes: dict[str, tuple[int, ...]]) -> T5Config:
             "not a T5 encoder checkpoint: missing " + ", ".join(missing)
             + "; pass google/flan-t5-large's model.safetensors (or its folder)"
         )
+    _require_dims(shapes, {bias: 2, "shared.weight": 2, "encoder.block.0.layer.0.SelfAttention.q.weight": 2,
+                           "encoder.block.0.layer.1.DenseReluDense.wi_0.weight": 2})
     buckets, heads = shapes[bias]
     vocab, d_model = shapes["shared.weight"]
-    return T5Config(
-        vocab_size=vocab, d_model=d_model, num_heads=heads,
+    return _inferred(
+        T5Config, vocab_size=vocab, d_model=d_model, num_heads=heads,
         d_kv=shapes["encoder.block.0.layer.0.SelfAttention.q.weight"][0] // heads,
         d_ff=shapes["encoder.block.0.layer.1.DenseReluDense.wi_0.weight"][0],
         num_layers=_count_blocks(shapes, "encoder.block"),
         relative_attention_num_buckets=buckets,
     )
+
+
+def _inferred(cls, **values):
+    """A config built from shape values, whose range checks then talk about the shapes."""
+    try:
+        return cls(**values)
+    except MiniT2IError as err:
+        raise MiniT2IError(f"the config inferred from the tensor shapes is invalid: {err}") from None
+
+
+def _require_dims(shapes, dims: dict[str, int]) -> None:
+    """Before any shape value is unpacked or divided by: each named tensor (if present) has
+    the expected number of dimensions, none of them empty."""
+    for name, ndim in dims.items():
+        shape = shapes.get(name)
+        if shape is not None and (len(shape) != ndim or 0 in shape):
+            sizes = "dimensions" if len(shape) != ndim else "non-empty dimensions"
+            raise MiniT2IError(f"{name}: expected {ndim} {sizes}, found {list(shape)}")
 
 
 def _count_blocks(shapes, prefix: str) -> int:
@@ -192,7 +221,7 @@ def _count_blocks(shapes, prefix: str) -> int:
 
 def find_mmjit_files(path: str | Path, variant: str = "minit2i-b-16") -> tuple[list[Path], Path | None]:
     """Resolve any accepted MMJiT location to (safetensors files, config.json or None)."""
-    root = _existing(path, "--model")
+    root = existing_path(path, "--model")
     if root.is_file():
         return [root], _sibling_config(root)
     root = _resolve_hf_folder(root, "mmjit")
@@ -211,18 +240,14 @@ def find_mmjit_files(path: str | Path, variant: str = "minit2i-b-16") -> tuple[l
 
 def find_t5_files(path: str | Path) -> tuple[list[Path], Path | None]:
     """Resolve any accepted T5 location to (safetensors files, config.json or None)."""
-    root = _existing(path, "--t5")
+    root = existing_path(path, "--t5")
     if root.is_file():
         return [root], _sibling_config(root)
     root = _resolve_hf_folder(root, "t5")
     for folder in (root, root / "text_encoder"):
         index = folder / "model.safetensors.index.json"
         if index.is_file():
-            try:
-                shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-            except (OSError, json.JSONDecodeError, KeyError, AttributeError) as err:
-                raise MiniT2IError(f"{index} is not a valid shard index ({err}); re-download it") from None
-            return [folder / s for s in shards], _sibling_config(index)
+            return shard_files(index), _sibling_config(index)
         if (folder / "model.safetensors").is_file():
             return [folder / "model.safetensors"], _sibling_config(folder / "model.safetensors")
     return _lone_safetensors(root, "T5 encoder", "model.safetensors")
@@ -231,7 +256,7 @@ def find_t5_files(path: str | Path) -> tuple[list[Path], Path | None]:
 def find_tokenizer_json(t5_files: list[Path], explicit: str | Path | None = None) -> Path:
     """tokenizer.json next to the T5 weights (or one folder up), unless given explicitly."""
     if explicit is not None:
-        return _existing(explicit, "--tokenizer")
+        return existing_path(explicit, "--tokenizer")
     folder = t5_files[0].parent
     for candidate in (folder / "tokenizer.json", folder.parent / "tokenizer" / "tokenizer.json",
                       folder.parent / "tokenizer.json"):
@@ -243,11 +268,24 @@ def find_tokenizer_json(t5_files: list[Path], explicit: str | Path | None = None
     )
 
 
-def _existing(path, flag: str) -> Path:
-    p = Path(path).expanduser()
-    if not p.exists():
-        raise MiniT2IError(f"{flag} {path}: no such file or folder; check the path")
-    return p
+def shard_files(index: Path) -> list[Path]:
+    """The shard files a `model.safetensors.index.json` names, each checked to be a file in its
+    folder (a damaged or hostile index must not send the loader elsewhere)."""
+    fix = "re-download it"
+    weight_map = read_json_object(index, "shard index").get("weight_map")
+    if not isinstance(weight_map, dict) or not weight_map:
+        raise MiniT2IError(f"{index}: expected a non-empty \"weight_map\" object, found {shown(weight_map)}; {fix}")
+    bad = [f"{k}: {shown(v)}" for k, v in weight_map.items()
+           if not isinstance(v, str) or Path(v).name != v or v in ("", ".", "..")]
+    if bad:
+        raise MiniT2IError(f"{index}: weight_map values must be file names in its folder, found "
+                           f"{_short_list(bad, 3)}; {fix}")
+    shards = [index.parent / name for name in sorted(set(weight_map.values()))]
+    missing = [s.name for s in shards if not s.is_file()]
+    if missing:
+        raise MiniT2IError(f"{index} names shard(s) that are not files in {index.parent}: "
+                           f"{_short_list(missing)}; download them or {fix}")
+    return shards
 
 
 def _sibling_config(weights: Path) -> Path | None:
@@ -358,20 +396,49 @@ def _short_list(items: list[str], limit: int = 6) -> str:
     return shown + (f" and {len(items) - limit} more" if len(items) > limit else "")
 
 
-def _materialise(index, names_to_file_names: dict[str, str]) -> dict[str, np.ndarray]:
-    """Map each file once; `index` is keyed by our names, the files by their stored names."""
-    maps: dict[Path, _MappedFile] = {}
-    tensors = {}
-    for name, stored_name in names_to_file_names.items():
-        path = index[name][2]
-        if path not in maps:
-            maps[path] = _MappedFile(path)
-        tensors[name] = maps[path].tensor(stored_name)
-    return tensors
+@dataclass
+class Checkpoint:
+    """A checkpoint checked from its headers (names, shapes, dtypes, config); no tensor read yet.
+
+    `locations` maps each live tensor's name (stripped of any key prefix) to its name in the
+    file and the file; `assumed` names the config values that neither a config.json nor the
+    shapes gave. `info` stops here; `load()` reads the tensors.
+    """
+
+    config: MMJiTConfig | T5Config
+    files: list[Path]
+    prefix: str
+    config_source: str
+    ignored: list[str]
+    shapes: dict[str, tuple[int, ...]]
+    locations: dict[str, tuple[str, Path]]
+    stored_dtypes: list[str]
+    assumed: str = ""
+
+    @property
+    def num_parameters(self) -> int:
+        return sum(int(np.prod(shape)) for shape in self.shapes.values())
+
+    def load(self) -> LoadedWeights:
+        """Read every live tensor as float32; a NaN or Inf in any of them is a damaged file."""
+        maps: dict[Path, _MappedFile] = {}
+        tensors = {}
+        for name, (stored_name, path) in self.locations.items():
+            if path not in maps:
+                maps[path] = _MappedFile(path)
+            tensors[name] = maps[path].tensor(stored_name)
+            bad = tensors[name].size - int(np.count_nonzero(np.isfinite(tensors[name])))
+            if bad:
+                raise MiniT2IError(
+                    f"{path}: tensor {stored_name} holds {bad} NaN or Inf value(s) of "
+                    f"{tensors[name].size}; the checkpoint is damaged: re-download or re-convert it"
+                )
+        return LoadedWeights(self.config, tensors, self.files, self.prefix, self.stored_dtypes,
+                             self.config_source, self.ignored)
 
 
-def load_mmjit(path: str | Path, variant: str = "minit2i-b-16") -> LoadedWeights:
-    """Load and check an MMJiT checkpoint; tensors keyed without the `model.net.` style prefix."""
+def inspect_mmjit(path: str | Path, variant: str = "minit2i-b-16") -> Checkpoint:
+    """Find and check an MMJiT checkpoint from its headers and config.json alone."""
     files, config_path = find_mmjit_files(path, variant)
     index = read_index(files)
     prefix = _detect_prefix(index)
@@ -383,22 +450,20 @@ def load_mmjit(path: str | Path, variant: str = "minit2i-b-16") -> LoadedWeights
             "pass the MiniT2I transformer file alone"
         )
     shapes = {k: v[1] for k, v in stripped.items() if not k.startswith(MMJIT_DEAD_PREFIXES)}
-    if config_path is not None:
-        config, source = MMJiTConfig.from_json(config_path), str(config_path)
-    else:
-        config, source = _infer(infer_mmjit_config, shapes, files[0]), "inferred from tensor shapes"
+    config, source, assumed = _config(MMJiTConfig, config_path, infer_mmjit_config, shapes, files[0], MMJIT_ASSUMED)
+    expected = mmjit_expected_shapes(config)
     ignored = check_tensors(
-        stripped, mmjit_expected_shapes(config), MMJIT_DEAD_PREFIXES,
+        stripped, expected, MMJIT_DEAD_PREFIXES,
         f"{files[0]} does not match the MMJiT config ({source})",
         "pass an unmodified MiniT2I transformer checkpoint (and its config.json)",
     )
-    live = {k: prefix + k for k in mmjit_expected_shapes(config)}
-    return LoadedWeights(config, _materialise(stripped, live), files, prefix,
-                         sorted({index[v][0] for v in live.values()}), source, ignored)
+    return _checkpoint(config, files, prefix, source, assumed, ignored, stripped,
+                       {k: prefix + k for k in expected})
 
 
-def load_t5(path: str | Path, expected_d_model: int | None = None) -> LoadedWeights:
-    """Load and check a T5 v1.1 encoder; `expected_d_model` is the MMJiT's txt_input_size."""
+def inspect_t5(path: str | Path, expected_d_model: int | None = None) -> Checkpoint:
+    """Find and check a T5 v1.1 encoder from its headers and config.json alone;
+    `expected_d_model` is the MMJiT's txt_input_size."""
     files, config_path = find_t5_files(path)
     index = read_index(files)
     # Files carry the embedding as `shared.weight`, as its tied alias, or as both (spec 6.3).
@@ -407,27 +472,60 @@ def load_t5(path: str | Path, expected_d_model: int | None = None) -> LoadedWeig
     if "shared.weight" not in index and alias is not None:
         index["shared.weight"], embedding_name = alias, T5_TIED_EMBEDDING
     shapes = {k: v[1] for k, v in index.items() if not k.startswith(T5_IGNORED_PREFIXES)}
-    if config_path is not None:
-        config, source = T5Config.from_json(config_path), str(config_path)
-    else:
-        config, source = _infer(infer_t5_config, shapes, files[0]), "inferred from tensor shapes"
+    config, source, assumed = _config(T5Config, config_path, infer_t5_config, shapes, files[0], T5_ASSUMED)
     if expected_d_model is not None and config.d_model != expected_d_model:
-        got = index.get("shared.weight", (None, ("?", config.d_model)))[1]
-        name = T5_NAMES_BY_WIDTH.get(config.d_model, f"a T5 with d_model {config.d_model}")
-        raise MiniT2IError(
-            f"{files[0]} is the wrong T5 encoder: it has d_model {config.d_model} (looks like {name}), "
-            f"but this MiniT2I model needs d_model {expected_d_model} (google/flan-t5-large): "
-            f"expected shared.weight [{config.vocab_size}, {expected_d_model}], found {list(got)}; "
-            "pass google/flan-t5-large's model.safetensors"
-        )
+        raise MiniT2IError(_wrong_t5_message(files[0], config, expected_d_model, index))
     expected = t5_expected_shapes(config)
     ignored = check_tensors(
         index, expected, T5_IGNORED_PREFIXES,
         f"{files[0]} does not match the T5 config ({source})",
         "pass an unmodified google/flan-t5-large model.safetensors (and its config.json)",
     )
-    tensors = _materialise(index, {k: embedding_name if k == "shared.weight" else k for k in expected})
-    return LoadedWeights(config, tensors, files, "", sorted({index[k][0] for k in expected}), source, ignored)
+    return _checkpoint(config, files, "", source, assumed, ignored, index,
+                       {k: embedding_name if k == "shared.weight" else k for k in expected})
+
+
+def load_mmjit(path: str | Path, variant: str = "minit2i-b-16") -> LoadedWeights:
+    """Load and check an MMJiT checkpoint; tensors keyed without the `model.net.` style prefix."""
+    return inspect_mmjit(path, variant).load()
+
+
+def load_t5(path: str | Path, expected_d_model: int | None = None) -> LoadedWeights:
+    """Load and check a T5 v1.1 encoder; `expected_d_model` is the MMJiT's txt_input_size."""
+    return inspect_t5(path, expected_d_model).load()
+
+
+def _checkpoint(config, files, prefix, source, assumed, ignored, index, stored_names: dict[str, str]) -> Checkpoint:
+    """A Checkpoint of the expected tensors: `index` is keyed by our names, the files by theirs."""
+    return Checkpoint(config, files, prefix, source, ignored,
+                      shapes={k: tuple(index[k][1]) for k in stored_names},
+                      locations={k: (stored, index[k][2]) for k, stored in stored_names.items()},
+                      stored_dtypes=sorted({index[k][0] for k in stored_names}), assumed=assumed)
+
+
+def _config(cls, config_path, infer, shapes, weights_path, assumed: tuple[str, ...]):
+    """(config, where it came from, assumed values): config.json if there is one, else inferred
+    from the shapes, with the values the shapes cannot tell kept at their defaults."""
+    if config_path is not None:
+        return cls.from_json(config_path), str(config_path), ""
+    try:
+        config = infer(shapes)
+    except MiniT2IError as err:
+        raise MiniT2IError(f"{weights_path}: {err}") from None
+    values = ", ".join(f"{name}={getattr(config, name)}" for name in assumed)
+    return config, "inferred from tensor shapes", values
+
+
+def _wrong_t5_message(path: Path, config: T5Config, expected_d_model: int, index) -> str:
+    """The T5 is not the width the MMJiT reads: name what it looks like and what is needed."""
+    found = list(index["shared.weight"][1]) if "shared.weight" in index else f"d_model {config.d_model}"
+    looks = T5_NAMES_BY_WIDTH.get(config.d_model, f"a T5 with d_model {config.d_model}")
+    needed = T5_NAMES_BY_WIDTH.get(expected_d_model)
+    need, fix = ((f"google/{needed}", f"pass google/{needed}'s model.safetensors") if needed else
+                 (f"a T5 v1.1 encoder of that width", "pass the T5 encoder this model was trained with"))
+    return (f"{path} is the wrong T5 encoder: it has d_model {config.d_model} (looks like {looks}), "
+            f"but this MiniT2I model needs d_model {expected_d_model} ({need}): expected shared.weight "
+            f"[{config.vocab_size}, {expected_d_model}], found {found}; {fix}")
 
 
 def _detect_prefix(index) -> str:
@@ -435,13 +533,6 @@ def _detect_prefix(index) -> str:
         if any(k.startswith(prefix + "img_embedder.") for k in index):
             return prefix
     return ""
-
-
-def _infer(fn, shapes, path):
-    try:
-        return fn(shapes)
-    except MiniT2IError as err:
-        raise MiniT2IError(f"{path}: {err}") from None
 
 
 def nest(flat: dict[str, np.ndarray]) -> dict:
