@@ -90,13 +90,15 @@ def read_json_object(path: Path, what: str) -> dict:
     return value
 
 
-def existing_path(path, flag: str) -> Path:
-    """`path` if it is a readable file or folder; otherwise the precise reason in one line.
+def existing_path(path, flag: str = "") -> Path:
+    """`path` if it is a readable file or folder; otherwise the precise reason in one line,
+    naming the path after `flag` (the option it came from) if given.
 
     FIFOs and devices are refused (reading them could block or never end), and a symlink loop or
     a missing permission is named as such, not reported as a missing file.
     """
     p = Path(path).expanduser()
+    label = f"{flag} {path}" if flag else str(path)
     try:
         mode = p.stat().st_mode
     except OSError as err:
@@ -104,13 +106,13 @@ def existing_path(path, flag: str) -> Path:
                   errno.ELOOP: "a symlink loop; fix the link",
                   errno.EACCES: "permission denied on a folder above it; fix its permissions",
                   errno.ENOTDIR: "a part of the path is a file, not a folder; check the path"}
-        raise MiniT2IError(f"{flag} {path}: {reason.get(err.errno, err.strerror)}") from None
+        raise MiniT2IError(f"{label}: {reason.get(err.errno, err.strerror)}") from None
     if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
-        raise MiniT2IError(f"{flag} {path}: expected a file or folder, found a {_kind(mode)}")
+        raise MiniT2IError(f"{label}: expected a file or folder, found a {_kind(mode)}")
     needed = os.R_OK | (os.X_OK if stat.S_ISDIR(mode) else 0)
     if not os.access(p, needed):
         what = "folder" if stat.S_ISDIR(mode) else "file"
-        raise MiniT2IError(f"{flag} {path}: permission denied (the {what} is not readable); fix its permissions")
+        raise MiniT2IError(f"{label}: permission denied (the {what} is not readable); fix its permissions")
     return p
 
 
@@ -131,3 +133,20 @@ def writable_folder(folder: Path, flag: str) -> Path:
     if not os.access(folder, os.W_OK | os.X_OK):
         raise MiniT2IError(f"{flag} folder {folder} is not writable; choose another {flag}")
     return folder
+
+
+def check_prompt(prompt) -> str:
+    """A prompt is non-blank text that can be encoded as UTF-8 (argv bytes that are not UTF-8
+    arrive as lone surrogates, which the tokenizer cannot take)."""
+    if not isinstance(prompt, str):
+        raise MiniT2IError(f"the prompt must be a string, found {type(prompt).__name__}")
+    try:
+        prompt.encode("utf-8")
+    except UnicodeEncodeError as err:
+        bad = ord(prompt[err.start])
+        byte = f"byte {bad - 0xDC00:#04x}" if 0xDC80 <= bad <= 0xDCFF else f"code point {bad:#x}"
+        raise MiniT2IError(f"the prompt is not valid UTF-8 text ({byte} at character {err.start}); "
+                           "pass the prompt in UTF-8") from None
+    if not prompt.strip():
+        raise MiniT2IError("the prompt is empty; pass some text with --prompt")
+    return prompt

@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
 
+from .checks import check_prompt
 from .errors import MiniT2IError
 
 PAD, EOS, UNK = "<pad>", "</s>", "<unk>"
@@ -56,11 +57,18 @@ class PromptTokenizer:
     def vocab_size(self) -> int:
         return self.tokenizer.get_vocab_size()
 
+    @property
+    def max_id(self) -> int:
+        """The largest id the tokenizer can produce (ids need not be contiguous)."""
+        return max(self.tokenizer.get_vocab(with_added_tokens=True).values())
+
     def __call__(self, prompts: list[str]) -> tuple[np.ndarray, np.ndarray]:
         """prompts (B strings) -> ids int64 [B, max_length], mask float32 [B, max_length]."""
+        if isinstance(prompts, str) or not isinstance(prompts, (list, tuple)):
+            raise MiniT2IError(f"expected a list of prompts, found {type(prompts).__name__}; "
+                               "pass [prompt] for one prompt")
         for prompt in prompts:
-            if not prompt or not prompt.strip():
-                raise MiniT2IError("the prompt is empty; pass some text with --prompt")
+            check_prompt(prompt)
         encodings = self.tokenizer.encode_batch(list(prompts))
         ids = np.array([e.ids for e in encodings], dtype=np.int64)
         mask = np.array([e.attention_mask for e in encodings], dtype=np.float32)
