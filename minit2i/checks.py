@@ -65,7 +65,7 @@ class Range:
 
 
 def _number(x: float) -> str:
-    return str(int(x)) if float(x).is_integer() and abs(x) < 1e16 else f"{x:g}"
+    return str(x) if isinstance(x, int) else f"{x:g}"
 
 
 def read_json(path: Path, what: str):

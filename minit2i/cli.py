@@ -35,11 +35,15 @@ def main(argv: list[str] | None = None) -> int:
         return _fail(f"minit2i: error: {where}{err.strerror or err}", 2)
     except KeyboardInterrupt:
         return _fail("minit2i: interrupted", 130)
-    try:
-        sys.stdout.flush()  # a full or closed stdout fails here, not in Python's exit handler
-    except OSError as err:
-        return _fail(f"minit2i: error: cannot write to stdout: {err.strerror or err}", 2)
     return status
+
+
+def emit(text: str) -> None:
+    """Print a result line to stdout; a full or closed stdout is a one-line user error."""
+    try:
+        print(text, flush=True)
+    except OSError as err:
+        raise MiniT2IError(f"cannot write to stdout: {err.strerror or err}") from None
 
 
 def _fail(message: str, status: int) -> int:
@@ -159,9 +163,9 @@ def run_generate(args) -> int:
         bar.close()
     save_pngs(list(zip(result.pixels, outputs)))
     if not args.quiet:
-        print(timing_table(result, args.backend, args.precision))
+        emit(timing_table(result, args.backend, args.precision))
     for path in outputs:
-        print(path)
+        emit(str(path))
     return 0
 
 
@@ -226,7 +230,7 @@ def add_info_parser(sub) -> None:
 
 
 def run_info(args) -> int:
-    print(describe(args.path, args.variant))
+    emit(describe(args.path, args.variant))
     return 0
 
 

@@ -455,14 +455,16 @@ def add_parser(sub) -> None:
 
 
 def run(args) -> int:
+    from .cli import emit
+
     if args.action == "record":
         names = record(args.dir, args.force)
-        print(f"recorded {len(names)} arrays into {args.dir}: {', '.join(names)}")
+        emit(f"recorded {len(names)} arrays into {args.dir}: {', '.join(names)}")
         return 0
     outcomes = check(args.dir, args.items)
     for outcome in outcomes:
-        print(outcome.line())
+        emit(outcome.line())
     failed = [o for o in outcomes if not o.passed]
-    print(f"golden: {len(outcomes) - len(failed)}/{len(outcomes)} checks passed"
+    emit(f"golden: {len(outcomes) - len(failed)}/{len(outcomes)} checks passed"
           + (f"; failing: {', '.join(sorted({o.item for o in failed}))}" if failed else ""))
     return 1 if failed else 0

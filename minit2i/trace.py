@@ -217,7 +217,7 @@ def add_parser(sub) -> None:
 
 def run(args) -> int:
     """Both sides and the tolerances are checked, then the model's headers, before any work."""
-    from .cli import _model_paths
+    from .cli import _model_paths, emit
     from .pipeline import Request, check_memory, open_model, validate
 
     a, b = Side.parse(args.a), Side.parse(args.b)
@@ -235,6 +235,6 @@ def run(args) -> int:
     validate(request, files)
     check_memory(request, files, itemsize=8)  # side A may run in float64
     diffs = trace(files.load(), a, b, args.prompt, args.seed, width, height, tolerance)
-    print(format_report(diffs, a, b, tolerance))
+    emit(format_report(diffs, a, b, tolerance))
     return 0 if first_divergence(diffs) is None else 1
 
