@@ -67,8 +67,15 @@ def _silence(stream) -> None:
         pass
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse with the CLI's one-line errors (argparse's own put the usage text first)."""
+
+    def error(self, message):
+        self.exit(2, f"minit2i: error: {message} (see `{self.prog} --help`)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="minit2i", description=__doc__.splitlines()[0])
+    parser = _Parser(prog="minit2i", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     add_generate_parser(sub)
     add_info_parser(sub)

@@ -31,7 +31,7 @@ from .pipeline import BACKENDS, Model, check_backend, make_runner
 # chains a dozen roundings: the per-stage bounds of the GPU parity tests, 3e-2 and 8e-2.
 TOLERANCES = {"fp64": (1e-12, 1e-12), "fp32": (1e-5, 1e-6), "fp16": (3e-2, 1e-6), "bf16": (8e-2, 1e-6)}
 PRECISION_ORDER = ("bf16", "fp16", "fp32", "fp64")
-TOLERANCE_RANGE = Range(0, 1e6, integer=False)
+TOLERANCE_RANGE = Range(0, 10**6, integer=False)
 
 
 @dataclass(frozen=True)

@@ -205,7 +205,7 @@ def _require_dims(shapes, dims: dict[str, int]) -> None:
     for name, ndim in dims.items():
         shape = shapes.get(name)
         if shape is not None and (len(shape) != ndim or 0 in shape):
-            sizes = "dimensions" if len(shape) != ndim else "non-empty dimensions"
+            sizes = "dimensions" if len(shape) != ndim else "dimensions of size at least 1"
             raise MiniT2IError(f"{name}: expected {ndim} {sizes}, found {list(shape)}")
 
 
