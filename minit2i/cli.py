@@ -47,13 +47,16 @@ def emit(text: str) -> None:
 
 
 def _fail(message: str, status: int) -> int:
-    """Print the final message; a closed or full stdout/stderr must not turn it into a traceback."""
+    """Print the final message as one line: newlines and other control characters that came
+    from file contents or names are escaped (they could also drive the terminal). A closed or
+    full stdout/stderr must not turn it into a traceback."""
+    line = "".join(c if c.isprintable() else repr(c)[1:-1] for c in message)
     try:
         sys.stdout.flush()
     except OSError:
         _silence(sys.stdout)
     try:
-        print(message, file=sys.stderr, flush=True)
+        print(line, file=sys.stderr, flush=True)
     except OSError:
         _silence(sys.stderr)
     return status

@@ -44,7 +44,8 @@ from reference.t5 import t5_encode
 
 # Every generated case runs the real CLI; these budgets keep the module to well under a minute.
 CASES = settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-FEW = settings(CASES, max_examples=12)
+FEW = settings(CASES, max_examples=20)  # cases that can run a whole (tiny) generation
+MANY = settings(CASES, max_examples=150)  # cases refused in milliseconds
 OLD_BYTES = b"an existing output that a failed run must not touch"
 TINY_ARGS = ["-p", "a red cat", "--steps", "1", "-W", "16", "-H", "16", "-q"]
 
@@ -195,7 +196,7 @@ def test_generated_safetensors_headers(tiny, header, length_delta, keep_body):
         assert generate_outcome(path, tiny[1])[0] == 2
 
 
-@CASES
+@FEW
 @given(offset=st.integers(0, 10**6), value=st.binary(min_size=1, max_size=8), truncate=st.booleans())
 def test_generated_safetensors_bodies(tiny, offset, value, truncate):
     """Overwritten bytes anywhere (header or tensor data, so also NaN/Inf weights) or a cut file."""
@@ -262,7 +263,7 @@ def test_generated_shard_indexes(tiny, index):
         generate_outcome(tiny[0], t5)
 
 
-@FEW
+@CASES
 @given(data=st.data())
 def test_generated_tokenizer_files(tiny, data):
     """Arbitrary bytes or JSON, or a word-level tokenizer whose ids may exceed the embedding."""
@@ -289,7 +290,7 @@ argument_values = st.one_of(st.integers(-2**64, 2**64), st.integers(-5, 600), st
                             st.sampled_from(["", "x", "1e39", "inf", "-inf", "nan", "0x10", "٣"]))
 
 
-@CASES
+@MANY
 @given(flags=st.dictionaries(
     st.sampled_from(["--steps", "--cfg-scale", "-W", "-H", "--seed", "-b", "--a-min"]),
     argument_values, min_size=1, max_size=3),
@@ -313,7 +314,7 @@ def test_generated_argument_values(tiny, monkeypatch, flags, prompt):
         outputs.assert_untouched()
 
 
-@CASES
+@MANY
 @given(fields=st.dictionaries(st.sampled_from([f.name for f in dataclasses.fields(Request)]),
                               st.one_of(json_scalars, argument_values), min_size=1))
 def test_generated_requests(fields):
@@ -324,7 +325,7 @@ def test_generated_requests(fields):
         assert "\n" not in str(err)
 
 
-@CASES
+@MANY
 @given(shape=st.lists(st.integers(0, 5), max_size=4), dtype=st.sampled_from([np.uint8, np.float32, np.int64]))
 def test_generated_save_png_inputs(shape, dtype):
     pixels = np.zeros(shape, dtype)
