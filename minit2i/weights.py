@@ -522,7 +522,7 @@ def _wrong_t5_message(path: Path, config: T5Config, expected_d_model: int, index
     looks = T5_NAMES_BY_WIDTH.get(config.d_model, f"a T5 with d_model {config.d_model}")
     needed = T5_NAMES_BY_WIDTH.get(expected_d_model)
     need, fix = ((f"google/{needed}", f"pass google/{needed}'s model.safetensors") if needed else
-                 (f"a T5 v1.1 encoder of that width", "pass the T5 encoder this model was trained with"))
+                 ("a T5 v1.1 encoder of that width", "pass the T5 encoder this model was trained with"))
     return (f"{path} is the wrong T5 encoder: it has d_model {config.d_model} (looks like {looks}), "
             f"but this MiniT2I model needs d_model {expected_d_model} ({need}): expected shared.weight "
             f"[{config.vocab_size}, {expected_d_model}], found {found}; {fix}")
