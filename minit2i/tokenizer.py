@@ -69,14 +69,23 @@ class PromptTokenizer:
                                "pass [prompt] for one prompt")
         for prompt in prompts:
             check_prompt(prompt)
-        encodings = self.tokenizer.encode_batch(list(prompts))
+        encodings = self._encode(self.tokenizer.encode_batch, list(prompts))
         ids = np.array([e.ids for e in encodings], dtype=np.int64)
         mask = np.array([e.attention_mask for e in encodings], dtype=np.float32)
         return ids, mask
 
     def count_pieces(self, prompt: str) -> int:
         """Pieces the prompt needs before truncation (without `</s>`), to warn about cutting."""
-        return len(self._unbounded.encode(prompt, add_special_tokens=False).ids)
+        return len(self._encode(self._unbounded.encode, prompt, add_special_tokens=False).ids)
+
+    def _encode(self, encode, *args, **kwargs):
+        """Run a `tokenizers` encode call; its errors (a tokenizer.json whose unknown-token
+        setup is broken, say) come as plain Exception from the Rust side."""
+        try:
+            return encode(*args, **kwargs)
+        except Exception as err:
+            raise MiniT2IError(f"{self.source} cannot encode the prompt ({err}); use google/flan-t5-large's "
+                               "tokenizer.json") from None
 
 
 def make_t5_style_tokenizer(pieces: list[tuple[str, float]]) -> Tokenizer:

@@ -120,16 +120,24 @@ def _modest_memory(monkeypatch):
     monkeypatch.setattr(pipeline, "available_memory", lambda: 1024**3)
 
 
+class Tiny(tuple):
+    """(transformer dir, t5 dir, the MMJiT tensors, the T5 tensors), with a short repr for
+    hypothesis' reports of failing cases."""
+
+    def __repr__(self):
+        return f"Tiny({self[0].parent})"
+
+
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
-    """(transformer dir, t5 dir, the MMJiT tensors, the T5 tensors) of a tiny float32 model."""
+    """A tiny float32 model in diffusers/HF layout, and its tensors."""
     from minit2i.default_model import write_model
 
     root = tmp_path_factory.mktemp("tiny")
     write_model(root / "transformer", root / "t5", MMJIT_TINY, T5_TINY, 7)
-    return (root / "transformer", root / "t5",
-            {"model.net." + k: v for k, v in random_mmjit_weights(MMJIT_TINY, 7).items()},
-            random_t5_weights(T5_TINY, 8))
+    return Tiny((root / "transformer", root / "t5",
+                 {"model.net." + k: v for k, v in random_mmjit_weights(MMJIT_TINY, 7).items()},
+                 random_t5_weights(T5_TINY, 8)))
 
 
 def transformer_copy(tiny, folder: Path, tensors=None, config=True) -> Path:
@@ -442,6 +450,14 @@ def test_rc4_token_ids_beyond_the_embedding(tiny, tmp_path):
     assert_one_line_error(*run_cli("generate", *TINY_ARGS, "--model", tiny[0], "--t5", tiny[1],
                                    "--tokenizer", tmp_path / "tokenizer.json"),
                           "token ids up to 99999", "only 512 rows")
+
+
+def test_rc4_tokenizer_that_cannot_encode_the_prompt(tiny, tmp_path):
+    """Found by the generated tokenizer files: <unk> sharing its id with a word breaks encoding."""
+    tokenizer = Tokenizer(models.WordLevel({"<pad>": 0, "</s>": 1, "<unk>": 2, "zebra": 2}, unk_token="<unk>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    tokenizer.save(str(tmp_path / "tokenizer.json"))
+    generate_outcome(tiny[0], tiny[1], tokenizer=tmp_path / "tokenizer.json")
 
 
 # ---------------------------------------------------------------------------------------------
