@@ -453,8 +453,8 @@ def test_rc4_token_ids_beyond_the_embedding(tiny, tmp_path):
 
 
 def test_rc4_tokenizer_that_cannot_encode_the_prompt(tiny, tmp_path):
-    """Found by the generated tokenizer files: <unk> sharing its id with a word breaks encoding."""
-    tokenizer = Tokenizer(models.WordLevel({"<pad>": 0, "</s>": 1, "<unk>": 2, "zebra": 2}, unk_token="<unk>"))
+    """Found by the generated tokenizer files: <unk> sharing its id with <pad> breaks encoding."""
+    tokenizer = Tokenizer(models.WordLevel({"<pad>": 1, "<unk>": 1, "</s>": 3}, unk_token="<unk>"))
     tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
     tokenizer.save(str(tmp_path / "tokenizer.json"))
     generate_outcome(tiny[0], tiny[1], tokenizer=tmp_path / "tokenizer.json")
