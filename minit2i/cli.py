@@ -65,7 +65,9 @@ def _fail(message: str, status: int) -> int:
 def _silence(stream) -> None:
     """Point a failed standard stream at /dev/null, so Python's exit flush does not fail again."""
     try:
-        os.dup2(os.open(os.devnull, os.O_WRONLY), stream.fileno())
+        null = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(null, stream.fileno())
+        os.close(null)
     except (OSError, ValueError):
         pass
 
@@ -74,7 +76,7 @@ class _Parser(argparse.ArgumentParser):
     """argparse with the CLI's one-line errors (argparse's own put the usage text first)."""
 
     def error(self, message):
-        self.exit(2, f"minit2i: error: {message} (see `{self.prog} --help`)\n")
+        self.exit(_fail(f"minit2i: error: {message} (see `{self.prog} --help`)", 2))
 
 
 def build_parser() -> argparse.ArgumentParser:
