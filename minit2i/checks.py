@@ -1,5 +1,6 @@
 """Input checks shared by the configs, the weight loader, the pipeline, the CLI and the golden
-suite. Each one raises `MiniT2IError` with one line: what was expected and what was found.
+suite. Each one raises `MiniT2IError` with one line: what was expected and what was found
+(`shown` and `human_size` write the values those lines show).
 """
 
 from __future__ import annotations
@@ -62,6 +63,19 @@ class Range:
             return False
         above = value > self.low if self.low_open else value >= self.low
         return above and value <= self.high
+
+
+def human_size(size: float, binary: bool = False) -> str:
+    """Bytes for people: decimal units as the Hub shows file sizes (3.1 GB), or binary ones as
+    memory is counted (`binary=True`: 22.1 GiB)."""
+    step, units = (1024, ("KiB", "MiB", "GiB", "TiB")) if binary else (1000, ("kB", "MB", "GB", "TB"))
+    if size < step:
+        return f"{size:.0f} B"
+    value = float(size)
+    for unit in units:
+        value /= step
+        if value < step or unit == units[-1]:
+            return f"{value:.1f} {unit}"
 
 
 def _number(x: float) -> str:

@@ -39,6 +39,7 @@ from huggingface_hub.errors import (
 )
 from huggingface_hub.file_download import repo_folder_name
 
+from .checks import human_size
 from .config import VARIANT_ALIASES
 from .errors import MiniT2IError
 from .weights import (
@@ -241,16 +242,6 @@ def not_cached(model: HubModel, missing: list[str], why: str) -> HubUnreachable:
         f"{model.repo_id}: {', '.join(missing)} not in the Hugging Face cache ({constants.HF_HUB_CACHE}) "
         f"and {why}; fetch {them} with: hf download {model.repo_id} {' '.join(missing)}"
     )
-
-
-def human_size(size: int) -> str:
-    """Bytes in decimal units, as the Hub shows them: 3.1 GB."""
-    value = float(size)
-    for unit in ("B", "kB", "MB", "GB"):
-        if value < 1000:
-            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1000
-    return f"{value:.1f} TB"
 
 
 def _record_main(folder: Path, commit: str) -> None:

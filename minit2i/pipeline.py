@@ -22,7 +22,7 @@ import numpy as np
 
 from reference.sampler import initial_noise
 
-from .checks import Range, check_prompt
+from .checks import Range, check_prompt, human_size
 from .errors import MiniT2IError
 from .hub import resolve_model, resolve_t5
 from .images import to_pixels
@@ -202,19 +202,10 @@ def check_memory(request: Request, model: Model | ModelFiles, itemsize: int = 4)
     need, have = estimate_memory(request, model, itemsize), available_memory()
     if have is not None and need > have:
         raise MiniT2IError(
-            f"this run needs about {_size(need)} of memory ({request.batch_count} image(s) of "
-            f"{request.width}x{request.height}) but {_size(have)} is available; use a smaller "
+            f"this run needs about {human_size(need, binary=True)} of memory ({request.batch_count} image(s) "
+            f"of {request.width}x{request.height}) but {human_size(have, binary=True)} is available; use a smaller "
             "--width/--height or --batch-count"
         )
-
-
-def _size(n: float) -> str:
-    """1536 -> '1.5 KiB'."""
-    for unit in ("bytes", "KiB", "MiB", "GiB"):
-        if n < 1024:
-            return f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} TiB"
 
 
 def generate(model: Model, runner, request: Request, on_step=None) -> Result:
