@@ -10,9 +10,11 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import os
 import sys
 from pathlib import Path
 
+from .checks import writable_folder
 from .errors import MiniT2IError
 
 # Subcommands living in their own modules: name -> module with add_parser(subparsers) and run(args).
@@ -20,17 +22,63 @@ SUBCOMMAND_MODULES = ["minit2i.golden", "minit2i.trace"]
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run one command; user errors are one line on stderr and exit status 2."""
+    if sys.stderr is None:  # started with stderr closed (`2>&-`): messages go nowhere, not to stdout
+        sys.stderr = open(os.devnull, "w")
     parser = build_parser()
     args = parser.parse_args(argv)
     _show_notes(getattr(args, "quiet", False))
     try:
-        return args.run(args) or 0
+        status = args.run(args) or 0
     except MiniT2IError as err:
-        print(f"minit2i: error: {err}", file=sys.stderr)
-        return 2
+        return _fail(f"minit2i: error: {err}", 2)
+    except OSError as err:  # the environment, not a bug: a file that vanished, a full disk, ...
+        where = f"{err.filename}: " if err.filename is not None else ""
+        return _fail(f"minit2i: error: {where}{err.strerror or err}", 2)
     except KeyboardInterrupt:
-        print("minit2i: interrupted", file=sys.stderr)
-        return 130
+        return _fail("minit2i: interrupted", 130)
+    return status
+
+
+def emit(text: str) -> None:
+    """Print a result line to stdout; a full or closed stdout is a one-line user error."""
+    try:
+        print(text, flush=True)
+    except OSError as err:
+        raise MiniT2IError(f"cannot write to stdout: {err.strerror or err}") from None
+
+
+def _fail(message: str, status: int) -> int:
+    """Print the final message as one line: newlines and other control characters that came
+    from file contents or names are escaped (they could also drive the terminal). A closed or
+    full stdout/stderr must not turn it into a traceback."""
+    line = "".join(c if c.isprintable() else repr(c)[1:-1] for c in message)
+    try:
+        sys.stdout.flush()
+    except OSError:
+        _silence(sys.stdout)
+    try:
+        print(line, file=sys.stderr, flush=True)
+    except OSError:
+        _silence(sys.stderr)
+    return status
+
+
+def _silence(stream) -> None:
+    """Point a failed standard stream at /dev/null, so Python's exit flush does not fail again."""
+    try:
+        null = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(null, stream.fileno())
+        os.close(null)
+    except (OSError, ValueError):
+        pass
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with the CLI's one-line errors (argparse's own put the usage text first)."""
+
+    def error(self, message):
+        self.exit(_fail(f"minit2i: error: {message} (see `{self.prog} --help`)", 2))
 
 
 def _show_notes(quiet: bool) -> None:
@@ -53,7 +101,7 @@ def _show_notes(quiet: bool) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="minit2i", description=__doc__.splitlines()[0])
+    parser = _Parser(prog="minit2i", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     add_generate_parser(sub)
     add_info_parser(sub)
@@ -111,28 +159,38 @@ def add_generate_parser(sub) -> None:
 
 
 def run_generate(args) -> int:
+    """Checks from cheapest to dearest (arguments, paths, headers, memory), then the work."""
     from tqdm import tqdm
 
-    from .images import check_writable, save_png, to_pixels
-    from .pipeline import Request, generate, load_model, make_runner, output_paths, sampling_defaults, validate
+    from .checks import check_prompt
+    from .images import check_writable, save_pngs, to_pixels
+    from .pipeline import (Request, check_backend, check_memory, check_ranges, generate, make_runner, open_model,
+                           output_paths, sampling_defaults, validate)
 
     if args.negative_prompt:
         raise MiniT2IError(
             "MiniT2I has no negative prompt: its unconditional branch is the prompt with an all-zero "
             "text mask; drop --negative-prompt"
         )
-    outputs = [check_writable(p) for p in output_paths(Path(args.output), max(args.batch_count, 1))]
-    model_path, t5_path = _model_paths(args)
-    model = load_model(model_path, t5_path, args.tokenizer, args.variant)
-    given = {"steps": args.steps, "cfg_scale": args.cfg_scale, "width": args.width, "height": args.height}
-    settings = sampling_defaults(model) | {k: v for k, v in given.items() if v is not None}
-    request = Request(args.prompt, seed=args.seed, batch_count=args.batch_count, a_min=args.a_min, **settings)
-    validate(request, model)
-    _warn_unknown_words(model.tokenizer, args.prompt)
+    optional = {"steps": args.steps, "cfg_scale": args.cfg_scale, "width": args.width, "height": args.height}
+    given = {k: v for k, v in optional.items() if v is not None}  # the model's defaults fill the rest
+    check_prompt(args.prompt)
+    check_ranges(**given, seed=args.seed, batch_count=args.batch_count, a_min=args.a_min)
+    check_backend(args.backend, args.precision)
+    outputs = [check_writable(p) for p in output_paths(Path(args.output), args.batch_count)]
     preview_dir = _preview_dir(args.preview_dir)
-    pieces = model.tokenizer.count_pieces(args.prompt)
-    if pieces > model.tokenizer.max_length - 1:
-        _say(args, f"note: the prompt has {pieces} tokens; it is cut to {model.tokenizer.max_length - 1} + </s>")
+    model_path, t5_path = _model_paths(args)
+    files = open_model(model_path, t5_path, args.tokenizer, args.variant)
+    settings = sampling_defaults(files) | given
+    request = Request(args.prompt, seed=args.seed, batch_count=args.batch_count, a_min=args.a_min, **settings)
+    validate(request, files)
+    _warn_unknown_words(files.tokenizer, args.prompt)
+    if args.backend == "numpy":  # the GPU backends' activations live in device memory
+        check_memory(request, files)
+    pieces = files.tokenizer.count_pieces(args.prompt)
+    if pieces > files.tokenizer.max_length - 1:
+        _say(args, f"note: the prompt has {pieces} tokens; it is cut to {files.tokenizer.max_length - 1} + </s>")
+    model = files.load()
     runner = make_runner(model, args.backend, args.precision)
 
     bar = tqdm(total=request.steps, desc="sampling", unit="step", disable=args.quiet, file=sys.stderr)
@@ -141,18 +199,17 @@ def run_generate(args) -> int:
         bar.update(1)
         if preview_dir is not None:
             pixels = to_pixels(runner.to_host(info.x0))
-            save_png(pixels[0], preview_dir / f"step_{info.index + 1:03d}.png")
+            save_pngs([(pixels[0], preview_dir / f"step_{info.index + 1:03d}.png")])
 
     try:
         result = generate(model, runner, request, on_step)
     finally:
         bar.close()
-    for pixels, path in zip(result.pixels, outputs):
-        save_png(pixels, path)
+    save_pngs(list(zip(result.pixels, outputs)))
     if not args.quiet:
-        print(timing_table(result, args.backend, args.precision))
+        emit(timing_table(result, args.backend, args.precision))
     for path in outputs:
-        print(path)
+        emit(str(path))
     return 0
 
 
@@ -187,14 +244,16 @@ def _warn_unknown_words(tokenizer, prompt: str) -> None:
 
 
 def _preview_dir(path) -> Path | None:
+    """The --preview-dir folder, created if missing and checked writable before any work."""
     if path is None:
         return None
     folder = Path(path).expanduser()
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-    except OSError as err:
-        raise MiniT2IError(f"cannot create --preview-dir {folder}: {err.strerror}; choose another folder") from None
-    return folder
+    if not folder.exists():
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+        except OSError as err:
+            raise MiniT2IError(f"cannot create --preview-dir {folder}: {err.strerror}; choose another folder") from None
+    return writable_folder(folder, "--preview-dir")
 
 
 def timing_table(result, backend: str, precision: str) -> str:
@@ -241,22 +300,22 @@ def run_info(args) -> int:
         print(describe_demo_model())
         return 0
     if not is_repo_id(args.path):
-        print(describe(args.path, args.variant))
+        emit(describe(args.path, args.variant))
         return 0
     text, snapshot = describe_repo(args.path, args.variant)
-    print(text)
+    emit(text)
     if snapshot is not None:
-        print(describe(snapshot, args.variant))
+        emit(describe(snapshot, args.variant))
     return 0
 
 
 def describe_demo_model() -> str:
     """What the default model is, what it knows, and the report of both of its folders."""
     from .default_model import default_model_dir
-    from .pipeline import load_model, sampling_defaults
+    from .pipeline import open_model, sampling_defaults
 
     folder = default_model_dir()
-    model = load_model(folder / "transformer", folder / "t5")
+    model = open_model(folder / "transformer", folder / "t5")
     defaults = sampling_defaults(model)
     return "\n".join([
         "built-in demo model: a tiny MiniT2I trained on procedural coloured shapes (docs/demo-model.md)",
@@ -273,31 +332,34 @@ def describe_demo_model() -> str:
 
 
 def describe(path, variant: str = "minit2i-b-16") -> str:
-    """A short report on what `path` holds, trying MMJiT first, then T5."""
+    """A short report on what `path` holds, trying MMJiT first, then T5, from the safetensors
+    headers and config.json alone (no tensor is read: `info` on a 3 GB file is instant)."""
     import dataclasses
 
-    from .weights import find_mmjit_files, find_t5_files, load_mmjit, load_t5, read_index
+    from .checks import existing_path
+    from .weights import find_mmjit_files, find_t5_files, inspect_mmjit, inspect_t5, read_index
 
-    if not Path(path).expanduser().exists():
-        raise MiniT2IError(f"{path}: no such file or folder; check the path")
+    existing_path(path)
     files, _ = _try_find(path, variant, find_mmjit_files, find_t5_files)
     names = read_index(files)
     is_t5 = any(k in names for k in ("shared.weight", "encoder.embed_tokens.weight"))
-    loaded = load_t5(path) if is_t5 else load_mmjit(path, variant)
+    checkpoint = inspect_t5(path) if is_t5 else inspect_mmjit(path, variant)
     kind = "T5 encoder" if is_t5 else "MiniT2I MMJiT transformer"
-    fields = ", ".join(f"{k}={v}" for k, v in dataclasses.asdict(loaded.config).items())
+    fields = ", ".join(f"{k}={v}" for k, v in dataclasses.asdict(checkpoint.config).items())
     lines = [
         f"{kind}",
-        f"  files:      {', '.join(str(f) for f in loaded.files)}",
-        f"  config:     {loaded.config_source}",
+        f"  files:      {', '.join(str(f) for f in checkpoint.files)}",
+        f"  config:     {checkpoint.config_source}",
         f"              {fields}",
-        f"  dtype:      {', '.join(loaded.stored_dtypes)} (loaded as float32)",
-        f"  parameters: {loaded.num_parameters:,} in {len(loaded.tensors)} tensors",
+        f"  dtype:      {', '.join(checkpoint.stored_dtypes)} (loaded as float32)",
+        f"  parameters: {checkpoint.num_parameters:,} in {len(checkpoint.shapes)} tensors",
     ]
+    if checkpoint.assumed:
+        lines.insert(4, f"              assumed (not in the shapes, no config.json): {checkpoint.assumed}")
     if not is_t5:
-        lines.append(f"  prefix:     {loaded.prefix or '(none)'}")
-    if loaded.ignored:
-        lines.append(f"  ignored:    {len(loaded.ignored)} tensors ({_ignored_groups(loaded.ignored)})")
+        lines.append(f"  prefix:     {checkpoint.prefix or '(none)'}")
+    if checkpoint.ignored:
+        lines.append(f"  ignored:    {len(checkpoint.ignored)} tensors ({_ignored_groups(checkpoint.ignored)})")
     return "\n".join(lines)
 
 

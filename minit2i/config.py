@@ -2,7 +2,9 @@
 
 Values follow spec section 1 (MMJiT) and section 6 (flan-t5-large). A config is read from a
 diffusers/HF `config.json` when one sits next to the weights, otherwise inferred from tensor
-shapes (see `minit2i.weights`).
+shapes (see `minit2i.weights`). However it is made, every field is checked against one table
+(`MMJIT_RANGES`, `T5_RANGES`) when the config is created, so `generate`, `trace` and `info`
+all refuse the same bad values with the same message.
 """
 
 from __future__ import annotations
@@ -12,7 +14,54 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from .checks import Range, read_json_object
 from .errors import MiniT2IError
+
+# Allowed values of every field. The bounds are far beyond any released model; they exist so
+# that a damaged config.json is refused in one line instead of dividing by zero, allocating
+# terabytes or silently producing a black image.
+MMJIT_RANGES = {
+    "image_size": Range(1, 16384),
+    "patch_size": Range(1, 256),
+    "in_channels": Range(3, 3),  # PNG output is RGB
+    "txt_input_size": Range(1, 65536),
+    "hidden_size": Range(4, 65536, multiple_of=4),  # 2-D sin/cos table: 4 values per frequency
+    "depth_double": Range(1, 1024),
+    "txt_preamble_depth": Range(0, 1024),
+    "num_heads": Range(1, 4096),
+    "head_dim": Range(4, 4096, multiple_of=4),  # 2-D RoPE: half per axis, pairs within each half
+    "mlp_ratio": Range(0, 64, integer=False, low_open=True),
+    "pca_channels": Range(1, 65536),
+    "prompt_length": Range(2, 8192),  # at least one token and </s>
+    "cond_vec_size": Range(1, 65536),
+}
+T5_RANGES = {
+    "vocab_size": Range(1, 1 << 24),  # the tokenizer's largest id is checked against it
+    "d_model": Range(1, 65536),
+    "d_kv": Range(1, 4096),
+    "num_heads": Range(1, 4096),
+    "d_ff": Range(1, 1 << 20),
+    "num_layers": Range(1, 1024),
+    "relative_attention_num_buckets": Range(4, 65536),  # half per direction, half of that exact
+    "relative_attention_max_distance": Range(1, 1 << 20),
+    "layer_norm_epsilon": Range(0, 1, integer=False, low_open=True),
+}
+
+
+def _check_fields(config, ranges: dict[str, Range]) -> None:
+    """Every field against its range, in declaration order (the first bad one is reported)."""
+    for f in dataclasses.fields(config):
+        ranges[f.name].check(f.name, getattr(config, f.name))
+
+
+def _from_file(cls, path: Path, raw: dict):
+    """A config from the fields of `raw` this model uses; a bad value names the file."""
+    names = {f.name for f in dataclasses.fields(cls)}
+    try:
+        return cls(**{k: v for k, v in raw.items() if k in names})
+    except MiniT2IError as err:
+        raise MiniT2IError(f"{path}: {err}; fix the file, or delete it to infer the config from "
+                           "the tensor shapes") from None
 
 
 @dataclass(frozen=True)
@@ -34,15 +83,12 @@ class MMJiTConfig:
     cond_vec_size: int = 768
 
     def __post_init__(self):
+        _check_fields(self, MMJIT_RANGES)
         if self.num_heads * self.head_dim != self.hidden_size:
             raise MiniT2IError(
-                f"MMJiT config is inconsistent: num_heads*head_dim = {self.num_heads}*{self.head_dim}"
-                f" != hidden_size {self.hidden_size}; fix config.json"
+                f"num_heads*head_dim must equal hidden_size, found {self.num_heads}*{self.head_dim}"
+                f" != {self.hidden_size}"
             )
-        if self.head_dim % 4:
-            raise MiniT2IError(f"MMJiT head_dim must be a multiple of 4 (2-D RoPE), got {self.head_dim}")
-        if self.hidden_size % 4:
-            raise MiniT2IError(f"MMJiT hidden_size must be a multiple of 4 (2-D sin/cos table), got {self.hidden_size}")
 
     @property
     def mlp_hidden(self) -> int:
@@ -58,7 +104,7 @@ class MMJiTConfig:
     @classmethod
     def from_json(cls, path: Path) -> "MMJiTConfig":
         """Read a diffusers `config.json`, keeping only the fields this model uses."""
-        return cls(**_known_fields(cls, _read_json(path)))
+        return _from_file(cls, path, read_json_object(path, "config"))
 
 
 @dataclass(frozen=True)
@@ -75,6 +121,16 @@ class T5Config:
     relative_attention_max_distance: int = 128
     layer_norm_epsilon: float = 1e-6
 
+    def __post_init__(self):
+        _check_fields(self, T5_RANGES)
+        max_exact = self.relative_attention_num_buckets // 4
+        if self.relative_attention_max_distance <= max_exact:
+            # The log-spaced buckets span max_exact .. max_distance: an empty span divides by 0.
+            raise MiniT2IError(
+                f"relative_attention_max_distance must exceed relative_attention_num_buckets/4 = "
+                f"{max_exact}, found {self.relative_attention_max_distance}"
+            )
+
     @property
     def inner_dim(self) -> int:
         return self.num_heads * self.d_kv
@@ -82,14 +138,14 @@ class T5Config:
     @classmethod
     def from_json(cls, path: Path) -> "T5Config":
         """Read an HF T5 `config.json`; refuses encoders that are not gated-gelu (T5 v1.1)."""
-        raw = _read_json(path)
+        raw = read_json_object(path, "config")
         proj = raw.get("feed_forward_proj", "gated-gelu")
         if proj != "gated-gelu":
             raise MiniT2IError(
                 f"{path}: feed_forward_proj is {proj!r}; MiniT2I needs a T5 v1.1 encoder with "
                 "'gated-gelu' (google/flan-t5-large)"
             )
-        return cls(**_known_fields(cls, raw))
+        return _from_file(cls, path, raw)
 
 
 # Released and test configurations. The tiny ones keep every structural feature (2 preamble
@@ -111,31 +167,6 @@ VARIANT_ALIASES = {
 }
 
 
-def read_sampling(path: Path) -> dict:
-    """The "sampling" block of a transformer config.json ({"steps": int, "cfg_scale": float}):
-    the settings a model was tuned for. Released MiniT2I configs have none."""
-    block = _read_json(path).get("sampling", {})
-    checks = {"steps": (int, lambda v: v >= 1, "an integer >= 1"),
-              "cfg_scale": ((int, float), lambda v: v == v and abs(v) < 1e6, "a finite number")}
-    for name, (types, ok, expected) in checks.items():
-        value = block.get(name)
-        if value is not None and (isinstance(value, bool) or not isinstance(value, types) or not ok(value)):
-            raise MiniT2IError(f"{path}: sampling.{name} must be {expected}, found {value!r}; fix or delete it")
-    return {k: block[k] for k in checks if k in block}
-
-
 def to_json(config) -> str:
     """Serialise a config the way diffusers/HF would (used by the default model and tests)."""
     return json.dumps(dataclasses.asdict(config), indent=2)
-
-
-def _read_json(path: Path) -> dict:
-    try:
-        return json.loads(Path(path).read_text())
-    except (OSError, json.JSONDecodeError) as err:
-        raise MiniT2IError(f"cannot read config {path}: {err}; fix or delete the file") from None
-
-
-def _known_fields(cls, raw: dict) -> dict:
-    names = {f.name for f in dataclasses.fields(cls)}
-    return {k: v for k, v in raw.items() if k in names}

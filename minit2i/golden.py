@@ -3,8 +3,13 @@
 Every item is a recipe (configs, weight seeds, inputs) and the output it produced when it was
 recorded. Weights are rebuilt from their seeds, so `golden/` holds only outputs and recipes:
 
-    golden/manifest.json   recipes, tolerances, shapes and sha256 of every stored array
-    golden/golden.npz      the recorded arrays (float64 outputs, uint8 images)
+    golden/manifest.json        recipes, tolerances, shapes and sha256 of every stored array,
+                                and the name of the arrays file
+    golden/golden-<hash>.npz    the recorded arrays (float64 outputs, uint8 images)
+
+Recording writes the arrays under a new name, then replaces manifest.json: that one rename is
+the commit, so an interrupted recording leaves the old pair, never new arrays with an old
+manifest.
 
 How outputs are compared, and why no float bytes are hashed: NumPy/BLAS results are not
 bit-identical across CPUs and BLAS builds (float32 matmul differs between x86-64 and arm64,
@@ -31,6 +36,8 @@ import json
 import os
 import platform
 import tempfile
+import zipfile
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -42,6 +49,7 @@ from reference.pipeline import PRECISIONS, NumpyRunner
 from reference.sampler import initial_noise
 from reference.t5 import t5_encode
 
+from .checks import read_json_object, shown, writable_folder
 from .config import MMJIT_TINY, T5_TINY, MMJiTConfig, T5Config
 from .default_model import demo_model_digest, random_mmjit_weights, random_t5_weights, tokenizer_pieces
 from .errors import MiniT2IError
@@ -52,8 +60,7 @@ from .weights import LoadedWeights, nest
 
 GOLDEN_DIR = Path(__file__).resolve().parent.parent / "golden"
 MANIFEST_NAME = "manifest.json"
-ARRAYS_NAME = "golden.npz"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 RECORD_PRECISION = "fp64"
 
 
@@ -257,34 +264,63 @@ def select(names: list[str] | None) -> tuple[Item, ...]:
 
 
 def record(folder: Path = GOLDEN_DIR, force: bool = False) -> list[str]:
-    """Run every recipe and write manifest + arrays; refuses to overwrite without `force`.
+    """Run every recipe and write arrays + manifest; refuses to overwrite without `force`.
 
-    Returns the stored array names.
+    The folder is checked writable before the (slow) recipes run. Returns the stored array names.
     """
     folder = Path(folder)
-    existing = [folder / n for n in (MANIFEST_NAME, ARRAYS_NAME) if (folder / n).exists()]
-    if existing and not force:
+    manifest_path = folder / MANIFEST_NAME
+    if manifest_path.exists() and not force:
         raise MiniT2IError(
-            f"{existing[0]} already exists: recording would replace the golden outputs; pass --force "
+            f"{manifest_path} already exists: recording would replace the golden outputs; pass --force "
             "if the change to the math is intended (and review the diff)"
         )
+    _creatable_folder(folder)
     arrays: dict[str, np.ndarray] = {}
     for item in ITEMS:
         for name, precision in item.stored_arrays().items():
             value = item.run(item.recipe, precision)
             arrays[name] = value if name == item.name else _as_pixels(value)
+    buffer = io.BytesIO()
+    np.savez_compressed(buffer, **arrays)
+    arrays_file = f"golden-{hashlib.sha256(buffer.getvalue()).hexdigest()[:16]}.npz"
     manifest = {
         "format": FORMAT_VERSION,
         "recorded_with": {"numpy": np.__version__, "machine": platform.machine(),
                           "python": platform.python_version()},
+        "arrays_file": arrays_file,
         "items": {item.name: item.manifest_entry() for item in ITEMS},
         "arrays": {name: {"shape": list(a.shape), "dtype": str(a.dtype), "sha256": _sha256(a)}
                    for name, a in arrays.items()},
     }
-    folder.mkdir(parents=True, exist_ok=True)
-    _write_atomically(folder / ARRAYS_NAME, lambda f: np.savez_compressed(f, **arrays))
-    _write_atomically(folder / MANIFEST_NAME, lambda f: f.write(json.dumps(manifest, indent=1).encode()))
+    previous = _previous_arrays_file(manifest_path)
+    _write_atomically(folder / arrays_file, buffer.getvalue())
+    try:
+        _write_atomically(manifest_path, json.dumps(manifest, indent=1).encode())  # the commit
+    except BaseException:
+        (folder / arrays_file).unlink(missing_ok=True)
+        raise
+    if previous not in (None, arrays_file):
+        (folder / previous).unlink(missing_ok=True)
     return sorted(arrays)
+
+
+def _creatable_folder(folder: Path) -> None:
+    """Create the golden folder if needed and check it is writable, before any recipe runs."""
+    if not folder.exists():
+        try:
+            folder.mkdir(parents=True)
+        except OSError as err:
+            raise MiniT2IError(f"cannot create --dir {folder}: {err.strerror}; choose another --dir") from None
+    writable_folder(folder, "--dir")
+
+
+def _previous_arrays_file(manifest_path: Path) -> str | None:
+    """The arrays file an existing, readable manifest names (removed once replaced)."""
+    try:
+        return _arrays_file(read_json_object(manifest_path, "golden manifest"), manifest_path)
+    except MiniT2IError:
+        return None
 
 
 def check(folder: Path = GOLDEN_DIR, names: list[str] | None = None) -> list[Outcome]:
@@ -301,11 +337,15 @@ def check(folder: Path = GOLDEN_DIR, names: list[str] | None = None) -> list[Out
             if chk.precision not in runs:
                 runs[chk.precision] = item.run(item.recipe, chk.precision)
             if isinstance(chk, FloatCheck):
-                passed, detail = chk.compare(runs[chk.precision], arrays[item.name])
-                label = chk.precision
+                got, want, label = runs[chk.precision], arrays[item.name], chk.precision
             else:
-                passed, detail = chk.compare(_as_pixels(runs[chk.precision]), arrays[f"{item.name}.pixels"])
+                got, want = _as_pixels(runs[chk.precision]), arrays[f"{item.name}.pixels"]
                 label = f"{chk.precision}/pixels"
+            if got.shape != want.shape:
+                passed, detail = False, (f"output shape {list(got.shape)} differs from the recorded "
+                                         f"{list(want.shape)}; re-record with `minit2i golden record --force`")
+            else:
+                passed, detail = chk.compare(got, want)
             outcomes.append(Outcome(item.name, label, passed, detail))
     return outcomes
 
@@ -313,22 +353,47 @@ def check(folder: Path = GOLDEN_DIR, names: list[str] | None = None) -> list[Out
 def load(folder: Path = GOLDEN_DIR) -> tuple[dict, dict[str, np.ndarray]]:
     """(manifest, arrays) from a golden folder, or a MiniT2IError saying how to get one."""
     folder = Path(folder)
-    manifest_path, arrays_path = folder / MANIFEST_NAME, folder / ARRAYS_NAME
-    if not manifest_path.is_file() or not arrays_path.is_file():
+    manifest_path = folder / MANIFEST_NAME
+    if not manifest_path.is_file():
         raise MiniT2IError(
-            f"no golden recording in {folder} (needs {MANIFEST_NAME} and {ARRAYS_NAME}); run from a source "
-            "checkout, pass --dir, or create one with `minit2i golden record`"
+            f"no golden recording in {folder} (needs {MANIFEST_NAME} and the arrays file it names); run "
+            "from a source checkout, pass --dir, or create one with `minit2i golden record`"
         )
-    try:
-        manifest = json.loads(manifest_path.read_text())
-        with np.load(arrays_path) as data:
-            arrays = {name: data[name] for name in data.files}
-    except (OSError, ValueError) as err:
-        raise MiniT2IError(f"cannot read the golden recording in {folder} ({err}); restore it from git") from None
+    manifest = read_json_object(manifest_path, "golden manifest")
     if manifest.get("format") != FORMAT_VERSION:
-        raise MiniT2IError(f"{manifest_path} has format {manifest.get('format')}, this code reads "
+        raise MiniT2IError(f"{manifest_path} has format {shown(manifest.get('format'))}, this code reads "
                            f"{FORMAT_VERSION}; re-record with `minit2i golden record --force`")
+    _check_manifest(manifest, manifest_path)
+    arrays_path = folder / _arrays_file(manifest, manifest_path)
+    try:
+        with np.load(arrays_path, allow_pickle=False) as data:
+            arrays = {name: data[name] for name in data.files}
+    except (OSError, ValueError, EOFError, KeyError, zipfile.BadZipFile, zlib.error) as err:
+        raise MiniT2IError(f"cannot read the golden arrays {arrays_path} ({type(err).__name__}: {err}); "
+                           "restore the golden folder from git") from None
     return manifest, arrays
+
+
+def _arrays_file(manifest: dict, manifest_path: Path) -> str:
+    """The arrays file name the manifest gives: a plain name inside the golden folder."""
+    name = manifest.get("arrays_file")
+    if not isinstance(name, str) or Path(name).name != name or not name.endswith(".npz"):
+        raise MiniT2IError(f"{manifest_path}: arrays_file must be a .npz file name in its folder, found "
+                           f"{shown(name)}; restore the golden folder from git")
+    return name
+
+
+def _check_manifest(manifest: dict, path: Path) -> None:
+    """The manifest's structure, so a damaged one is one line and not a KeyError later."""
+    fix = "restore the golden folder from git or re-record with `minit2i golden record --force`"
+    items, arrays = manifest.get("items"), manifest.get("arrays")
+    if not isinstance(items, dict) or not isinstance(arrays, dict):
+        raise MiniT2IError(f"{path}: expected \"items\" and \"arrays\" objects, found {shown(items)} and "
+                           f"{shown(arrays)}; {fix}")
+    for name, entry in arrays.items():
+        if not (isinstance(entry, dict) and isinstance(entry.get("sha256"), str)
+                and isinstance(entry.get("shape"), list)):
+            raise MiniT2IError(f"{path}: array {name} needs \"shape\" and \"sha256\", found {shown(entry)}; {fix}")
 
 
 def _staleness(item: Item, manifest: dict, arrays: dict[str, np.ndarray]) -> str:
@@ -361,11 +426,12 @@ def _check_json(chk) -> dict:
     return {"kind": type(chk).__name__, **dataclasses.asdict(chk)}
 
 
-def _write_atomically(path: Path, write: Callable) -> None:
+def _write_atomically(path: Path, data: bytes) -> None:
+    """`data` into `path` through a temporary file and one rename."""
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".part", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as f:
-            write(f)
+            f.write(data)
         os.chmod(tmp, 0o644)  # mkstemp makes it private; these are ordinary repository files
         os.replace(tmp, path)
     except BaseException:
@@ -390,14 +456,16 @@ def add_parser(sub) -> None:
 
 
 def run(args) -> int:
+    from .cli import emit
+
     if args.action == "record":
         names = record(args.dir, args.force)
-        print(f"recorded {len(names)} arrays into {args.dir}: {', '.join(names)}")
+        emit(f"recorded {len(names)} arrays into {args.dir}: {', '.join(names)}")
         return 0
     outcomes = check(args.dir, args.items)
     for outcome in outcomes:
-        print(outcome.line())
+        emit(outcome.line())
     failed = [o for o in outcomes if not o.passed]
-    print(f"golden: {len(outcomes) - len(failed)}/{len(outcomes)} checks passed"
+    emit(f"golden: {len(outcomes) - len(failed)}/{len(outcomes)} checks passed"
           + (f"; failing: {', '.join(sorted({o.item for o in failed}))}" if failed else ""))
     return 1 if failed else 0

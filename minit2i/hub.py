@@ -39,6 +39,7 @@ from huggingface_hub.errors import (
 )
 from huggingface_hub.file_download import repo_folder_name
 
+from .checks import human_size
 from .config import VARIANT_ALIASES
 from .errors import MiniT2IError
 from .weights import (
@@ -67,7 +68,7 @@ class HubModel:
 
     repo_id: str
     choose: Callable  # (names, where, read_shards) -> Choice, as weights.choose_*
-    check: Callable  # (header index, config.json or None, label) -> CheckedHeader
+    check: Callable  # (header index, config.json or None, labels) -> Checkpoint, as weights.check_*_header
     usual: list[str]  # the files it needs when nothing tells otherwise (offline, nothing cached)
     kind: str
 
@@ -96,8 +97,8 @@ def t5_model(repo_id: str, expected_d_model: int | None = None) -> HubModel:
         choice.tokenizer = choice.tokenizer or posixpath.join(posixpath.dirname(choice.weights[0]), "tokenizer.json")
         return choice
 
-    def check(index, config_path, label):
-        return check_t5_header(index, config_path, label, expected_d_model)
+    def check(index, config_path, labels):
+        return check_t5_header(index, config_path, labels, expected_d_model)
 
     return HubModel(repo_id, choose, check, ["config.json", T5_WEIGHTS, "tokenizer.json"], "T5 encoder")
 
@@ -165,7 +166,8 @@ def download(model: HubModel, missing: list[str]) -> Path:
     todo = [name for name in choice.weights if not (snapshot / name).is_file()]
     if todo:
         header = _hub(model, todo, lambda: remote_header(api, model.repo_id, info.sha, choice.weights))
-        model.check(header, snapshot / choice.config if choice.config else None, f"{model.repo_id}/{todo[0]}")
+        model.check(header, snapshot / choice.config if choice.config else None,
+                    [f"{model.repo_id}/{name}" for name in todo])
         log.info(f"downloading {model.repo_id} {', '.join(todo)}, {human_size(sum(sizes[n] for n in todo))}, once")
         for name in todo:
             fetch(name)
@@ -240,16 +242,6 @@ def not_cached(model: HubModel, missing: list[str], why: str) -> HubUnreachable:
         f"{model.repo_id}: {', '.join(missing)} not in the Hugging Face cache ({constants.HF_HUB_CACHE}) "
         f"and {why}; fetch {them} with: hf download {model.repo_id} {' '.join(missing)}"
     )
-
-
-def human_size(size: int) -> str:
-    """Bytes in decimal units, as the Hub shows them: 3.1 GB."""
-    value = float(size)
-    for unit in ("B", "kB", "MB", "GB"):
-        if value < 1000:
-            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1000
-    return f"{value:.1f} TB"
 
 
 def _record_main(folder: Path, commit: str) -> None:

@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
+from .checks import writable_folder
 from .errors import MiniT2IError
 
 
@@ -23,36 +24,69 @@ def check_writable(path: str | Path) -> Path:
     path = Path(path).expanduser()
     if path.suffix.lower() != ".png":
         raise MiniT2IError(f"output {path} must end in .png; pass e.g. --output image.png")
-    folder = path.parent if str(path.parent) else Path(".")
-    if not folder.is_dir():
-        raise MiniT2IError(f"output folder {folder} does not exist; create it or choose another --output")
-    if not os.access(folder, os.W_OK):
-        raise MiniT2IError(f"output folder {folder} is not writable; choose another --output")
+    writable_folder(path.parent if str(path.parent) else Path("."), "output")
     if path.is_dir():
         raise MiniT2IError(f"output {path} is a folder; pass a file name ending in .png")
     return path
 
 
 def save_png(pixels: np.ndarray, path: str | Path) -> Path:
-    """uint8 [H, W, 3] -> PNG at `path`, written atomically (a temp file renamed into place),
-    so an interrupted run never leaves a half-written image."""
-    path = Path(path)
+    """uint8 [H, W, 3] -> PNG at `path`, written atomically (see `save_pngs`)."""
+    return save_pngs([(pixels, path)])[0]
+
+
+def save_pngs(images: list[tuple[np.ndarray, str | Path]]) -> list[Path]:
+    """Write several PNGs all or nothing: each to a temporary file beside its target, then,
+    once every one is written, each renamed into place. A failure while writing (a full disk,
+    a folder removed meanwhile) removes the temporary files and leaves every target as it was.
+    Renaming within a folder needs no space, so the renames do not fail for the reasons writes do."""
+    for pixels, _ in images:
+        _check_pixels(pixels)
+    written: list[tuple[str, Path]] = []
+    try:
+        for pixels, path in images:
+            path = Path(path)
+            written.append((_write_temporary(pixels, path), path))
+        for tmp, path in written:
+            os.replace(tmp, path)
+    except OSError as err:
+        _remove([tmp for tmp, _ in written])
+        raise MiniT2IError(f"cannot write {err.filename or path}: {err.strerror or err}; free some space "
+                           "or choose another folder") from None
+    except BaseException:
+        _remove([tmp for tmp, _ in written])
+        raise
+    return [path for _, path in written]
+
+
+def _check_pixels(pixels) -> None:
+    """Images are uint8 [H, W, 3] (channels last, as `to_pixels` returns them)."""
+    if not (isinstance(pixels, np.ndarray) and pixels.dtype == np.uint8 and pixels.ndim == 3
+            and pixels.shape[2] == 3 and pixels.shape[0] > 0 and pixels.shape[1] > 0):
+        found = (f"{pixels.dtype} {list(pixels.shape)}" if isinstance(pixels, np.ndarray)
+                 else type(pixels).__name__)
+        raise MiniT2IError(f"expected uint8 pixels [H, W, 3] (channels last), found {found}; "
+                           "convert images with to_pixels")
+
+
+def _write_temporary(pixels: np.ndarray, path: Path) -> str:
+    """The PNG in a new temporary file beside `path`, with the mode a plain open() would give."""
     fd, tmp = tempfile.mkstemp(prefix=f".{path.stem}.", suffix=".png.part", dir=path.parent or ".")
     try:
-        # mkstemp makes the file private (0600); give the PNG the mode a plain open() would.
-        os.chmod(tmp, 0o666 & ~_current_umask())
+        os.chmod(tmp, 0o666 & ~_current_umask())  # mkstemp makes the file private (0600)
         with os.fdopen(fd, "wb") as f:
             Image.fromarray(np.ascontiguousarray(pixels)).save(f, format="PNG")
-        os.replace(tmp, path)
-    except OSError as err:  # disk full, folder removed meanwhile, ...: a user problem, not a bug
+    except BaseException as err:
         Path(tmp).unlink(missing_ok=True)
-        raise MiniT2IError(
-            f"cannot write {path}: {err.strerror or err}; free some space or choose another --output"
-        ) from None
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+        if isinstance(err, OSError) and not err.filename:
+            err.filename = str(path)
         raise
-    return path
+    return tmp
+
+
+def _remove(paths: list[str]) -> None:
+    for p in paths:
+        Path(p).unlink(missing_ok=True)
 
 
 def _current_umask() -> int:

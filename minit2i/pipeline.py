@@ -3,11 +3,17 @@
 A backend is a runner class with `encode(ids, mask)`, `sample(noise, context, mask, steps,
 cfg_scale, a_min, callback)` and `to_host(array)`; `reference.pipeline.NumpyRunner` and
 `accelerated.pipeline.CupyRunner` are the two.
+
+Cheap checks come first, so a bad request fails in milliseconds: `Request` checks its own
+fields, `open_model` resolves Hub repo ids (cached, else downloaded) and reads configs and
+safetensors headers (no tensors), `validate` and `check_memory` judge the request against
+them, and only then `ModelFiles.load` reads weights.
 """
 
 from __future__ import annotations
 
 import importlib
+import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,14 +22,34 @@ import numpy as np
 
 from reference.sampler import initial_noise
 
-from .config import read_sampling
+from .checks import Range, check_prompt, human_size, read_json_object
 from .errors import MiniT2IError
 from .hub import resolve_model, resolve_t5
 from .images import to_pixels
 from .tokenizer import PromptTokenizer
-from .weights import LoadedWeights, find_tokenizer_json, load_mmjit, load_t5
+from .weights import Checkpoint, LoadedWeights, find_tokenizer_json, inspect_mmjit, inspect_t5
 
 BACKENDS = {"numpy": ("reference.pipeline", "NumpyRunner"), "cupy": ("accelerated.pipeline", "CupyRunner")}
+
+# What a request may ask for, whatever the model (size limits that depend on it are in
+# `validate`, memory in `check_memory`). The caps keep a typo from running for days.
+REQUEST_RANGES = {
+    "steps": ("--steps", Range(1, 10_000)),
+    "cfg_scale": ("--cfg-scale", Range(-1000, 1000, integer=False)),
+    "width": ("--width", Range(1, 16384)),
+    "height": ("--height", Range(1, 16384)),
+    "seed": ("--seed", Range(0, 2**63 - 1)),
+    "batch_count": ("--batch-count", Range(1, 10_000)),
+    "a_min": ("--a-min", Range(0, 1, integer=False, low_open=True)),
+}
+
+
+def check_ranges(**fields) -> None:
+    """Range-check request fields by name; the CLI calls it with the arguments given, so that a
+    bad one is refused before any model is opened (the model supplies the others' defaults)."""
+    for name, value in fields.items():
+        flag, allowed = REQUEST_RANGES[name]
+        allowed.check(flag, value)
 
 
 @dataclass
@@ -38,6 +64,12 @@ class Request:
     seed: int = 0
     batch_count: int = 1
     a_min: float = 0.001
+
+    def __post_init__(self):
+        check_prompt(self.prompt)
+        check_ranges(**{name: getattr(self, name) for name in REQUEST_RANGES})
+        # image i uses seed + i, which must stay a valid seed too
+        REQUEST_RANGES["seed"][1].check("--seed + --batch-count - 1", self.seed + self.batch_count - 1)
 
 
 @dataclass
@@ -58,34 +90,67 @@ class Result:
     step_times: list[float] = field(default_factory=list)
 
 
-def load_model(model, t5=None, tokenizer_path=None, variant: str = "minit2i-b-16") -> Model:
-    """Load and cross-check the MMJiT, the T5 (its width must match) and the tokenizer.
+@dataclass
+class ModelFiles:
+    """Both checkpoints checked from their headers, and the tokenizer: a model without tensors."""
 
-    `model` and `t5` are paths or Hub repo ids (`minit2i.hub`: cached, else downloaded). Without
-    `t5`, the encoder the transformer's config.json names (`llm`, google/flan-t5-large) is used.
+    mmjit: Checkpoint
+    t5: Checkpoint
+    tokenizer: PromptTokenizer
+    sampling: dict = field(default_factory=dict)  # the config.json "sampling" block, if any
+
+    def load(self) -> Model:
+        """Read the tensors of both networks (the expensive part)."""
+        return Model(self.mmjit.load(), self.t5.load(), self.tokenizer, self.sampling)
+
+
+def open_model(model, t5=None, tokenizer_path=None, variant: str = "minit2i-b-16") -> ModelFiles:
+    """Find and cross-check the MMJiT, the T5 (its width must match) and the tokenizer (its ids
+    must fit the T5 embedding), reading configs and headers only.
+
+    `model` and `t5` are paths or Hub repo ids (`minit2i.hub`: cached, else downloaded, a wrong T5
+    refused from its header first). Without `t5`, the encoder the transformer's config.json names
+    (`llm`, google/flan-t5-large) is used.
     """
-    mmjit = load_mmjit(resolve_model(model, variant), variant)
-    if t5 is None:
-        t5 = mmjit.text_encoder
+    mmjit = inspect_mmjit(resolve_model(model, variant), variant)
+    t5 = t5 if t5 is not None else mmjit.text_encoder
     if t5 is None:
         raise MiniT2IError(
             f"--t5 is missing, and {model} has no config.json naming its text encoder ('llm'); "
             "pass --t5 (google/flan-t5-large, or a path to it)"
         )
     width = mmjit.config.txt_input_size
-    t5_weights = load_t5(resolve_t5(t5, width), expected_d_model=width)
-    tokenizer = PromptTokenizer.from_file(find_tokenizer_json(t5_weights.files, tokenizer_path),
+    encoder = inspect_t5(resolve_t5(t5, width), expected_d_model=width)
+    tokenizer = PromptTokenizer.from_file(find_tokenizer_json(encoder.files, tokenizer_path),
                                           mmjit.config.prompt_length)
-    if tokenizer.vocab_size > t5_weights.config.vocab_size:
+    if tokenizer.max_id >= encoder.config.vocab_size:
         raise MiniT2IError(
-            f"{tokenizer.source} has {tokenizer.vocab_size} tokens but the T5 embedding has only "
-            f"{t5_weights.config.vocab_size} rows; use the tokenizer.json that belongs to this T5"
+            f"{tokenizer.source} has token ids up to {tokenizer.max_id} but the T5 embedding has only "
+            f"{encoder.config.vocab_size} rows (ids 0..{encoder.config.vocab_size - 1}); use the "
+            "tokenizer.json that belongs to this T5"
         )
-    sampling = read_sampling(Path(mmjit.config_source)) if Path(mmjit.config_source).is_file() else {}
-    return Model(mmjit, t5_weights, tokenizer, sampling)
+    return ModelFiles(mmjit, encoder, tokenizer, read_sampling(mmjit.config_source))
 
 
-def sampling_defaults(model: Model) -> dict:
+def load_model(model, t5=None, tokenizer_path=None, variant: str = "minit2i-b-16") -> Model:
+    """`open_model`, then read the tensors."""
+    return open_model(model, t5, tokenizer_path, variant).load()
+
+
+def read_sampling(config_source: str) -> dict:
+    """The "sampling" block of a transformer config.json, {"steps": int, "cfg_scale": float}: the
+    settings the model was tuned for. The demo model has one; released MiniT2I configs do not."""
+    path = Path(config_source)
+    if not path.is_file():  # the config was inferred from tensor shapes
+        return {}
+    block = read_json_object(path, "config").get("sampling", {})
+    if not isinstance(block, dict):
+        raise MiniT2IError(f"{path}: sampling must be an object with steps and cfg_scale; fix or delete it")
+    return {name: REQUEST_RANGES[name][1].check(f"{path}: sampling.{name}", block[name])
+            for name in ("steps", "cfg_scale") if name in block}
+
+
+def sampling_defaults(model: Model | ModelFiles) -> dict:
     """Request settings for a model when the user gives none: its training image size, and the
     steps and guidance of its config's "sampling" block, else the official 100 steps and 6.0."""
     size = model.mmjit.config.image_size
@@ -102,17 +167,23 @@ def make_runner(model: Model, backend: str = "numpy", precision: str = "fp32"):
     return runner_class(model.mmjit, model.t5, precision)
 
 
-def validate(request: Request, model: Model) -> None:
-    """Reject bad requests before any expensive work, each with the fix in the message."""
+def check_backend(backend: str, precision: str) -> None:
+    """The cheap part of `make_runner`, before any model work: a known backend, a precision it
+    runs, and for cupy a usable GPU."""
+    if backend not in BACKENDS:
+        raise MiniT2IError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
+    module = importlib.import_module(BACKENDS[backend][0])
+    if precision not in module.PRECISIONS:
+        raise MiniT2IError(f"the {backend} backend runs {', '.join(module.PRECISIONS)}, not {precision}")
+    if backend == "cupy":
+        from accelerated.kernels import require_gpu
+
+        require_gpu()
+
+
+def validate(request: Request, model: Model | ModelFiles) -> None:
+    """Reject a request the model cannot run (only its configs are read), with the fix."""
     patch = model.mmjit.config.patch_size
-    if request.steps < 1:
-        raise MiniT2IError(f"--steps must be at least 1, got {request.steps}")
-    if request.batch_count < 1:
-        raise MiniT2IError(f"--batch-count must be at least 1, got {request.batch_count}")
-    if not request.a_min > 0:
-        raise MiniT2IError(f"--a-min must be positive, got {request.a_min}")
-    if not np.isfinite(request.cfg_scale):
-        raise MiniT2IError(f"--cfg-scale must be a finite number, got {request.cfg_scale}")
     for name, size in (("width", request.width), ("height", request.height)):
         if size < patch or size % patch:
             lower = max(patch, size // patch * patch)
@@ -120,13 +191,64 @@ def validate(request: Request, model: Model) -> None:
                 f"--{name} {size} is not a positive multiple of the patch size {patch}; "
                 f"use e.g. {lower} or {lower + patch}"
             )
-    if not request.prompt or not request.prompt.strip():
-        raise MiniT2IError("the prompt is empty; pass some text with --prompt")
+
+
+def estimate_memory(request: Request, model: Model | ModelFiles, itemsize: int = 4) -> int:
+    """Bytes of host memory a NumPy run needs: float32 weights plus the largest MMJiT forward.
+
+    The forward runs [cond ; uncond] for the whole batch at once over N image + text tokens; its
+    peak is the attention scores [2B, heads, N, N] (with the softmax temporaries, ~3 copies)
+    next to the MLP and qkv activations. An estimate, within a small factor: enough to refuse
+    a run that cannot fit instead of failing minutes in with MemoryError.
+    """
+    m, t = model.mmjit.config, model.t5.config
+    rows = 2 * request.batch_count
+    tokens = (request.width // m.patch_size) * (request.height // m.patch_size) + m.prompt_length
+    attention = 3 * rows * m.num_heads * tokens * tokens
+    activations = 4 * rows * tokens * (3 * m.hidden_size + 2 * m.mlp_hidden)
+    t5 = 3 * request.batch_count * t.num_heads * m.prompt_length ** 2
+    weights = 4 * (model.mmjit.num_parameters + model.t5.num_parameters)
+    return weights + itemsize * (max(attention + activations, t5))
+
+
+def available_memory() -> int | None:
+    """Bytes the OS says a new allocation can get (MemAvailable), or None where unknown."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def check_memory(request: Request, model: Model | ModelFiles, itemsize: int = 4) -> None:
+    """Refuse a run whose estimated memory exceeds what the machine has available."""
+    need, have = estimate_memory(request, model, itemsize), available_memory()
+    if have is not None and need > have:
+        raise MiniT2IError(
+            f"this run needs about {human_size(need, binary=True)} of memory ({request.batch_count} image(s) "
+            f"of {request.width}x{request.height}) but {human_size(have, binary=True)} is available; use a smaller "
+            "--width/--height or --batch-count"
+        )
 
 
 def generate(model: Model, runner, request: Request, on_step=None) -> Result:
-    """Run one request end to end; `on_step(StepInfo)` is called after every sampler step."""
+    """Run one request end to end; `on_step(StepInfo)` is called after every sampler step.
+
+    A state with NaN or Inf values stops the run at the step that produced it. NumPy's overflow
+    warnings are silenced meanwhile: that one error says it better than a screen of warnings.
+    """
     validate(request, model)
+    with np.errstate(over="ignore", invalid="ignore", divide="ignore", under="ignore"):
+        return _generate(model, runner, request, on_step)
+
+
+def _generate(model: Model, runner, request: Request, on_step) -> Result:
     timings: dict[str, float] = {}
     step_times: list[float] = []
     start = time.perf_counter()
@@ -143,6 +265,11 @@ def generate(model: Model, runner, request: Request, on_step=None) -> Result:
     last = [time.perf_counter()]
 
     def callback(info):
+        if not np.isfinite(runner.to_host(info.x)).all():
+            raise MiniT2IError(
+                f"the image became NaN or Inf at sampling step {info.index + 1} of {request.steps}; "
+                "lower --cfg-scale, or check the weights"
+            )
         now = time.perf_counter()
         step_times.append(now - last[0])
         if on_step:

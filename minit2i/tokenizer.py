@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
 
+from .checks import check_prompt
 from .errors import MiniT2IError
 
 PAD, EOS, UNK = "<pad>", "</s>", "<unk>"
@@ -56,12 +57,19 @@ class PromptTokenizer:
     def vocab_size(self) -> int:
         return self.tokenizer.get_vocab_size()
 
+    @property
+    def max_id(self) -> int:
+        """The largest id the tokenizer can produce (ids need not be contiguous)."""
+        return max(self.tokenizer.get_vocab(with_added_tokens=True).values())
+
     def __call__(self, prompts: list[str]) -> tuple[np.ndarray, np.ndarray]:
         """prompts (B strings) -> ids int64 [B, max_length], mask float32 [B, max_length]."""
+        if isinstance(prompts, str) or not isinstance(prompts, (list, tuple)):
+            raise MiniT2IError(f"expected a list of prompts, found {type(prompts).__name__}; "
+                               "pass [prompt] for one prompt")
         for prompt in prompts:
-            if not prompt or not prompt.strip():
-                raise MiniT2IError("the prompt is empty; pass some text with --prompt")
-        encodings = self.tokenizer.encode_batch(list(prompts))
+            check_prompt(prompt)
+        encodings = self._encode(self.tokenizer.encode_batch, list(prompts))
         ids = np.array([e.ids for e in encodings], dtype=np.int64)
         mask = np.array([e.attention_mask for e in encodings], dtype=np.float32)
         return ids, mask
@@ -69,7 +77,7 @@ class PromptTokenizer:
     def unknown_words(self, prompt: str) -> list[str]:
         """The words of `prompt` that the vocabulary lacks (they become `<unk>`), in order, once each."""
         unk_id = self.tokenizer.token_to_id(UNK)
-        encoding = self._unbounded.encode(prompt, add_special_tokens=False)
+        encoding = self._encode(self._unbounded.encode, prompt, add_special_tokens=False)
         words = (prompt[start:end] for i, (start, end) in zip(encoding.ids, encoding.offsets) if i == unk_id)
         return list(dict.fromkeys(words))
 
@@ -80,7 +88,16 @@ class PromptTokenizer:
 
     def count_pieces(self, prompt: str) -> int:
         """Pieces the prompt needs before truncation (without `</s>`), to warn about cutting."""
-        return len(self._unbounded.encode(prompt, add_special_tokens=False).ids)
+        return len(self._encode(self._unbounded.encode, prompt, add_special_tokens=False).ids)
+
+    def _encode(self, encode, *args, **kwargs):
+        """Run a `tokenizers` encode call; its errors (a tokenizer.json whose unknown-token
+        setup is broken, say) come as plain Exception from the Rust side."""
+        try:
+            return encode(*args, **kwargs)
+        except Exception as err:
+            raise MiniT2IError(f"{self.source} cannot encode the prompt ({err}); use google/flan-t5-large's "
+                               "tokenizer.json") from None
 
 
 def make_t5_style_tokenizer(pieces: list[tuple[str, float]]) -> Tokenizer:

@@ -22,7 +22,8 @@ import numpy as np
 from reference.sampler import initial_noise
 
 from .errors import MiniT2IError
-from .pipeline import BACKENDS, Model, load_model, make_runner
+from .checks import Range
+from .pipeline import BACKENDS, Model, check_backend, make_runner
 
 # Default tolerance (rtol, atol) by the less precise side. fp32: float32 rounding reaches ~1e-6
 # of a layer's scale on the tiny and default models (measured against fp64), so 1e-5 leaves a
@@ -30,6 +31,7 @@ from .pipeline import BACKENDS, Model, load_model, make_runner
 # chains a dozen roundings: the per-stage bounds of the GPU parity tests, 3e-2 and 8e-2.
 TOLERANCES = {"fp64": (1e-12, 1e-12), "fp32": (1e-5, 1e-6), "fp16": (3e-2, 1e-6), "bf16": (8e-2, 1e-6)}
 PRECISION_ORDER = ("bf16", "fp16", "fp32", "fp64")
+TOLERANCE_RANGE = Range(0, 10**6, integer=False)
 
 
 @dataclass(frozen=True)
@@ -214,18 +216,25 @@ def add_parser(sub) -> None:
 
 
 def run(args) -> int:
-    from .cli import _model_paths
-    from .pipeline import Request, validate
+    """Both sides and the tolerances are checked, then the model's headers, before any work."""
+    from .cli import _model_paths, emit
+    from .pipeline import Request, check_memory, open_model, validate
 
     a, b = Side.parse(args.a), Side.parse(args.b)
+    for side in (a, b):  # a precision the backend lacks, or no GPU: say so before side A runs
+        check_backend(side.backend, side.precision)
     rtol, atol = default_tolerance(a, b)
-    tolerance = (rtol if args.rtol is None else args.rtol, atol if args.atol is None else args.atol)
+    tolerance = (rtol if args.rtol is None else TOLERANCE_RANGE.check("--rtol", args.rtol),
+                 atol if args.atol is None else TOLERANCE_RANGE.check("--atol", args.atol))
     model_path, t5_path = _model_paths(args)
-    model = load_model(model_path, t5_path, args.tokenizer, args.variant)
-    size = model.mmjit.config.image_size
-    width, height = args.width or size, args.height or size
-    validate(Request(args.prompt, width=width, height=height, seed=args.seed), model)
-    diffs = trace(model, a, b, args.prompt, args.seed, width, height, tolerance)
-    print(format_report(diffs, a, b, tolerance))
+    files = open_model(model_path, t5_path, args.tokenizer, args.variant)
+    size = files.mmjit.config.image_size
+    width = size if args.width is None else args.width
+    height = size if args.height is None else args.height
+    request = Request(args.prompt, width=width, height=height, seed=args.seed)
+    validate(request, files)
+    check_memory(request, files, itemsize=8)  # side A may run in float64
+    diffs = trace(files.load(), a, b, args.prompt, args.seed, width, height, tolerance)
+    emit(format_report(diffs, a, b, tolerance))
     return 0 if first_divergence(diffs) is None else 1
 

@@ -7,14 +7,17 @@ Where weights come from (spec 1.3, 2.1, 6.3):
   * an HF snapshot folder (`snapshots/<rev>`) or an HF cache repo folder (`models--org--name`),
     or the HF hub cache root itself (it holds `models--MiniT2I--MiniT2I`, ...).
 
-`safetensors.safe_open` validates every file and lists dtypes and shapes. Payloads are then
-memory-mapped: float32 tensors are zero-copy read-only views of the file, float16/bfloat16 are
-widened to float32 one tensor at a time, so loading never holds two float copies of the model.
+`safetensors.safe_open` validates every file and lists dtypes and shapes from its header:
+`inspect_mmjit` / `inspect_t5` check names, shapes and the config from the headers alone, so a
+wrong file is refused before any tensor is read (their `check_mmjit_header` / `check_t5_header`
+also judge a Hub file's header before `minit2i.hub` downloads it). `Checkpoint.load` then
+memory-maps the payloads: float32 tensors are zero-copy read-only views of the file,
+float16/bfloat16 are widened to float32 one tensor at a time, so loading never holds two float
+copies of the model.
 """
 
 from __future__ import annotations
 
-import errno
 import json
 import logging
 import os
@@ -26,12 +29,12 @@ from pathlib import Path
 import numpy as np
 from safetensors import SafetensorError, safe_open
 
+from .checks import existing_path, read_json, read_json_object, shown
 from .config import (
     MODEL_VARIANTS,
     VARIANT_ALIASES,
     MMJiTConfig,
     T5Config,
-    _read_json,
 )
 from .errors import MiniT2IError
 
@@ -45,6 +48,9 @@ SUPPORTED_DTYPES = {"F32": "<f4", "F16": "<f2", "BF16": "<u2"}
 T5_NAMES_BY_WIDTH = {512: "flan-t5-small", 768: "flan-t5-base", 1024: "flan-t5-large",
                      2048: "flan-t5-xl", 4096: "flan-t5-xxl"}
 HF_REPOS = {"mmjit": "models--MiniT2I--MiniT2I", "t5": "models--google--flan-t5-large"}
+# Fields that tensor shapes cannot tell: without config.json they keep their defaults.
+MMJIT_ASSUMED = ("image_size", "prompt_length")
+T5_ASSUMED = ("relative_attention_max_distance", "layer_norm_epsilon")
 
 log = logging.getLogger(__name__)
 
@@ -60,7 +66,6 @@ class LoadedWeights:
     stored_dtypes: list[str]
     config_source: str
     ignored: list[str] = field(default_factory=list)
-    text_encoder: str | None = None  # the T5 repo a MiniT2I config.json names (`llm`)
 
     @property
     def num_parameters(self) -> int:
@@ -146,13 +151,16 @@ def infer_mmjit_config(shapes: dict[str, tuple[int, ...]]) -> MMJiTConfig:
             "not a MiniT2I transformer checkpoint: missing " + ", ".join(missing)
             + "; pass minit2i-b-16/transformer/diffusion_pytorch_model.safetensors (or its folder)"
         )
+    _require_dims(shapes, {"img_embedder.proj1.weight": 4, "img_embedder.proj2.weight": 4,
+                           "txt_embedder.weight": 2, "double_blocks.0.q_norm.weight": 1,
+                           "double_blocks.0.img_mlp.w1.weight": 2, "t_embedder.mlp.0.weight": 2})
     pca, channels, patch, _ = shapes["img_embedder.proj1.weight"]
     hidden = shapes["img_embedder.proj2.weight"][0]
     head_dim = shapes["double_blocks.0.q_norm.weight"][0]
     mlp_hidden = shapes["double_blocks.0.img_mlp.w1.weight"][0]
     dead = shapes.get("t_embedder.mlp.0.weight")
-    return MMJiTConfig(
-        patch_size=patch, in_channels=channels, pca_channels=pca, hidden_size=hidden,
+    return _inferred(
+        MMJiTConfig, patch_size=patch, in_channels=channels, pca_channels=pca, hidden_size=hidden,
         txt_input_size=shapes["txt_embedder.weight"][1],
         depth_double=_count_blocks(shapes, "double_blocks"),
         txt_preamble_depth=_count_blocks(shapes, "txt_preamble_blocks"),
@@ -177,15 +185,35 @@ def infer_t5_config(shapes: dict[str, tuple[int, ...]]) -> T5Config:
             "not a T5 encoder checkpoint: missing " + ", ".join(missing)
             + "; pass google/flan-t5-large's model.safetensors (or its folder)"
         )
+    _require_dims(shapes, {bias: 2, "shared.weight": 2, "encoder.block.0.layer.0.SelfAttention.q.weight": 2,
+                           "encoder.block.0.layer.1.DenseReluDense.wi_0.weight": 2})
     buckets, heads = shapes[bias]
     vocab, d_model = shapes["shared.weight"]
-    return T5Config(
-        vocab_size=vocab, d_model=d_model, num_heads=heads,
+    return _inferred(
+        T5Config, vocab_size=vocab, d_model=d_model, num_heads=heads,
         d_kv=shapes["encoder.block.0.layer.0.SelfAttention.q.weight"][0] // heads,
         d_ff=shapes["encoder.block.0.layer.1.DenseReluDense.wi_0.weight"][0],
         num_layers=_count_blocks(shapes, "encoder.block"),
         relative_attention_num_buckets=buckets,
     )
+
+
+def _inferred(cls, **values):
+    """A config built from shape values, whose range checks then talk about the shapes."""
+    try:
+        return cls(**values)
+    except MiniT2IError as err:
+        raise MiniT2IError(f"the config inferred from the tensor shapes is invalid: {err}") from None
+
+
+def _require_dims(shapes, dims: dict[str, int]) -> None:
+    """Before any shape value is unpacked or divided by: each named tensor (if present) has
+    the expected number of dimensions, none of them empty."""
+    for name, ndim in dims.items():
+        shape = shapes.get(name)
+        if shape is not None and (len(shape) != ndim or 0 in shape):
+            sizes = "dimensions" if len(shape) != ndim else "dimensions of size at least 1"
+            raise MiniT2IError(f"{name}: expected {ndim} {sizes}, found {list(shape)}")
 
 
 def _count_blocks(shapes, prefix: str) -> int:
@@ -252,14 +280,18 @@ def choose_t5(names: set[str], where: str, read_shards) -> Choice:
 
 
 def read_shard_index(path: Path) -> list[str]:
-    """The shard files a `model.safetensors.index.json` lists, sorted, each named relative to it."""
-    try:
-        shards = sorted(set(json.loads(path.read_text())["weight_map"].values()))
-    except (OSError, ValueError, KeyError, AttributeError, TypeError) as err:
-        raise MiniT2IError(f"{path} is not a valid shard index ({err}); re-download it") from None
-    if not shards or not all(isinstance(s, str) and "/" not in s and s not in (".", "..") for s in shards):
-        raise MiniT2IError(f"{path} is not a valid shard index (its weight_map must name files beside it); re-download it")
-    return shards
+    """The shard files a `model.safetensors.index.json` lists, sorted, as names in its folder
+    (a damaged or hostile index must not send the loader elsewhere)."""
+    fix = "re-download it"
+    weight_map = read_json_object(path, "shard index").get("weight_map")
+    if not isinstance(weight_map, dict) or not weight_map:
+        raise MiniT2IError(f"{path}: expected a non-empty \"weight_map\" object, found {shown(weight_map)}; {fix}")
+    bad = [f"{k}: {shown(v)}" for k, v in weight_map.items()
+           if not isinstance(v, str) or Path(v).name != v or v in ("", ".", "..")]
+    if bad:
+        raise MiniT2IError(f"{path}: weight_map values must be file names in its folder, found "
+                           f"{_short_list(bad, 3)}; {fix}")
+    return sorted(set(weight_map.values()))
 
 
 def _choice(names: set[str], weights: list[str], index: str | None = None) -> Choice:
@@ -284,7 +316,7 @@ def _lone_safetensors(names: set[str], where: str, what: str, usual: str) -> lis
 
 def find_mmjit_files(path: str | Path, variant: str = "minit2i-b-16") -> tuple[list[Path], Path | None]:
     """Resolve any accepted local MMJiT location to (safetensors files, config.json or None)."""
-    root = _existing(path, "--model")
+    root = existing_path(path, "--model")
     if root.is_file():
         return [root], _sibling_config(root)
     root = _hf_cache_snapshot(root, "mmjit")
@@ -293,7 +325,7 @@ def find_mmjit_files(path: str | Path, variant: str = "minit2i-b-16") -> tuple[l
 
 def find_t5_files(path: str | Path) -> tuple[list[Path], Path | None]:
     """Resolve any accepted local T5 location to (safetensors files, config.json or None)."""
-    root = _existing(path, "--t5")
+    root = existing_path(path, "--t5")
     if root.is_file():
         return [root], _sibling_config(root)
     root = _hf_cache_snapshot(root, "t5")
@@ -303,7 +335,7 @@ def find_t5_files(path: str | Path) -> tuple[list[Path], Path | None]:
 def find_tokenizer_json(t5_files: list[Path], explicit: str | Path | None = None) -> Path:
     """tokenizer.json next to the T5 weights (or one folder up), unless given explicitly."""
     if explicit is not None:
-        return _existing(explicit, "--tokenizer")
+        return existing_path(explicit, "--tokenizer")
     folder = t5_files[0].parent
     for place in TOKENIZER_PLACES:
         candidate = Path(os.path.normpath(folder / place))
@@ -331,29 +363,10 @@ def local_listing(root: Path) -> set[str]:
 
 
 def _local_files(root: Path, choice: Choice) -> tuple[list[Path], Path | None]:
-    weights = [root / name for name in choice.weights]
-    for path in weights:
-        _existing(path, "weights file")
+    """The chosen weights as usable paths (a cache's broken link is named as such), and the config."""
+    flag = f"{root / choice.index} names the shard" if choice.index else "weights file"
+    weights = [existing_path(root / name, flag) for name in choice.weights]
     return weights, root / choice.config if choice.config else None
-
-
-def _existing(path, flag: str) -> Path:
-    """`path` as a Path if it can be used; otherwise say exactly why not (missing, broken link, loop, denied)."""
-    p = Path(path).expanduser()
-    try:
-        p.stat()
-    except OSError as err:
-        if err.errno == errno.ENOENT and p.is_symlink():
-            why = (f"a link to {os.readlink(p)}, which does not exist (an interrupted download or a cleaned "
-                   "cache); re-download it")
-        elif err.errno == errno.ENOENT:
-            why = "no such file or folder; check the path"
-        elif err.errno == errno.ELOOP:
-            why = "a loop of symbolic links; point at the real file or folder"
-        else:
-            why = f"cannot be read ({err.strerror}); check its permissions"
-        raise MiniT2IError(f"{flag} {path}: {why}") from None
-    return p
 
 
 def _sibling_config(weights: Path) -> Path | None:
@@ -494,117 +507,163 @@ def _short_list(items: list[str], limit: int = 6) -> str:
     return shown + (f" and {len(items) - limit} more" if len(items) > limit else "")
 
 
-def _materialise(index, names_to_file_names: dict[str, str]) -> dict[str, np.ndarray]:
-    """Map each file once; `index` is keyed by our names, the files by their stored names."""
-    maps: dict[Path, _MappedFile] = {}
-    tensors = {}
-    for name, stored_name in names_to_file_names.items():
-        path = index[name][2]
-        if path not in maps:
-            maps[path] = _MappedFile(path)
-        tensors[name] = maps[path].tensor(stored_name)
-    return tensors
-
-
 @dataclass
-class CheckedHeader:
-    """What the safetensors headers alone establish: the config, and where each live tensor is."""
+class Checkpoint:
+    """A checkpoint checked from its headers (names, shapes, dtypes, config); no tensor read yet.
+
+    `locations` maps each live tensor's name (stripped of any key prefix) to its name in the
+    file and the file; `assumed` names the config values that neither a config.json nor the
+    shapes gave. `info` stops here; `load()` reads the tensors.
+    """
 
     config: MMJiTConfig | T5Config
-    config_source: str
-    index: dict  # our tensor name -> (dtype, shape, file)
-    stored_names: dict[str, str]  # our tensor name -> its name in the file
+    files: list[Path]
     prefix: str
+    config_source: str
     ignored: list[str]
+    shapes: dict[str, tuple[int, ...]]
+    locations: dict[str, tuple[str, Path]]
+    stored_dtypes: list[str]
+    assumed: str = ""
+    text_encoder: str | None = None  # the T5 repo a MiniT2I config.json names (`llm`)
+
+    @property
+    def num_parameters(self) -> int:
+        return sum(int(np.prod(shape)) for shape in self.shapes.values())
+
+    def load(self) -> LoadedWeights:
+        """Read every live tensor as float32; a NaN or Inf in any of them is a damaged file."""
+        maps: dict[Path, _MappedFile] = {}
+        tensors = {}
+        for name, (stored_name, path) in self.locations.items():
+            if path not in maps:
+                maps[path] = _MappedFile(path)
+            tensors[name] = maps[path].tensor(stored_name)
+            bad = tensors[name].size - int(np.count_nonzero(np.isfinite(tensors[name])))
+            if bad:
+                raise MiniT2IError(
+                    f"{path}: tensor {stored_name} holds {bad} NaN or Inf value(s) of "
+                    f"{tensors[name].size}; the checkpoint is damaged: re-download or re-convert it"
+                )
+        return LoadedWeights(self.config, tensors, self.files, self.prefix, self.stored_dtypes,
+                             self.config_source, self.ignored)
+
+
+def inspect_mmjit(path: str | Path, variant: str = "minit2i-b-16") -> Checkpoint:
+    """Find and check a local MMJiT checkpoint from its headers and config.json alone."""
+    files, config_path = find_mmjit_files(path, variant)
+    checkpoint = check_mmjit_header(read_index(files), config_path, files)
+    checkpoint.text_encoder = named_text_encoder(config_path)
+    return checkpoint
+
+
+def inspect_t5(path: str | Path, expected_d_model: int | None = None) -> Checkpoint:
+    """Find and check a local T5 v1.1 encoder from its headers and config.json alone;
+    `expected_d_model` is the MMJiT's txt_input_size."""
+    files, config_path = find_t5_files(path)
+    return check_t5_header(read_index(files), config_path, files, expected_d_model)
 
 
 def load_mmjit(path: str | Path, variant: str = "minit2i-b-16") -> LoadedWeights:
     """Load and check an MMJiT checkpoint; tensors keyed without the `model.net.` style prefix."""
-    files, config_path = find_mmjit_files(path, variant)
-    loaded = _load(files, check_mmjit_header(read_index(files), config_path, files[0]))
-    loaded.text_encoder = named_text_encoder(config_path)
-    return loaded
+    return inspect_mmjit(path, variant).load()
 
 
 def load_t5(path: str | Path, expected_d_model: int | None = None) -> LoadedWeights:
     """Load and check a T5 v1.1 encoder; `expected_d_model` is the MMJiT's txt_input_size."""
-    files, config_path = find_t5_files(path)
-    return _load(files, check_t5_header(read_index(files), config_path, files[0], expected_d_model))
+    return inspect_t5(path, expected_d_model).load()
 
 
 def named_text_encoder(config_path: Path | None) -> str | None:
     """The text encoder a diffusers MiniT2I config.json names in `llm` (google/flan-t5-large), if any."""
-    raw = _read_json(config_path) if config_path is not None else None
+    raw = read_json(config_path, "config") if config_path is not None else None
     llm = raw.get("llm") if isinstance(raw, dict) else None
     return llm if isinstance(llm, str) and llm else None
 
 
-def _load(files: list[Path], checked: CheckedHeader) -> LoadedWeights:
-    stored_dtypes = sorted({checked.index[k][0] for k in checked.stored_names})
-    return LoadedWeights(checked.config, _materialise(checked.index, checked.stored_names), files,
-                         checked.prefix, stored_dtypes, checked.config_source, checked.ignored)
-
-
-def check_mmjit_header(index, config_path: Path | None, label) -> CheckedHeader:
+def check_mmjit_header(index, config_path: Path | None, files: list) -> Checkpoint:
     """Check an MMJiT's tensor names and shapes (`read_index` output) against its config.
 
-    Needs only the headers, so `minit2i.hub` runs it on a Hub file before downloading it.
+    Needs only the headers: `inspect_mmjit` runs it on local files, `minit2i.hub` on a Hub file
+    before downloading it (`files` are then `repo/name` labels for the messages, not loadable).
     """
     prefix = _detect_prefix(index)
     stripped = {k[len(prefix):]: v for k, v in index.items() if k.startswith(prefix)}
     if len(stripped) != len(index):
         others = sorted(k for k in index if not k.startswith(prefix))
         raise MiniT2IError(
-            f"{label}: tensors outside the {prefix!r} prefix: {_short_list(others)}; "
+            f"{files[0]}: tensors outside the {prefix!r} prefix: {_short_list(others)}; "
             "pass the MiniT2I transformer file alone"
         )
     shapes = {k: v[1] for k, v in stripped.items() if not k.startswith(MMJIT_DEAD_PREFIXES)}
-    if config_path is not None:
-        config, source = MMJiTConfig.from_json(config_path), str(config_path)
-    else:
-        config, source = _infer(infer_mmjit_config, shapes, label), "inferred from tensor shapes"
+    config, source, assumed = _config(MMJiTConfig, config_path, infer_mmjit_config, shapes, files[0], MMJIT_ASSUMED)
+    expected = mmjit_expected_shapes(config)
     ignored = check_tensors(
-        stripped, mmjit_expected_shapes(config), MMJIT_DEAD_PREFIXES,
-        f"{label} does not match the MMJiT config ({source})",
+        stripped, expected, MMJIT_DEAD_PREFIXES,
+        f"{files[0]} does not match the MMJiT config ({source})",
         "pass an unmodified MiniT2I transformer checkpoint (and its config.json)",
     )
-    live = {k: prefix + k for k in mmjit_expected_shapes(config)}
-    return CheckedHeader(config, source, stripped, live, prefix, ignored)
+    return _checkpoint(config, files, prefix, source, assumed, ignored, stripped,
+                       {k: prefix + k for k in expected})
 
 
-def check_t5_header(index, config_path: Path | None, label, expected_d_model: int | None = None) -> CheckedHeader:
+def check_t5_header(index, config_path: Path | None, files: list, expected_d_model: int | None = None) -> Checkpoint:
     """Check a T5's tensor names and shapes (`read_index` output), and its width against the MMJiT's.
 
-    Needs only the headers, so `minit2i.hub` refuses a wrong T5 on the Hub before downloading it.
+    Needs only the headers: `inspect_t5` runs it on local files, `minit2i.hub` refuses a wrong T5
+    on the Hub with it before downloading it (`files` as for `check_mmjit_header`).
     """
-    index = dict(index)
+    index = dict(index)  # the caller's index keeps the tied alias popped below
     # Files carry the embedding as `shared.weight`, as its tied alias, or as both (spec 6.3).
     alias = index.pop(T5_TIED_EMBEDDING, None)
     embedding_name = "shared.weight"
     if "shared.weight" not in index and alias is not None:
         index["shared.weight"], embedding_name = alias, T5_TIED_EMBEDDING
     shapes = {k: v[1] for k, v in index.items() if not k.startswith(T5_IGNORED_PREFIXES)}
-    if config_path is not None:
-        config, source = T5Config.from_json(config_path), str(config_path)
-    else:
-        config, source = _infer(infer_t5_config, shapes, label), "inferred from tensor shapes"
+    config, source, assumed = _config(T5Config, config_path, infer_t5_config, shapes, files[0], T5_ASSUMED)
     if expected_d_model is not None and config.d_model != expected_d_model:
-        got = index.get("shared.weight", (None, ("?", config.d_model)))[1]
-        name = T5_NAMES_BY_WIDTH.get(config.d_model, f"a T5 with d_model {config.d_model}")
-        raise MiniT2IError(
-            f"{label} is the wrong T5 encoder: it has d_model {config.d_model} (looks like {name}), "
-            f"but this MiniT2I model needs d_model {expected_d_model} (google/flan-t5-large): "
-            f"expected shared.weight [{config.vocab_size}, {expected_d_model}], found {list(got)}; "
-            "pass google/flan-t5-large's model.safetensors"
-        )
+        raise MiniT2IError(_wrong_t5_message(files[0], config, expected_d_model, index))
     expected = t5_expected_shapes(config)
     ignored = check_tensors(
         index, expected, T5_IGNORED_PREFIXES,
-        f"{label} does not match the T5 config ({source})",
+        f"{files[0]} does not match the T5 config ({source})",
         "pass an unmodified google/flan-t5-large model.safetensors (and its config.json)",
     )
-    stored = {k: embedding_name if k == "shared.weight" else k for k in expected}
-    return CheckedHeader(config, source, index, stored, "", ignored)
+    return _checkpoint(config, files, "", source, assumed, ignored, index,
+                       {k: embedding_name if k == "shared.weight" else k for k in expected})
+
+
+def _checkpoint(config, files, prefix, source, assumed, ignored, index, stored_names: dict[str, str]) -> Checkpoint:
+    """A Checkpoint of the expected tensors: `index` is keyed by our names, the files by theirs."""
+    return Checkpoint(config, files, prefix, source, ignored,
+                      shapes={k: tuple(index[k][1]) for k in stored_names},
+                      locations={k: (stored, index[k][2]) for k, stored in stored_names.items()},
+                      stored_dtypes=sorted({index[k][0] for k in stored_names}), assumed=assumed)
+
+
+def _config(cls, config_path, infer, shapes, weights_path, assumed: tuple[str, ...]):
+    """(config, where it came from, assumed values): config.json if there is one, else inferred
+    from the shapes, with the values the shapes cannot tell kept at their defaults."""
+    if config_path is not None:
+        return cls.from_json(config_path), str(config_path), ""
+    try:
+        config = infer(shapes)
+    except MiniT2IError as err:
+        raise MiniT2IError(f"{weights_path}: {err}") from None
+    values = ", ".join(f"{name}={getattr(config, name)}" for name in assumed)
+    return config, "inferred from tensor shapes", values
+
+
+def _wrong_t5_message(path: Path, config: T5Config, expected_d_model: int, index) -> str:
+    """The T5 is not the width the MMJiT reads: name what it looks like and what is needed."""
+    found = list(index["shared.weight"][1]) if "shared.weight" in index else f"d_model {config.d_model}"
+    looks = T5_NAMES_BY_WIDTH.get(config.d_model, f"a T5 with d_model {config.d_model}")
+    needed = T5_NAMES_BY_WIDTH.get(expected_d_model)
+    need, fix = ((f"google/{needed}", f"pass google/{needed}'s model.safetensors") if needed else
+                 ("a T5 v1.1 encoder of that width", "pass the T5 encoder this model was trained with"))
+    return (f"{path} is the wrong T5 encoder: it has d_model {config.d_model} (looks like {looks}), "
+            f"but this MiniT2I model needs d_model {expected_d_model} ({need}): expected shared.weight "
+            f"[{config.vocab_size}, {expected_d_model}], found {found}; {fix}")
 
 
 def _detect_prefix(index) -> str:
@@ -612,13 +671,6 @@ def _detect_prefix(index) -> str:
         if any(k.startswith(prefix + "img_embedder.") for k in index):
             return prefix
     return ""
-
-
-def _infer(fn, shapes, path):
-    try:
-        return fn(shapes)
-    except MiniT2IError as err:
-        raise MiniT2IError(f"{path}: {err}") from None
 
 
 def nest(flat: dict[str, np.ndarray]) -> dict:

@@ -14,6 +14,7 @@ from functools import lru_cache
 import numpy as np
 
 from minit2i.config import T5Config
+from minit2i.errors import MiniT2IError
 
 from .layers import attention, cast_tree, gelu_tanh, linear, merge_heads, rms_norm, split_heads
 
@@ -75,11 +76,22 @@ def encoder_block(h, block, bias, config: T5Config):
     return h + gated_gelu_ffn(rms_norm(h, ffn_layer["layer_norm"]["weight"], eps), ffn_layer["DenseReluDense"])
 
 
+def check_ids(ids, vocab_size: int) -> None:
+    """Ids index the embedding: integers in [0, vocab_size) (NumPy would wrap negative ones)."""
+    ids = np.asarray(ids)
+    if ids.ndim != 2 or not np.issubdtype(ids.dtype, np.integer):
+        raise MiniT2IError(f"token ids must be integers [B, L], found {ids.dtype} {list(ids.shape)}")
+    if ids.size and (ids.min() < 0 or ids.max() >= vocab_size):
+        raise MiniT2IError(f"token ids must be in [0, {vocab_size - 1}] (the embedding's rows), found "
+                           f"ids from {ids.min()} to {ids.max()}")
+
+
 def t5_encode(params, config: T5Config, ids, mask, dtype=np.float32, on_layer=None):
     """Token ids [B, L] and mask [B, L] -> last_hidden_state [B, L, d_model] in `dtype`.
 
     `on_layer(name, value)`, if given, sees every block output (used by the divergence tracer).
     """
+    check_ids(ids, config.vocab_size)
     blocks = params["encoder"]["block"]
     h = params["shared"]["weight"][ids].astype(dtype)
     table = blocks[0]["layer"][0]["SelfAttention"]["relative_attention_bias"]["weight"].astype(dtype)

@@ -151,12 +151,12 @@ def assert_user_error(tmp_path, capsys, args, words):
 
 @pytest.mark.parametrize("args, words", [
     (["-W", "62"], ["--width 62", "multiple", "patch size 4", "60", "64"]),
-    (["-H", "0"], ["--height 0", "patch size 4"]),
-    (["--steps", "0"], ["--steps", "at least 1"]),
-    (["-b", "0"], ["--batch-count", "at least 1"]),
-    (["--a-min", "0"], ["--a-min", "positive"]),
+    (["-H", "0"], ["--height", "[1, 16384]", "found 0"]),
+    (["--steps", "0"], ["--steps", "[1, 10000]", "found 0"]),
+    (["-b", "0"], ["--batch-count", "[1, 10000]", "found 0"]),
+    (["--a-min", "0"], ["--a-min", "(0, 1]", "found 0.0"]),
     (["-n", "blurry"], ["negative prompt", "drop --negative-prompt"]),
-    (["--precision", "fp16"], ["numpy", "fp16", "--precision fp32"]),
+    (["--precision", "fp16"], ["numpy backend runs fp32, fp64, not fp16"]),
     (["--model", "missing.safetensors", "--t5", "missing_t5"], ["missing.safetensors", "no such file"]),
     (["--t5", "missing_t5"], ["--model is missing", "MiniT2I/MiniT2I", "neither"]),
     (["-o", "no_such_folder/x.png"], ["no_such_folder", "does not exist"]),

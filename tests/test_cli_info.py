@@ -69,6 +69,7 @@ def test_info_on_a_half_precision_file_with_dead_tensors(tmp_path, capsys):
     assert lines[0] == "MiniT2I MMJiT transformer"
     assert lines[2] == "  config:     inferred from tensor shapes"
     assert lines[4:] == [
+        "              assumed (not in the shapes, no config.json): image_size=512, prompt_length=256",
         "  dtype:      F16 (loaded as float32)",
         "  parameters: 371,136 in 70 tensors",
         "  prefix:     model.diffusion_model.net.",

@@ -21,6 +21,14 @@ CACHED_TABLES = (layers.sincos_2d_table, layers.text_rope_angles, layers.image_r
                  layers.text_rope, layers.joint_rope)
 
 
+def copy_recording(folder) -> str:
+    """Copy the committed manifest and its arrays file into `folder`; returns the arrays file name."""
+    arrays_file = json.loads((golden.GOLDEN_DIR / golden.MANIFEST_NAME).read_text())["arrays_file"]
+    for name in (golden.MANIFEST_NAME, arrays_file):
+        shutil.copy(golden.GOLDEN_DIR / name, folder / name)
+    return arrays_file
+
+
 def failures(names=NETWORK_ITEMS) -> set[tuple[str, str]]:
     return {(o.item, o.check) for o in golden.check(names=names) if not o.passed}
 
@@ -140,15 +148,14 @@ def test_unknown_item_is_a_clear_error(capsys):
 
 
 def test_record_refuses_to_overwrite_without_force(tmp_path, capsys):
-    for name in (golden.MANIFEST_NAME, golden.ARRAYS_NAME):
-        shutil.copy(golden.GOLDEN_DIR / name, tmp_path / name)
-    before = (tmp_path / golden.ARRAYS_NAME).read_bytes()
+    arrays_file = copy_recording(tmp_path)
+    before = (tmp_path / arrays_file).read_bytes()
     assert main(["golden", "record", "--dir", str(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert err.startswith("minit2i: error: ") and "already exists" in err and "pass --force" in err
     with pytest.raises(MiniT2IError, match="pass --force"):
         golden.record(tmp_path)
-    assert (tmp_path / golden.ARRAYS_NAME).read_bytes() == before
+    assert (tmp_path / arrays_file).read_bytes() == before
 
 
 def test_record_then_check_round_trip(tmp_path):
@@ -162,7 +169,7 @@ def test_record_then_check_round_trip(tmp_path):
 
 
 def test_changed_recipe_is_reported_as_stale(tmp_path):
-    shutil.copy(golden.GOLDEN_DIR / golden.ARRAYS_NAME, tmp_path / golden.ARRAYS_NAME)
+    copy_recording(tmp_path)
     manifest = json.loads((golden.GOLDEN_DIR / golden.MANIFEST_NAME).read_text())
     manifest["items"]["t5.hidden"]["recipe"]["weight_seed"] += 1
     (tmp_path / golden.MANIFEST_NAME).write_text(json.dumps(manifest))
@@ -171,10 +178,10 @@ def test_changed_recipe_is_reported_as_stale(tmp_path):
 
 
 def test_edited_array_fails_its_hash(tmp_path):
-    shutil.copy(golden.GOLDEN_DIR / golden.MANIFEST_NAME, tmp_path / golden.MANIFEST_NAME)
+    arrays_file = copy_recording(tmp_path)
     _, arrays = golden.load()
     arrays["mmjit.x0"] = arrays["mmjit.x0"] + 1e-3
-    np.savez_compressed(tmp_path / golden.ARRAYS_NAME, **arrays)
+    np.savez_compressed(tmp_path / arrays_file, **arrays)
     [outcome] = golden.check(tmp_path, ["mmjit.x0"])
     assert not outcome.passed and "sha256" in outcome.detail
 

@@ -25,7 +25,8 @@ from PIL import Image
 from minit2i.cli import main
 from minit2i.config import T5Config, to_json
 from minit2i.default_model import random_t5_weights
-from minit2i.hub import human_size, is_repo_id
+from minit2i.checks import human_size
+from minit2i.hub import is_repo_id
 
 T5_REPO = "tiny-org/tiny-t5"
 COMMIT, OTHER = "a" * 40, "c" * 40
@@ -290,9 +291,16 @@ def test_info_offline_on_a_partly_cached_t5_says_what_is_known(offline_hub, tiny
     ]
 
 
-@pytest.mark.parametrize("size, text", [(0, "0 B"), (999, "999 B"), (1500, "1.5 kB"), (3_132_000_000, "3.1 GB")])
+@pytest.mark.parametrize("size, text", [(0, "0 B"), (999, "999 B"), (1500, "1.5 kB"), (3_132_000_000, "3.1 GB"),
+                                        (5 * 10**15, "5000.0 TB")])
 def test_human_size(size, text):
     assert human_size(size) == text
+
+
+@pytest.mark.parametrize("size, text", [(1000, "1000 B"), (1536, "1.5 KiB"), (22.1 * 2**30, "22.1 GiB"),
+                                        (301 * 2**40, "301.0 TiB")])
+def test_human_size_binary(size, text):
+    assert human_size(size, binary=True) == text
 
 
 # ---------------------------------------------------------------------------------------------

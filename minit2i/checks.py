@@ -1,0 +1,175 @@
+"""Input checks shared by the configs, the weight loader, the pipeline, the CLI and the golden
+suite. Each one raises `MiniT2IError` with one line: what was expected and what was found
+(`shown` and `human_size` write the values those lines show).
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import math
+import os
+import stat
+from dataclasses import dataclass
+from pathlib import Path
+
+from .errors import MiniT2IError
+
+
+def shown(value) -> str:
+    """A found value as a message shows it: JSON-like, short, strings marked as strings."""
+    if isinstance(value, str):
+        text = json.dumps(value if len(value) <= 40 else value[:40] + "...")
+        return f"{text} (a string)"
+    if value is None:
+        return "null"
+    if isinstance(value, (list, dict)):
+        kind = "a list" if isinstance(value, list) else "an object"
+        text = json.dumps(value)
+        return f"{text if len(text) <= 40 else text[:40] + '...'} ({kind})"
+    return repr(value)
+
+
+@dataclass(frozen=True)
+class Range:
+    """An allowed value: an int (`integer=True`, bools excluded) or a real number in [low, high];
+    `low_open` excludes `low`, `multiple_of` restricts ints further."""
+
+    low: float
+    high: float
+    integer: bool = True
+    low_open: bool = False
+    multiple_of: int = 1
+
+    def describe(self) -> str:
+        kind = "an integer" if self.integer else "a number"
+        bracket = "(" if self.low_open else "["
+        text = f"{kind} in {bracket}{_number(self.low)}, {_number(self.high)}]"
+        return text + (f", a multiple of {self.multiple_of}" if self.multiple_of > 1 else "")
+
+    def check(self, name: str, value):
+        """`value` if it fits, else MiniT2IError "NAME must be <range>, found <value>"."""
+        if not self.contains(value):
+            raise MiniT2IError(f"{name} must be {self.describe()}, found {shown(value)}")
+        return value
+
+    def contains(self, value) -> bool:
+        if isinstance(value, bool):  # JSON true/false are not numbers, even though bool is an int
+            return False
+        if self.integer:
+            if not isinstance(value, int) or value % self.multiple_of:
+                return False
+        elif not isinstance(value, (int, float)) or not math.isfinite(value):
+            return False
+        above = value > self.low if self.low_open else value >= self.low
+        return above and value <= self.high
+
+
+def human_size(size: float, binary: bool = False) -> str:
+    """Bytes for people: decimal units as the Hub shows file sizes (3.1 GB), or binary ones as
+    memory is counted (`binary=True`: 22.1 GiB)."""
+    step, units = (1024, ("KiB", "MiB", "GiB", "TiB")) if binary else (1000, ("kB", "MB", "GB", "TB"))
+    if size < step:
+        return f"{size:.0f} B"
+    value = float(size)
+    for unit in units:
+        value /= step
+        if value < step or unit == units[-1]:
+            return f"{value:.1f} {unit}"
+
+
+def _number(x: float) -> str:
+    return str(x) if isinstance(x, int) else f"{x:g}"
+
+
+def read_json(path: Path, what: str):
+    """Parse a JSON file; unreadable, non-UTF-8 or malformed files are one MiniT2IError."""
+    path = Path(path)
+    try:
+        return json.loads(path.read_bytes().decode("utf-8"))
+    except OSError as err:
+        raise MiniT2IError(f"cannot read {what} {path}: {err.strerror}") from None
+    except UnicodeDecodeError as err:
+        raise MiniT2IError(f"{what} {path} is not UTF-8 text (byte {err.object[err.start]:#04x} at "
+                           f"offset {err.start})") from None
+    except ValueError as err:  # json.JSONDecodeError, or a number too long to convert
+        raise MiniT2IError(f"{what} {path} is not valid JSON ({err})") from None
+
+
+def read_json_object(path: Path, what: str) -> dict:
+    """`read_json` for files whose top level must be a JSON object."""
+    value = read_json(path, what)
+    if not isinstance(value, dict):
+        raise MiniT2IError(f"{what} {path} must hold a JSON object at the top level, found {shown(value)}")
+    return value
+
+
+def existing_path(path, flag: str = "") -> Path:
+    """`path` if it is a readable file or folder; otherwise the precise reason in one line,
+    naming the path after `flag` (the option it came from) if given.
+
+    FIFOs and devices are refused (reading them could block or never end), and a broken link
+    (as an interrupted download leaves in an HF cache), a symlink loop or a missing permission is
+    named as such, not reported as a missing file.
+    """
+    p = Path(path).expanduser()
+    label = f"{flag} {path}" if flag else str(path)
+    try:
+        mode = p.stat().st_mode
+    except OSError as err:
+        raise MiniT2IError(f"{label}: {_unusable(p, err)}") from None
+    if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+        raise MiniT2IError(f"{label}: expected a file or folder, found a {_kind(mode)}")
+    needed = os.R_OK | (os.X_OK if stat.S_ISDIR(mode) else 0)
+    if not os.access(p, needed):
+        what = "folder" if stat.S_ISDIR(mode) else "file"
+        raise MiniT2IError(f"{label}: permission denied (the {what} is not readable); fix its permissions")
+    return p
+
+
+def _unusable(p: Path, err: OSError) -> str:
+    """Why `stat` failed on `p`, with the fix."""
+    if err.errno == errno.ENOENT and p.is_symlink():
+        return (f"a link to {os.readlink(p)}, which does not exist (an interrupted download or a cleaned "
+                "cache); re-download it")
+    reason = {errno.ENOENT: "no such file or folder; check the path",
+              errno.ELOOP: "a loop of symbolic links; point at the real file or folder",
+              errno.EACCES: "permission denied on a folder above it; fix its permissions",
+              errno.ENOTDIR: "a part of the path is a file, not a folder; check the path"}
+    return reason.get(err.errno, err.strerror)
+
+
+def _kind(mode: int) -> str:
+    for test, name in ((stat.S_ISFIFO, "FIFO"), (stat.S_ISCHR, "character device"),
+                       (stat.S_ISBLK, "block device"), (stat.S_ISSOCK, "socket")):
+        if test(mode):
+            return name
+    return "special file"
+
+
+def writable_folder(folder: Path, flag: str) -> Path:
+    """`folder` if it is an existing folder this process can create files in."""
+    if not folder.exists():
+        raise MiniT2IError(f"{flag} folder {folder} does not exist; create it or choose another {flag}")
+    if not folder.is_dir():
+        raise MiniT2IError(f"{flag} folder {folder} is not a folder; choose another {flag}")
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise MiniT2IError(f"{flag} folder {folder} is not writable; choose another {flag}")
+    return folder
+
+
+def check_prompt(prompt) -> str:
+    """A prompt is non-blank text that can be encoded as UTF-8 (argv bytes that are not UTF-8
+    arrive as lone surrogates, which the tokenizer cannot take)."""
+    if not isinstance(prompt, str):
+        raise MiniT2IError(f"the prompt must be a string, found {type(prompt).__name__}")
+    try:
+        prompt.encode("utf-8")
+    except UnicodeEncodeError as err:
+        bad = ord(prompt[err.start])
+        byte = f"byte {bad - 0xDC00:#04x}" if 0xDC80 <= bad <= 0xDCFF else f"code point {bad:#x}"
+        raise MiniT2IError(f"the prompt is not valid UTF-8 text ({byte} at character {err.start}); "
+                           "pass the prompt in UTF-8") from None
+    if not prompt.strip():
+        raise MiniT2IError("the prompt is empty; pass some text with --prompt")
+    return prompt

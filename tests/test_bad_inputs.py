@@ -1,0 +1,796 @@
+"""Bad input, faults and odd environments: one clear line, exit 2, nothing lost, checked first.
+
+The first half generates bad inputs with hypothesis (safetensors headers and bodies, config
+files, shard indexes, tokenizer files, argument values, library calls) and asserts the promise
+for every one: exit status 2 (or `MiniT2IError` from the library) with one line and no
+traceback, no new output file and an existing output unchanged; or, when the generated input
+happens to be valid, a normal run. The second half has one regression test per root cause of
+issue 10, in its order.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import io
+import json
+import os
+import shutil
+import struct
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from safetensors.numpy import save_file
+from tokenizers import Tokenizer, models, pre_tokenizers
+
+import minit2i.pipeline as pipeline
+from minit2i import golden, weights
+from minit2i.checks import Range
+from minit2i.cli import main
+from minit2i.config import MMJIT_TINY, T5_TINY, MMJiTConfig, T5Config, to_json
+from minit2i.default_model import random_mmjit_weights, random_t5_weights
+from minit2i.errors import MiniT2IError
+from minit2i.images import save_png
+from minit2i.pipeline import Request
+from minit2i.tokenizer import PromptTokenizer, make_t5_style_tokenizer
+from reference.pipeline import NumpyRunner
+from reference.t5 import t5_encode
+
+# Every generated case runs the real CLI; these budgets keep the module to well under a minute.
+CASES = settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+FEW = settings(CASES, max_examples=20)  # cases that can run a whole (tiny) generation
+MANY = settings(CASES, max_examples=150)  # cases refused in milliseconds
+OLD_BYTES = b"an existing output that a failed run must not touch"
+TINY_ARGS = ["-p", "a red cat", "--steps", "1", "-W", "16", "-H", "16", "-q"]
+
+
+def run_cli(*args) -> tuple[int, str, str]:
+    """`minit2i ARGS` in-process -> (exit status, stdout, stderr); argparse's exit included."""
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = main([str(a) for a in args])
+        except SystemExit as exit_:
+            code = exit_.code
+    return code, out.getvalue(), err.getvalue()
+
+
+def assert_one_line_error(code, out, err, *words) -> str:
+    """Exit 2, exactly one stderr line `minit2i: error: ...` holding `words`, no traceback."""
+    assert "Traceback" not in out + err
+    assert code == 2, (code, out, err)
+    lines = err.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("minit2i: error: "), err
+    for word in words:
+        assert word in lines[0], lines[0]
+    return lines[0]
+
+
+class Outputs:
+    """An output folder holding one existing image (`b_0.png`), for `-o b.png -b 2`."""
+
+    def __init__(self, root: Path):
+        self.folder = root / "out"
+        self.folder.mkdir()
+        (self.folder / "b_0.png").write_bytes(OLD_BYTES)
+        self.args = ["-o", self.folder / "b.png", "-b", "2"]
+
+    def assert_untouched(self):
+        assert sorted(p.name for p in self.folder.iterdir()) == ["b_0.png"]
+        assert (self.folder / "b_0.png").read_bytes() == OLD_BYTES
+
+    def assert_written(self):
+        assert sorted(p.name for p in self.folder.iterdir()) == ["b_0.png", "b_1.png"]
+
+
+def generate_outcome(model, t5, *extra, tokenizer=None) -> tuple[int, str, str]:
+    """Generate on the given model files into a fresh output folder; checks the promise
+    (a clean error and nothing written, or a normal run) and returns the outcome."""
+    with tempfile.TemporaryDirectory() as root:
+        outputs = Outputs(Path(root))
+        more = ["--tokenizer", tokenizer] if tokenizer else []
+        code, out, err = run_cli("generate", *TINY_ARGS, "--model", model, "--t5", t5, *more, *outputs.args, *extra)
+        assert "Traceback" not in out + err
+        if code == 0:
+            outputs.assert_written()
+        else:
+            assert_one_line_error(code, out, err)
+            outputs.assert_untouched()
+    return code, out, err
+
+
+def info_outcome(path) -> tuple[int, str, str]:
+    """`minit2i info PATH`: a report (exit 0) or one clean error line."""
+    code, out, err = run_cli("info", path)
+    if code != 0:
+        assert_one_line_error(code, out, err)
+    return code, out, err
+
+
+@pytest.fixture(autouse=True)
+def _modest_memory(monkeypatch):
+    """Report 1 GiB available, so a generated config or argument that asks for a huge run is
+    refused by the memory estimate rather than run on the CI machine (the tiny model needs MBs)."""
+    monkeypatch.setattr(pipeline, "available_memory", lambda: 1024**3)
+
+
+class Tiny(tuple):
+    """(transformer dir, t5 dir, the MMJiT tensors, the T5 tensors), with a short repr for
+    hypothesis' reports of failing cases."""
+
+    def __repr__(self):
+        return f"Tiny({self[0].parent})"
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    """A tiny float32 model in diffusers/HF layout, and its tensors."""
+    from minit2i.default_model import write_model
+
+    root = tmp_path_factory.mktemp("tiny")
+    write_model(root / "transformer", root / "t5", MMJIT_TINY, T5_TINY, 7)
+    return Tiny((root / "transformer", root / "t5",
+                 {"model.net." + k: v for k, v in random_mmjit_weights(MMJIT_TINY, 7).items()},
+                 random_t5_weights(T5_TINY, 8)))
+
+
+def transformer_copy(tiny, folder: Path, tensors=None, config=True) -> Path:
+    """A transformer folder in `folder`: the given tensors (default: the tiny ones), config.json."""
+    folder.mkdir(parents=True, exist_ok=True)
+    save_file(tensors if tensors is not None else tiny[2], str(folder / "diffusion_pytorch_model.safetensors"))
+    if config:
+        shutil.copy(tiny[0] / "config.json", folder / "config.json")
+    return folder
+
+
+def t5_copy(tiny, folder: Path, tokenizer=True, config=True) -> Path:
+    """A T5 folder in `folder` linking the tiny model's files."""
+    folder.mkdir(parents=True, exist_ok=True)
+    names = ["model.safetensors"] + ["tokenizer.json"] * tokenizer + ["config.json"] * config
+    for name in names:
+        os.symlink(tiny[1] / name, folder / name)
+    return folder
+
+
+# ---------------------------------------------------------------------------------------------
+# Generated bad inputs
+
+json_scalars = st.one_of(st.none(), st.booleans(), st.integers(-2**70, 2**70),
+                         st.floats(allow_nan=True, allow_infinity=True), st.text(max_size=8))
+json_values = st.recursive(json_scalars, lambda inner: st.one_of(
+    st.lists(inner, max_size=3), st.dictionaries(st.text(max_size=6), inner, max_size=3)), max_leaves=6)
+shapes = st.lists(st.integers(0, 40), max_size=5)
+
+
+@CASES
+@given(data=st.data())
+def test_generated_tensor_shapes(tiny, data):
+    """Tensors of other ranks and sizes (also empty and scalar), extra and missing tensors."""
+    tensors = dict(tiny[2])
+    names = sorted(tensors)
+    for name in data.draw(st.lists(st.sampled_from(names), min_size=1, max_size=3, unique=True)):
+        action = data.draw(st.sampled_from(["reshape", "drop", "dtype"]))
+        if action == "drop":
+            del tensors[name]
+        elif action == "dtype":
+            tensors[name] = tensors[name].astype(data.draw(st.sampled_from([np.float16, np.float64, np.int32])))
+        else:
+            tensors[name] = np.ones(data.draw(shapes), np.float32)
+    if data.draw(st.booleans()):
+        tensors["model.net." + data.draw(st.text("abc.0123", min_size=1, max_size=12))] = np.ones(3, np.float32)
+    with tempfile.TemporaryDirectory() as root:
+        model = transformer_copy(tiny, Path(root) / "m", tensors, config=data.draw(st.booleans()))
+        info_outcome(model)
+        generate_outcome(model, tiny[1])
+
+
+@CASES
+@given(header=st.one_of(json_values, st.binary(max_size=64)), length_delta=st.integers(-20, 20),
+       keep_body=st.booleans())
+def test_generated_safetensors_headers(tiny, header, length_delta, keep_body):
+    """Arbitrary header JSON (or bytes) with a right or wrong length prefix, with or without data."""
+    blob = header if isinstance(header, bytes) else json.dumps(header).encode()
+    body = (tiny[0] / "diffusion_pytorch_model.safetensors").read_bytes()[-4096:] if keep_body else b""
+    with tempfile.TemporaryDirectory() as root:
+        path = Path(root) / "model.safetensors"
+        path.write_bytes(struct.pack("<Q", max(0, len(blob) + length_delta)) + blob + body)
+        assert info_outcome(path)[0] == 2
+        assert generate_outcome(path, tiny[1])[0] == 2
+
+
+@FEW
+@given(offset=st.integers(0, 10**6), value=st.binary(min_size=1, max_size=8), truncate=st.booleans())
+def test_generated_safetensors_bodies(tiny, offset, value, truncate):
+    """Overwritten bytes anywhere (header or tensor data, so also NaN/Inf weights) or a cut file."""
+    data = bytearray((tiny[0] / "diffusion_pytorch_model.safetensors").read_bytes())
+    offset %= len(data)
+    with tempfile.TemporaryDirectory() as root:
+        path = Path(root) / "model.safetensors"
+        path.write_bytes(bytes(data[:offset]) if truncate else
+                         bytes(data[:offset] + value + data[offset + len(value):])[:len(data)])
+        info_outcome(path)
+        generate_outcome(path, tiny[1])
+
+
+def _mutated_config(data, config) -> bytes:
+    """config.json as the model has it with fields changed, or another document altogether."""
+    kind = data.draw(st.sampled_from(["fields", "fields", "document", "bytes"]))
+    if kind == "bytes":
+        return data.draw(st.binary(max_size=40))
+    if kind == "document":
+        return json.dumps(data.draw(json_values)).encode()
+    raw = json.loads(to_json(config))
+    names = [f.name for f in dataclasses.fields(config)]
+    for name in data.draw(st.lists(st.sampled_from(names), min_size=1, max_size=3, unique=True)):
+        raw[name] = data.draw(st.one_of(json_scalars, st.integers(-3, 3), st.just(float(raw[name]))))
+    return json.dumps(raw).encode()
+
+
+@CASES
+@given(data=st.data())
+def test_generated_mmjit_config_files(tiny, data):
+    with tempfile.TemporaryDirectory() as root:
+        model = transformer_copy(tiny, Path(root) / "m")
+        (model / "config.json").write_bytes(_mutated_config(data, MMJIT_TINY))
+        info_code = info_outcome(model)[0]
+        assert generate_outcome(model, tiny[1])[0] == info_code  # generate and info agree
+
+
+@CASES
+@given(data=st.data())
+def test_generated_t5_config_files(tiny, data):
+    with tempfile.TemporaryDirectory() as root:
+        t5 = t5_copy(tiny, Path(root) / "t5", config=False)
+        (t5 / "config.json").write_bytes(_mutated_config(data, T5_TINY))
+        info_code = info_outcome(t5)[0]
+        code = generate_outcome(tiny[0], t5)[0]
+        assert code == info_code or (info_code == 0 and code == 2)  # generate also checks the pairing
+
+
+@CASES
+@given(index=st.one_of(
+    json_values,
+    st.binary(max_size=30),
+    st.fixed_dictionaries({"weight_map": st.dictionaries(
+        st.text(max_size=10), st.one_of(json_scalars, st.sampled_from(
+            ["model.safetensors", "../model.safetensors", "/etc/passwd", "sub/x.safetensors", "", ".."])),
+        max_size=4)}),
+))
+def test_generated_shard_indexes(tiny, index):
+    with tempfile.TemporaryDirectory() as root:
+        t5 = t5_copy(tiny, Path(root) / "t5")
+        blob = index if isinstance(index, bytes) else json.dumps(index).encode()
+        (t5 / "model.safetensors.index.json").write_bytes(blob)
+        info_outcome(t5)
+        generate_outcome(tiny[0], t5)
+
+
+@CASES
+@given(data=st.data())
+def test_generated_tokenizer_files(tiny, data):
+    """Arbitrary bytes or JSON, or a word-level tokenizer whose ids may exceed the embedding."""
+    with tempfile.TemporaryDirectory() as root:
+        path = Path(root) / "tokenizer.json"
+        if data.draw(st.booleans()):
+            vocab = data.draw(st.dictionaries(st.sampled_from(["<pad>", "</s>", "<unk>", "a", "red", "cat"]),
+                                              st.integers(0, 2000), min_size=1))
+            vocab.setdefault("<unk>", max(vocab.values(), default=0) + 1)
+            tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+            tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+            tokenizer.save(str(path))
+        else:
+            path.write_bytes(data.draw(st.one_of(st.binary(max_size=40), json_values.map(
+                lambda v: json.dumps(v).encode()))))
+        generate_outcome(tiny[0], tiny[1], tokenizer=path)
+
+
+class _Reached(Exception):
+    """Raised instead of reading weights: the arguments passed every check."""
+
+
+argument_values = st.one_of(st.integers(-2**64, 2**64), st.integers(-5, 600), st.floats(allow_nan=True),
+                            st.sampled_from(["", "x", "1e39", "inf", "-inf", "nan", "0x10", "٣"]))
+
+
+@MANY
+@given(flags=st.dictionaries(
+    st.sampled_from(["--steps", "--cfg-scale", "-W", "-H", "--seed", "-b", "--a-min"]),
+    argument_values, min_size=1, max_size=3),
+    prompt=st.one_of(st.text(max_size=20), st.binary(max_size=8).map(lambda b: b.decode("utf-8", "surrogateescape"))))
+def test_generated_argument_values(tiny, monkeypatch, flags, prompt):
+    """Any mix of argument values: one error line before any weight is read, or every check
+    passes (the run is then stopped where it would read the weights)."""
+    def reached(self):
+        raise _Reached
+
+    monkeypatch.setattr(pipeline.ModelFiles, "load", reached)
+    args = [a for flag, value in flags.items() for a in (flag, value)]
+    with tempfile.TemporaryDirectory() as root:
+        outputs = Outputs(Path(root))
+        try:
+            code, out, err = run_cli("generate", "-p", prompt, "--model", tiny[0], "--t5", tiny[1], "-q",
+                                     *outputs.args, *args)
+        except _Reached:
+            return
+        assert_one_line_error(code, out, err)
+        outputs.assert_untouched()
+
+
+@MANY
+@given(fields=st.dictionaries(st.sampled_from([f.name for f in dataclasses.fields(Request)]),
+                              st.one_of(json_scalars, argument_values), min_size=1))
+def test_generated_requests(fields):
+    """Library use: a Request is either valid or refused with MiniT2IError, nothing else."""
+    try:
+        Request(**{"prompt": "a cat", **fields})
+    except MiniT2IError as err:
+        assert "\n" not in str(err)
+
+
+@MANY
+@given(shape=st.lists(st.integers(0, 5), max_size=4), dtype=st.sampled_from([np.uint8, np.float32, np.int64]))
+def test_generated_save_png_inputs(shape, dtype):
+    pixels = np.zeros(shape, dtype)
+    with tempfile.TemporaryDirectory() as root:
+        try:
+            save_png(pixels, Path(root) / "x.png")
+        except MiniT2IError:
+            assert os.listdir(root) == []
+        else:
+            assert pixels.ndim == 3 and pixels.shape[2] == 3 and dtype == np.uint8
+
+
+# ---------------------------------------------------------------------------------------------
+# 1. Config inferred from tensor shapes trusts the shapes
+
+
+@pytest.mark.parametrize("name, shape, found", [
+    ("model.net.img_embedder.proj1.weight", (16, 3, 16), "img_embedder.proj1.weight: expected 4 dimensions, found [16, 3, 16]"),
+    ("model.net.img_embedder.proj2.weight", (), "img_embedder.proj2.weight: expected 4 dimensions, found []"),
+    ("model.net.double_blocks.0.q_norm.weight", (0,),
+     "double_blocks.0.q_norm.weight: expected 1 dimensions of size at least 1, found [0]"),
+])
+def test_rc1_inference_checks_dimensions_first(tiny, tmp_path, name, shape, found):
+    model = transformer_copy(tiny, tmp_path / "m", {**tiny[2], name: np.ones(shape, np.float32)}, config=False)
+    assert_one_line_error(*run_cli("info", model), found)
+    assert_one_line_error(*run_cli("generate", *TINY_ARGS, "--model", model, "--t5", tiny[1]), found)
+
+
+def test_rc1_inferred_values_are_range_checked(tiny, tmp_path):
+    tensors = {**tiny[2], "model.net.double_blocks.0.q_norm.weight": np.ones(3, np.float32)}
+    model = transformer_copy(tiny, tmp_path / "m", tensors, config=False)
+    line = assert_one_line_error(*run_cli("info", model), "the config inferred from the tensor shapes is invalid",
+                                 "head_dim", "found 3")
+    assert "config.json" not in line  # there is none to fix (root cause 9)
+
+
+# ---------------------------------------------------------------------------------------------
+# 2. config.json is checked for type and range
+
+
+@pytest.mark.parametrize("edit, words", [
+    ({"hidden_size": "64"}, ["hidden_size must be an integer", 'found "64" (a string)']),
+    ({"hidden_size": 64.0}, ["hidden_size must be an integer", "found 64.0"]),
+    ({"prompt_length": 0}, ["prompt_length must be an integer in [2, 8192], found 0"]),
+    ({"prompt_length": 10**6}, ["prompt_length", "found 1000000"]),
+    ({"depth_double": -1}, ["depth_double", "found -1"]),
+    ({"mlp_ratio": True}, ["mlp_ratio must be a number", "found True"]),
+])
+def test_rc2_mmjit_config_fields(tiny, tmp_path, edit, words):
+    model = transformer_copy(tiny, tmp_path / "m")
+    (model / "config.json").write_text(json.dumps({**json.loads(to_json(MMJIT_TINY)), **edit}))
+    generate_line = assert_one_line_error(*run_cli("generate", *TINY_ARGS, "--model", model, "--t5", tiny[1]), *words)
+    assert assert_one_line_error(*run_cli("info", model), *words) == generate_line
+
+
+@pytest.mark.parametrize("edit, words", [
+    ({"relative_attention_num_buckets": 1}, ["relative_attention_num_buckets", "[4, 65536]", "found 1"]),
+    ({"relative_attention_max_distance": 0}, ["relative_attention_max_distance", "found 0"]),
+    ({"relative_attention_max_distance": 8}, ["must exceed relative_attention_num_buckets/4 = 8, found 8"]),
+    ({"layer_norm_epsilon": -1e-6}, ["layer_norm_epsilon must be a number in (0, 1]", "found -1e-06"]),
+])
+def test_rc2_t5_config_fields(tiny, tmp_path, edit, words):
+    t5 = t5_copy(tiny, tmp_path / "t5", config=False)
+    (t5 / "config.json").write_text(json.dumps({**json.loads(to_json(T5_TINY)), **edit}))
+    assert_one_line_error(*run_cli("info", t5), *words)
+    assert_one_line_error(*run_cli("generate", *TINY_ARGS, "--model", tiny[0], "--t5", t5), *words)
+
+
+@pytest.mark.parametrize("content, words", [
+    (b"[1, 2]", ["must hold a JSON object", "found [1, 2] (a list)"]),
+    (b"null", ["must hold a JSON object", "found null"]),
+    (b'{"hidden_size": "\xff"}', ["is not UTF-8 text", "byte 0xff"]),
+])
+def test_rc2_config_documents(tiny, tmp_path, content, words):
+    model = transformer_copy(tiny, tmp_path / "m")
+    (model / "config.json").write_bytes(content)
+    assert_one_line_error(*run_cli("info", model), "config.json", *words)
+
+
+def test_rc2_t5_without_config_json_says_what_was_assumed(tiny, tmp_path):
+    t5 = t5_copy(tiny, tmp_path / "t5", config=False)
+    code, out, err = run_cli("info", t5)
+    assert code == 0 and "assumed (not in the shapes, no config.json): relative_attention_max_distance=128, " \
+                          "layer_norm_epsilon=1e-06" in out
+
+
+# ---------------------------------------------------------------------------------------------
+# 3. The shard index is validated
+
+
+@pytest.mark.parametrize("content, words", [
+    (b"[]", ["must hold a JSON object", "found []"]),
+    (b"null", ["found null"]),
+    (b'{"weight_map": {}}', ['expected a non-empty "weight_map" object, found {}']),
+    (b'{"weight_map": {"a": 3, "b": ["x"]}}', ["values must be file names in its folder", "a: 3", 'b: ["x"] (a list)']),
+    (b'{"weight_map": {"a": "../model.safetensors"}}', ['"../model.safetensors"']),
+    (b'{"weight_map": {"a": "gone.safetensors"}}', ["names the shard", "gone.safetensors", "no such file or folder"]),
+    (b'{"weight_map": {"a": "\xfe"}}', ["not UTF-8 text", "byte 0xfe"]),
+])
+def test_rc3_shard_index(tiny, tmp_path, content, words):
+    t5 = t5_copy(tiny, tmp_path / "t5")
+    (t5 / "model.safetensors.index.json").write_bytes(content)
+    assert_one_line_error(*run_cli("generate", *TINY_ARGS, "--model", tiny[0], "--t5", t5), *words)
+
+
+# ---------------------------------------------------------------------------------------------
+# 4. Token ids are checked by value
+
+
+def test_rc4_token_ids_beyond_the_embedding(tiny, tmp_path):
+    tokenizer = Tokenizer(models.WordLevel({"<pad>": 0, "</s>": 1, "<unk>": 2, "cat": 99999}, unk_token="<unk>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    tokenizer.save(str(tmp_path / "tokenizer.json"))
+    assert_one_line_error(*run_cli("generate", *TINY_ARGS, "--model", tiny[0], "--t5", tiny[1],
+                                   "--tokenizer", tmp_path / "tokenizer.json"),
+                          "token ids up to 99999", "only 512 rows")
+
+
+def test_rc4_tokenizer_that_cannot_encode_the_prompt(tiny, tmp_path):
+    """Found by the generated tokenizer files: <unk> sharing its id with <pad> breaks encoding."""
+    tokenizer = Tokenizer(models.WordLevel({"<pad>": 1, "<unk>": 1, "</s>": 3}, unk_token="<unk>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    tokenizer.save(str(tmp_path / "tokenizer.json"))
+    generate_outcome(tiny[0], tiny[1], tokenizer=tmp_path / "tokenizer.json")
+
+
+# ---------------------------------------------------------------------------------------------
+# 5. Non-finite numbers: no PNG, no warnings
+
+
+@pytest.mark.parametrize("value", [np.nan, np.inf])
+def test_rc5_non_finite_weight_is_named_at_load(tiny, tmp_path, value):
+    tensors = dict(tiny[2])
+    tensors["model.net.final_layer.linear.bias"] = tensors["model.net.final_layer.linear.bias"].copy()
+    tensors["model.net.final_layer.linear.bias"][5] = value
+    model = transformer_copy(tiny, tmp_path / "m", tensors)
+    outputs = Outputs(tmp_path)
+    assert_one_line_error(*run_cli("generate", *TINY_ARGS, "--model", model, "--t5", tiny[1], *outputs.args),
+                          "tensor model.net.final_layer.linear.bias holds 1 NaN or Inf value(s)")
+    outputs.assert_untouched()
+
+
+@pytest.mark.parametrize("flag, value", [("--cfg-scale", "1e39"), ("--cfg-scale", "1e30"), ("--a-min", "inf"),
+                                         ("--cfg-scale", "nan")])
+def test_rc5_non_finite_or_overflowing_arguments(tiny, flag, value):
+    assert_one_line_error(*run_cli("generate", *TINY_ARGS, "--model", tiny[0], "--t5", tiny[1], flag, value), flag)
+
+
+@pytest.mark.filterwarnings("error::RuntimeWarning")  # a NumPy overflow warning fails the test
+def test_rc5_overflow_during_sampling_names_the_step(tiny, tmp_path, monkeypatch):
+    real = NumpyRunner.denoise
+    calls = []
+
+    def overflowing(self, x, context, mask):
+        calls.append(1)
+        x0 = real(self, x, context, mask)
+        if len(calls) == 2:  # cond and uncond far apart: guidance overflows float32
+            half = len(x0) // 2
+            x0[:half], x0[half:] = 3e38, -3e38
+        return x0
+
+    monkeypatch.setattr(NumpyRunner, "denoise", overflowing)
+    outputs = Outputs(tmp_path)
+    code, out, err = run_cli("generate", *TINY_ARGS, "--steps", "3", "--model", tiny[0], "--t5", tiny[1], *outputs.args)
+    assert_one_line_error(code, out, err, "NaN or Inf at sampling step 2 of 3")
+    outputs.assert_untouched()
+
+
+# ---------------------------------------------------------------------------------------------
+# 6. Argument ranges, and memory
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--seed", "-1"], ["--seed must be an integer in [0, 9223372036854775807], found -1"]),
+    (["--steps", str(2**63 - 1)], ["--steps must be an integer in [1, 10000]"]),
+    (["--steps", str(10**9)], ["--steps", "found 1000000000"]),
+    (["-W", "100000"], ["--width must be an integer in [1, 16384], found 100000"]),
+    (["-b", str(10**6)], ["--batch-count", "found 1000000"]),
+    (["-p", "\udcff"], ["the prompt is not valid UTF-8 text (byte 0xff at character 0)"]),
+    (["--steps", "x"], ["argument --steps: invalid int value: 'x'"]),
+])
+def test_rc6_argument_ranges(tiny, tmp_path, args, words):
+    outputs = Outputs(tmp_path)
+    assert_one_line_error(*run_cli("generate", *TINY_ARGS, "--model", tiny[0], "--t5", tiny[1], *outputs.args, *args),
+                          *words)
+    outputs.assert_untouched()
+
+
+def test_rc6_runs_that_do_not_fit_are_refused_with_the_estimate(tiny, monkeypatch):
+    monkeypatch.setattr(pipeline, "available_memory", lambda: 2 * 1024**3)
+    line = assert_one_line_error(*run_cli("generate", *TINY_ARGS, "--model", tiny[0], "--t5", tiny[1],
+                                          "-W", "4096", "-H", "4096"),
+                                 "this run needs about", "but 2.0 GiB is available")
+    assert "TiB" in line or "GiB" in line
+
+
+def test_rc6_memory_estimate_scales_with_the_attention():
+    files = pipeline.ModelFiles(weights.Checkpoint(MMJIT_TINY, [], "", "", [], {}, {}, []),
+                                weights.Checkpoint(T5_TINY, [], "", "", [], {}, {}, []), None)
+    small = pipeline.estimate_memory(Request("a", width=1024, height=1024), files)
+    large = pipeline.estimate_memory(Request("a", width=2048, height=2048), files)
+    assert 12 < large / small < 17  # tokens x4 (plus the prompt): the attention scores ~x16
+
+
+# ---------------------------------------------------------------------------------------------
+# 7. Filesystem errors are one line
+
+
+def test_rc7_unreadable_model_folder(tiny, monkeypatch):
+    real_access = os.access
+    monkeypatch.setattr(os, "access", lambda p, mode: False if Path(p) == tiny[0] else real_access(p, mode))
+    assert_one_line_error(*run_cli("info", tiny[0]), "permission denied (the folder is not readable)")
+
+
+def test_rc7_damaged_golden_files(tmp_path):
+    manifest = json.loads((golden.GOLDEN_DIR / golden.MANIFEST_NAME).read_text())
+    for name in (golden.MANIFEST_NAME, manifest["arrays_file"]):
+        shutil.copy(golden.GOLDEN_DIR / name, tmp_path / name)
+    arrays = tmp_path / manifest["arrays_file"]
+    arrays.write_bytes(arrays.read_bytes()[:500])
+    assert_one_line_error(*run_cli("golden", "check", "--dir", tmp_path), "cannot read the golden arrays")
+    for damaged, words in (([], ["must hold a JSON object"]), ({"format": 2}, ['expected "items" and "arrays"']),
+                           ({**manifest, "arrays_file": "../x.npz"}, ["arrays_file must be a .npz file name"])):
+        (tmp_path / golden.MANIFEST_NAME).write_text(json.dumps(damaged))
+        assert_one_line_error(*run_cli("golden", "check", "--dir", tmp_path), *words)
+
+
+def test_rc7_golden_array_of_another_shape_is_a_failed_check(tmp_path):
+    manifest = json.loads((golden.GOLDEN_DIR / golden.MANIFEST_NAME).read_text())
+    _, arrays = golden.load()
+    arrays["t5.hidden"] = arrays["t5.hidden"][:1]
+    np.savez_compressed(tmp_path / manifest["arrays_file"], **arrays)
+    manifest["arrays"]["t5.hidden"]["sha256"] = golden._sha256(arrays["t5.hidden"])
+    (tmp_path / golden.MANIFEST_NAME).write_text(json.dumps(manifest))
+    outcomes = golden.check(tmp_path, ["t5.hidden"])
+    assert [o.passed for o in outcomes] == [False, False]
+    assert "output shape [2, 40, 64] differs from the recorded [1, 40, 64]" in outcomes[0].detail
+
+
+def test_rc7_golden_record_checks_the_folder_before_computing(tmp_path, monkeypatch):
+    def computed(recipe, precision):
+        pytest.fail("a recipe ran before the folder was checked")
+
+    monkeypatch.setattr(golden, "ITEMS", (golden.Item("x", {}, computed, (golden.FloatCheck("fp64", 1, 1),)),))
+    real_access = os.access
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    monkeypatch.setattr(os, "access", lambda p, mode: False if Path(p) == locked else real_access(p, mode))
+    assert_one_line_error(*run_cli("golden", "record", "--dir", locked), "--dir folder", "is not writable")
+    (tmp_path / "file").write_text("")
+    assert_one_line_error(*run_cli("golden", "record", "--dir", tmp_path / "file" / "sub"), "cannot create --dir")
+
+
+def test_rc7_full_stdout(tiny, tmp_path):
+    result = subprocess.run([sys.executable, "-m", "minit2i.cli", "info", str(tiny[0])],
+                            stdout=open("/dev/full", "w"), stderr=subprocess.PIPE, text=True)
+    assert result.returncode == 2
+    assert result.stderr == "minit2i: error: cannot write to stdout: No space left on device\n"
+
+
+# ---------------------------------------------------------------------------------------------
+# 8. No partial or inconsistent output
+
+
+def test_rc8_golden_record_failing_before_the_commit_keeps_the_old_recording(tmp_path, monkeypatch):
+    manifest = json.loads((golden.GOLDEN_DIR / golden.MANIFEST_NAME).read_text())
+    for name in (golden.MANIFEST_NAME, manifest["arrays_file"]):
+        shutil.copy(golden.GOLDEN_DIR / name, tmp_path / name)
+    monkeypatch.setattr(golden, "ITEMS", golden.ITEMS[:1])
+    real = golden._write_atomically
+
+    def fail_on_manifest(path, data):
+        if path.name == golden.MANIFEST_NAME:
+            raise OSError(28, "No space left on device", str(path))
+        real(path, data)
+
+    monkeypatch.setattr(golden, "_write_atomically", fail_on_manifest)
+    assert_one_line_error(*run_cli("golden", "record", "--force", "--dir", tmp_path), "No space left on device")
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([golden.MANIFEST_NAME, manifest["arrays_file"]])
+    golden.load(tmp_path)  # still the old, consistent pair
+
+
+def test_rc8_batch_is_all_or_nothing(tiny, tmp_path, monkeypatch):
+    from PIL import Image
+
+    real_save = Image.Image.save
+    saved = []
+
+    def fail_third(self, fp, format=None, **params):
+        saved.append(1)
+        if len(saved) == 3:
+            raise OSError(28, "No space left on device")
+        real_save(self, fp, format=format, **params)
+
+    monkeypatch.setattr(Image.Image, "save", fail_third)
+    (tmp_path / "b_0.png").write_bytes(OLD_BYTES)
+    assert_one_line_error(*run_cli("generate", *TINY_ARGS, "--model", tiny[0], "--t5", tiny[1],
+                                   "-b", "3", "-o", tmp_path / "b.png"), "cannot write", "b_2.png", "No space")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["b_0.png"]
+    assert (tmp_path / "b_0.png").read_bytes() == OLD_BYTES
+
+
+# ---------------------------------------------------------------------------------------------
+# 9. Precise messages
+
+
+def test_rc9_unreadable_file_is_not_reported_missing(tiny, tmp_path, monkeypatch):
+    real_access = os.access
+    model = tiny[0] / "diffusion_pytorch_model.safetensors"
+    monkeypatch.setattr(os, "access", lambda p, mode: False if Path(p) == model else real_access(p, mode))
+    line = assert_one_line_error(*run_cli("info", model), "permission denied (the file is not readable)")
+    assert "No such file" not in line
+
+
+def test_rc9_wrong_t5_message_names_what_is_needed(tiny, tmp_path):
+    big = dataclasses.replace(T5_TINY, d_model=1024, d_kv=4, num_heads=2, d_ff=4, num_layers=1)
+    t5 = tmp_path / "t5"
+    t5.mkdir()
+    save_file(random_t5_weights(big, 0), str(t5 / "model.safetensors"))
+    shutil.copy(tiny[1] / "tokenizer.json", t5)
+    line = assert_one_line_error(*run_cli("generate", *TINY_ARGS, "--model", tiny[0], "--t5", t5),
+                                 "looks like flan-t5-large", "needs d_model 64 (a T5 v1.1 encoder of that width)")
+    assert line.count("flan-t5-large") == 1
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--b", "numpy:fp16"], ["the numpy backend runs fp32, fp64, not fp16"]),
+    (["-W", "0"], ["--width must be an integer in [1, 16384], found 0"]),
+    (["--rtol", "nan"], ["--rtol must be a number in [0, 1000000], found nan"]),
+    (["--atol", "-1"], ["--atol", "found -1.0"]),
+])
+def test_rc9_trace_flags(tiny, args, words):
+    line = assert_one_line_error(*run_cli("trace", "--model", tiny[0], "--t5", tiny[1], *args), *words)
+    assert "--precision" not in line
+
+
+def test_rc9_preview_write_failure_does_not_blame_output(tiny, tmp_path, monkeypatch):
+    from PIL import Image
+
+    def disk_full(self, fp, format=None, **params):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(Image.Image, "save", disk_full)
+    line = assert_one_line_error(*run_cli("generate", *TINY_ARGS, "--model", tiny[0], "--t5", tiny[1],
+                                          "--preview-dir", tmp_path / "pre", "-o", tmp_path / "x.png"),
+                                 "step_001.png", "No space left on device")
+    assert "--output" not in line
+
+
+def test_rc9_fifo_devices_and_symlink_loops(tiny, tmp_path):
+    os.mkfifo(tmp_path / "fifo")
+    assert_one_line_error(*run_cli("info", tmp_path / "fifo"), "expected a file or folder, found a FIFO")
+    assert_one_line_error(*run_cli("generate", *TINY_ARGS, "--model", "/dev/null", "--t5", tiny[1],
+                                   "-o", tmp_path / "x.png"),
+                          "--model /dev/null: expected a file or folder, found a character device")
+    assert_one_line_error(*run_cli("generate", *TINY_ARGS, "--model", tiny[0], "--t5", tiny[1],
+                                   "--preview-dir", "/dev/null", "-o", tmp_path / "x.png"),
+                          "--preview-dir folder /dev/null is not a folder")
+    os.symlink(tmp_path / "b", tmp_path / "a")
+    os.symlink(tmp_path / "a", tmp_path / "b")
+    assert_one_line_error(*run_cli("info", tmp_path / "a"), "a loop of symbolic links")
+
+
+# ---------------------------------------------------------------------------------------------
+# 10. Cheap checks before expensive work
+
+
+@pytest.fixture
+def no_tensor_reads(monkeypatch):
+    """Fail the test if any tensor payload is read."""
+    def refuse(*args, **kwargs):
+        raise AssertionError("a tensor was read")
+
+    monkeypatch.setattr(weights._MappedFile, "__init__", refuse)
+
+
+def test_rc10_bad_argument_returns_before_reading_a_large_model(tiny, tmp_path, no_tensor_reads):
+    """A sparse checkpoint of over 4 GiB whose header is valid: bad arguments are refused at
+    once, also one that needs the model's config (-W 24 is no multiple of its patch size 16),
+    without one tensor byte read; `info` reads the header only."""
+    big = dataclasses.replace(MMJIT_TINY, hidden_size=8192, num_heads=64, head_dim=128, cond_vec_size=8192,
+                              depth_double=1, txt_preamble_depth=0)
+    header, offset = {}, 0
+    for name, shape in weights.mmjit_expected_shapes(big).items():
+        size = 4 * int(np.prod(shape))
+        header["model.net." + name] = {"dtype": "F32", "shape": list(shape), "data_offsets": [offset, offset + size]}
+        offset += size
+    blob = json.dumps(header).encode()
+    path = tmp_path / "big.safetensors"
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(blob)) + blob)
+        f.truncate(8 + len(blob) + offset)  # sparse: no data on disk
+    assert path.stat().st_size > 4 * 1024**3
+    for bad in (["--steps", "0"], ["--width", "24"]):
+        assert_one_line_error(*run_cli("generate", *TINY_ARGS, "--model", path, "--t5", tiny[1],
+                                       "-o", tmp_path / "x.png", *bad), bad[0])
+    code, out, _ = run_cli("info", path)
+    assert code == 0 and "hidden_size=8192" in out
+
+
+def test_rc10_t5_width_is_checked_before_any_tensor_is_read(tiny, tmp_path, no_tensor_reads):
+    t5 = tmp_path / "t5"
+    t5.mkdir()
+    save_file(random_t5_weights(dataclasses.replace(T5_TINY, d_model=32, num_heads=2), 0), str(t5 / "model.safetensors"))
+    assert_one_line_error(*run_cli("generate", *TINY_ARGS, "--model", tiny[0], "--t5", t5), "wrong T5 encoder")
+
+
+def test_rc10_trace_without_gpu_fails_before_side_a(tiny, monkeypatch):
+    from accelerated import kernels
+
+    def no_gpu():
+        raise MiniT2IError("--backend cupy needs CuPy and an NVIDIA GPU")
+
+    monkeypatch.setattr(kernels, "require_gpu", no_gpu)
+    monkeypatch.setattr(pipeline, "open_model", lambda *a: pytest.fail("the model was opened"))
+    assert_one_line_error(*run_cli("trace", "--b", "cupy:bf16"), "needs CuPy and an NVIDIA GPU")
+
+
+def test_rc10_info_reads_headers_only(tiny, no_tensor_reads):
+    assert run_cli("info", tiny[0])[0] == 0 and run_cli("info", tiny[1])[0] == 0
+
+
+# ---------------------------------------------------------------------------------------------
+# 11. Closed stderr
+
+
+@pytest.mark.parametrize("args, status", [(["--steps", "1"], 0), (["--steps", "0"], 2)])
+def test_rc11_closed_stderr(tiny, tmp_path, args, status):
+    command = [sys.executable, "-m", "minit2i.cli", "generate", "-p", "a cat", "-W", "16", "-H", "16",
+               "--model", str(tiny[0]), "--t5", str(tiny[1]), "-o", str(tmp_path / "x.png"), *args]
+    result = subprocess.run(command, stdout=subprocess.PIPE, text=True, preexec_fn=lambda: os.close(2))
+    assert result.returncode == status
+    assert "Traceback" not in result.stdout and "error" not in result.stdout
+    assert (tmp_path / "x.png").exists() == (status == 0)
+
+
+# ---------------------------------------------------------------------------------------------
+# 12. Library functions check their inputs
+
+
+def test_rc12_library_inputs(tmp_path):
+    tokenizer = PromptTokenizer(make_t5_style_tokenizer([("\u2581cat", -1.0)]), 8)
+    with pytest.raises(MiniT2IError, match="expected a list of prompts, found str"):
+        tokenizer("a cat")
+    with pytest.raises(MiniT2IError, match='--steps must be an integer in \\[1, 10000\\], found "3" \\(a string\\)'):
+        Request("a cat", steps="3")
+    with pytest.raises(MiniT2IError, match="expected uint8 pixels \\[H, W, 3\\].*found uint8 \\[3, 8, 8\\]"):
+        save_png(np.zeros((3, 8, 8), np.uint8), tmp_path / "never.png")
+    assert list(tmp_path.iterdir()) == []
+    params = weights.nest(random_t5_weights(T5_TINY, 0))
+    with pytest.raises(MiniT2IError, match="token ids must be in \\[0, 511\\].*from -1 to 5"):
+        t5_encode(params, T5_TINY, np.array([[5, -1]]), np.ones((1, 2), np.float32))
+
+
+def test_every_config_field_has_a_range():
+    from minit2i.config import MMJIT_RANGES, T5_RANGES
+
+    assert set(MMJIT_RANGES) == {f.name for f in dataclasses.fields(MMJiTConfig)}
+    assert set(T5_RANGES) == {f.name for f in dataclasses.fields(T5Config)}
+    assert Range(1, 3).describe() == "an integer in [1, 3]"
