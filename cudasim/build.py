@@ -30,10 +30,13 @@ PACKAGE = Path(__file__).parent
 INCLUDE = PACKAGE / "include"
 RUNTIME = PACKAGE / "runtime.cpp"
 DYNAMIC_SHARED_CAPACITY = 227 * 1024  # the most dynamic shared memory an sm_90 block can opt into
-FLAGS = ("-std=c++17", "-O2", "-g", "-fPIC", "-shared", "-fvisibility=hidden", "-Wno-unknown-pragmas")
+# -fno-extern-tls-init: `extern __shared__` arrays are extern thread_locals defined (without a
+# dynamic initializer) after the source, so no TLS init hook is to be called.
+FLAGS = ("-std=c++17", "-O2", "-g", "-fPIC", "-shared", "-fvisibility=hidden", "-fno-extern-tls-init",
+         "-Wno-unknown-pragmas")
 # AddressSanitizer + UBSan: out-of-bounds global and shared accesses fault where they happen.
-SANITIZE_FLAGS = ("-std=c++17", "-O1", "-g", "-fPIC", "-shared", "-fvisibility=hidden", "-Wno-unknown-pragmas",
-                  "-fsanitize=address,undefined", "-fno-omit-frame-pointer", "-fno-sanitize-recover=undefined")
+SANITIZE_FLAGS = ("-std=c++17", "-O1", "-g", "-fPIC", "-shared", "-fvisibility=hidden", "-fno-extern-tls-init",
+                  "-Wno-unknown-pragmas", "-fsanitize=address,undefined", "-fno-omit-frame-pointer", "-fno-sanitize-recover=undefined")
 NVRTC_OPTIONS_ACCEPTED = ("-std=c++17",)  # what CuPy is given in kernels.py; g++ gets FLAGS instead
 
 # C type of a parameter (qualifiers removed) -> NumPy dtype name.
@@ -121,7 +124,8 @@ def _compile(source: str, name: str, flags, folder: Path) -> None:
     (work / name).write_text(source)
     kernels, shared = _scan_file(work / name)
     (work / "unit.cpp").write_text(translation_unit(name, kernels, shared))
-    command = ["g++", *flags, f"-I{INCLUDE}", "-o", str(work / "kernels.so"), str(work / "unit.cpp"), str(RUNTIME)]
+    # the debug info names the final folder, so gdb finds the source after the rename below
+    command = ["g++", *flags, f"-fdebug-prefix-map={work}={folder}", f"-I{INCLUDE}", "-o", str(work / "kernels.so"), str(work / "unit.cpp"), str(RUNTIME)]
     result = subprocess.run(command, capture_output=True, text=True)
     if result.returncode != 0:
         shutil.rmtree(work, ignore_errors=True)

@@ -121,6 +121,7 @@ size_t stack_pool_count = 0;
 void* scheduler_sp = nullptr;
 Fiber* running = nullptr;
 int barrier_arrivals = 0;
+int shuffle_arrivals[32];  // per warp: lanes waiting at a shuffle (checked in full only when enough)
 thread_local unsigned char tls_anchor;  // locates this module's thread-local (= shared) block
 #if CUDASIM_ASAN
 const void* scheduler_stack_bottom = nullptr;
@@ -301,6 +302,8 @@ int source_lane(const Fiber& f, int lane) {
 
 // All lanes of `f`'s mask wait at the same shuffle: hand each its source lane's value.
 bool try_complete_shuffle(Fiber& f) {
+    int& arrivals = shuffle_arrivals[f.linear >> 5];
+    if (++arrivals < __builtin_popcount(f.mask)) return false;
     for (int lane = 0; lane < 32; ++lane) {
         if (!(f.mask >> lane & 1u)) continue;
         const Fiber& other = lane_fiber(f, lane);
@@ -320,6 +323,7 @@ bool try_complete_shuffle(Fiber& f) {
     }
     for (int lane = 0; lane < 32; ++lane)
         if (f.mask >> lane & 1u) lane_fiber(f, lane).wait = Wait::RUNNABLE;
+    arrivals -= __builtin_popcount(f.mask);
     return true;
 }
 
@@ -409,6 +413,7 @@ struct Scheduler {
 void run_block(const uint3& block, int threads) {
     block_idx = block;
     barrier_arrivals = 0;
+    std::fill(std::begin(shuffle_arrivals), std::end(shuffle_arrivals), 0);
     for (int t = 0; t < threads; ++t) {
         Fiber& f = fibers[t];
         f = Fiber();
@@ -464,11 +469,10 @@ uint32_t shuffle(ShuffleKind kind, int line, unsigned mask, uint32_t value, int 
     const int lane = f.linear & 31, warp_first = f.linear & ~31;
     if (width < 1 || width > 32 || (width & (width - 1))) fail("%s on line %d: width %d is not a power of 2 <= 32", shuffle_name(kind), line, width);
     if (!(mask >> lane & 1u)) fail("%s on line %d: %s calls it but is not in its mask 0x%08x", shuffle_name(kind), line, describe(f).c_str(), mask);
-    for (int other = 0; other < 32; ++other) {
-        if ((mask >> other & 1u) && warp_first + other >= static_cast<int>(fibers.size()))
-            fail("%s on line %d: mask 0x%08x names lane %d, but the block has %zu threads (not whole warps)",
-                 shuffle_name(kind), line, mask, other, fibers.size());
-    }
+    const int lanes = std::min(32, static_cast<int>(fibers.size()) - warp_first);
+    if (lanes < 32 && (mask >> lanes))
+        fail("%s on line %d: mask 0x%08x names lane %d, but the block has %zu threads (not whole warps)",
+             shuffle_name(kind), line, mask, __builtin_ctz(mask >> lanes) + lanes, fibers.size());
     f.wait = Wait::SHUFFLE;
     f.kind = kind;
     f.line = line;
