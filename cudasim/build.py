@@ -109,13 +109,13 @@ def _prelude_text() -> str:
 def build(source: str, name: str = "kernel.cu", sanitize: bool = False) -> Library:
     """Compile `source` (CUDA C text) into a cached shared library and describe its kernels."""
     flags = SANITIZE_FLAGS if sanitize else FLAGS
-    key = hashlib.sha256("\0".join([_prelude_text(), source, *flags, compiler_version()]).encode()).hexdigest()[:20]
+    key = hashlib.sha256("\0".join([_prelude_text(), name, source, *flags, compiler_version()]).encode()).hexdigest()[:20]
     folder = cache_dir() / key
     library = folder / "kernels.so"
     source_path = folder / name
     if not library.exists():
         _compile(source, name, flags, folder)
-    return Library(library, source_path, scan(source_path.read_text(), name))
+    return Library(library, source_path, scan(source, name))
 
 
 def _compile(source: str, name: str, flags, folder: Path) -> None:

@@ -85,15 +85,19 @@ class Kernel:
         self._entry = ctypes.cast(getattr(module._dll, f"cudasim_kernel_{name}"), ctypes.c_void_p)
 
     def __call__(self, grid, block, args, shared_mem: int = 0):
+        values = self.check(grid, block, args, shared_mem)
         grid, block = _dims(grid), _dims(block)
-        self._check_launch(grid, block, shared_mem)
-        values = self._marshal(args)
-        arrays = {str(p): a for p, a in zip(self.signature.params, args) if p.pointer}
+        arrays = {str(p): np.asarray(a) for p, a in zip(self.signature.params, args) if p.pointer}
         with _lock:
             if len(_active["schedules"]) == 1:
                 self._run(values, grid, block, shared_mem, _active["schedules"][0])
             else:
                 self._run_all_schedules(values, arrays, grid, block, shared_mem)
+
+    def check(self, grid, block, args, shared_mem: int = 0) -> list:
+        """Refuse a launch a GPU would refuse or misread; the arguments as ctypes values."""
+        self._check_launch(_dims(grid), _dims(block), shared_mem)
+        return self._marshal(tuple(args))
 
     # -- checks ------------------------------------------------------------------------------
 

@@ -2,7 +2,7 @@
 
 A backend is a runner class with `encode(ids, mask)`, `sample(noise, context, mask, steps,
 cfg_scale, a_min, callback)` and `to_host(array)`; `reference.pipeline.NumpyRunner` and
-`accelerated.pipeline.CupyRunner` are the two.
+`accelerated.pipeline.CupyRunner` are the two; `CudasimRunner` is the CuPy one on cudasim (no GPU).
 """
 
 from __future__ import annotations
@@ -21,7 +21,8 @@ from .images import to_pixels
 from .tokenizer import PromptTokenizer
 from .weights import LoadedWeights, find_t5_files, find_tokenizer_json, load_mmjit, load_t5
 
-BACKENDS = {"numpy": ("reference.pipeline", "NumpyRunner"), "cupy": ("accelerated.pipeline", "CupyRunner")}
+BACKENDS = {"numpy": ("reference.pipeline", "NumpyRunner"), "cupy": ("accelerated.pipeline", "CupyRunner"),
+            "cudasim": ("accelerated.pipeline", "CudasimRunner")}
 
 
 @dataclass
