@@ -153,6 +153,10 @@ def zeros_like(a, dtype=None, order="K", subok=None, shape=None):
     return zeros(a.shape if shape is None else shape, dtype=a.dtype if dtype is None else dtype)
 
 
+def ones(shape, dtype=float, order="C"):
+    return np.ones(shape, dtype=dtype, order=order).view(ndarray)
+
+
 def full(shape, fill_value, dtype=None, order="C"):
     return np.full(shape, fill_value, dtype=dtype, order=order).view(ndarray)
 
