@@ -157,8 +157,8 @@ class Kernel:
             ctypes.c_size_t(shared_mem), SCHEDULES.index(schedule), ctypes.c_ulonglong(_active["seed"]),
             error, ctypes.c_size_t(len(error)))
         if status:
-            self._fail(f"(schedule {schedule}, {self.module.library.source_path.name} as compiled), "
-                       f"{error.value.decode()}")
+            raise KernelError(f"kernel {self.name}, {error.value.decode()} (schedule {schedule}; line numbers "
+                              f"refer to {self.module.library.source_path})")
 
     def _run_all_schedules(self, values, arrays, grid, block, shared_mem):
         """Each schedule from the same starting bytes; keep the first schedule's results."""

@@ -24,6 +24,11 @@ import numpy as np
 
 from .module import Module
 
+# The names offered as `cupy.<name>`; `cuda` and `cupyx` hold the cupy.cuda.* and cupyx.* ones.
+__all__ = ["float16", "float32", "float64", "int32", "int64", "ndarray", "asarray", "ascontiguousarray", "asnumpy",
+           "empty", "empty_like", "zeros", "zeros_like", "ones", "full", "concatenate", "where", "matmul", "RawModule",
+           "RawKernel", "cuda"]
+
 float16, float32, float64, int32, int64 = np.float16, np.float32, np.float64, np.int32, np.int64
 
 _state = {"capture": None, "synchronize_allowed": True}
@@ -141,8 +146,8 @@ def empty(shape, dtype=float, order="C"):
     return array.view(ndarray)
 
 
-def empty_like(a, dtype=None, order="K", subok=None, shape=None):
-    return empty(a.shape if shape is None else shape, dtype=a.dtype if dtype is None else dtype)
+def empty_like(prototype, dtype=None, order="K", subok=None, shape=None):
+    return empty(prototype.shape if shape is None else shape, dtype=prototype.dtype if dtype is None else dtype)
 
 
 def zeros(shape, dtype=float, order="C"):
@@ -171,7 +176,7 @@ def where(condition, x=None, y=None):
     return _fresh(lambda: np.where(*args))
 
 
-def matmul(x1, x2, /, out=None, **kwargs):
+def matmul(x1, x2, /, out=None):
     """cuBLAS-like: float32 accumulation, one rounding to the input dtype."""
     a, b = _host(x1), _host(x2)
     return _fresh(lambda: (a.astype(np.float32) @ b.astype(np.float32)).astype(a.dtype))
