@@ -37,7 +37,6 @@ FLAGS = ("-std=c++17", "-O2", "-g", "-fPIC", "-shared", "-fvisibility=hidden", "
 # AddressSanitizer + UBSan: out-of-bounds global and shared accesses fault where they happen.
 SANITIZE_FLAGS = ("-std=c++17", "-O1", "-g", "-fPIC", "-shared", "-fvisibility=hidden", "-fno-extern-tls-init",
                   "-Wno-unknown-pragmas", "-fsanitize=address,undefined", "-fno-omit-frame-pointer", "-fno-sanitize-recover=undefined")
-NVRTC_OPTIONS_ACCEPTED = ("-std=c++17",)  # what CuPy is given in kernels.py; g++ gets FLAGS instead
 
 # C type of a parameter (qualifiers removed) -> NumPy dtype name.
 C_TYPES = {

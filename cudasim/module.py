@@ -58,7 +58,11 @@ def schedules(names=SCHEDULES, seed: int = 0):
 
 
 class Module:
-    """cupy.RawModule's interface over a g++ build of the same source."""
+    """cupy.RawModule's interface over a g++ build of the same source.
+
+    `options` are CuPy's NVRTC options, accepted for the same call and not used: g++ gets
+    cudasim's flags. `name` names the source file as compiled (messages, gdb).
+    """
 
     def __init__(self, code: str, options=(), name: str = "kernel.cu", sanitize: bool = False):
         self.library: Library = build(code, name, sanitize)
