@@ -30,6 +30,15 @@ struct uint3 {
 typedef uint3 dim3;
 
 namespace cudasim {
+// The bits of `from` read as a `To` (C++20's std::bit_cast).
+template <typename To, typename From>
+inline To bit_cast(From from) {
+    static_assert(sizeof(To) == sizeof(From), "bit_cast between types of different sizes");
+    To to;
+    std::memcpy(&to, &from, sizeof to);
+    return to;
+}
+
 struct ThreadState {
     uint3 thread_idx;
 };
@@ -56,11 +65,7 @@ struct Shuffle {
     template <typename T>
     T operator()(unsigned mask, T value, int operand, int width = 32) const {
         static_assert(sizeof(T) == 4, "cudasim shuffles 32-bit values only");
-        uint32_t bits;
-        std::memcpy(&bits, &value, 4);
-        bits = shuffle(kind, line, mask, bits, operand, width);
-        std::memcpy(&value, &bits, 4);
-        return value;
+        return bit_cast<T>(shuffle(kind, line, mask, bit_cast<uint32_t>(value), operand, width));
     }
 };
 }  // namespace cudasim
@@ -81,13 +86,5 @@ struct Shuffle {
 __device__ __forceinline__ float rsqrtf(float x) { return 1.0f / sqrtf(x); }
 __device__ __forceinline__ float __expf(float x) { return expf(x); }
 __device__ __forceinline__ float __fdividef(float a, float b) { return a / b; }
-__device__ __forceinline__ float __int_as_float(int x) {
-    float f;
-    std::memcpy(&f, &x, 4);
-    return f;
-}
-__device__ __forceinline__ int __float_as_int(float f) {
-    int x;
-    std::memcpy(&x, &f, 4);
-    return x;
-}
+__device__ __forceinline__ float __int_as_float(int x) { return cudasim::bit_cast<float>(x); }
+__device__ __forceinline__ int __float_as_int(float f) { return cudasim::bit_cast<int>(f); }
