@@ -12,6 +12,10 @@ counts launches per kernel name, so tests can prove that the fused paths actuall
 
 Importing this module never needs CuPy; `require_gpu()` is the one place that decides whether
 the CuPy backend can run and says why not.
+
+The seam: every module of the twin reaches the device through `cp` (`from .kernels import cp`),
+which forwards to the array module chosen by `use_array_module`: real CuPy on a GPU, or
+cudasim's NumPy stand-in, whose RawModule runs these same CUDA sources on the CPU.
 """
 
 from __future__ import annotations
@@ -25,9 +29,9 @@ import numpy as np
 from minit2i.errors import MiniT2IError
 
 try:
-    import cupy as cp
+    import cupy as _cupy
 except ImportError:  # the numpy backend and the no-GPU tests run without CuPy
-    cp = None
+    _cupy = None
 
 KERNEL_DIR = Path(__file__).parent / "kernels"
 SOURCES = ("rmsnorm.cu", "swiglu.cu", "rope.cu", "attention.cu", "sampler.cu")
@@ -43,22 +47,56 @@ MAX_HEAD_DIM = 128  # attention.cu MAX_DIMS_PER_LANE * 32, rope.cu MAX_PAIRS_PER
 DEFAULT_SHARED_BYTES = 48 * 1024
 
 launch_counts: Counter = Counter()
+_device_caches: list = []
+
+
+class ArrayModule:
+    """Forwards `cp.<name>` to the selected array module (CuPy, or cudasim.standin)."""
+
+    def __init__(self):
+        self.target = None
+
+    def __getattr__(self, name):
+        if self.target is None:
+            raise MiniT2IError("no device selected: build a CupyRunner or CudasimRunner first")
+        return getattr(self.target, name)
+
+
+cp = ArrayModule()
+
+
+def device_cache(maxsize: int):
+    """lru_cache for functions that return device arrays; emptied when the array module changes."""
+    def wrap(function):
+        cached = lru_cache(maxsize=maxsize)(function)
+        _device_caches.append(cached)
+        return cached
+    return wrap
+
+
+def use_array_module(module):
+    """Point the twin at `module` (cupy or cudasim.standin); returns the seam object `cp`."""
+    if cp.target is not module:
+        for cached in _device_caches:
+            cached.cache_clear()
+        cp.target = module
+    return cp
 
 _FIX = "pip install -e '.[gpu]' on a machine with an NVIDIA GPU, or use --backend numpy"
 
 
 def require_gpu():
-    """Return the cupy module, or raise MiniT2IError naming what is missing and the fix."""
-    if cp is None:
+    """Select CuPy and return the seam `cp`, or raise MiniT2IError naming what is missing and the fix."""
+    if _cupy is None:
         raise MiniT2IError(f"--backend cupy needs CuPy and an NVIDIA GPU: CuPy is not installed; {_FIX}")
     try:
-        count = cp.cuda.runtime.getDeviceCount()
-    except cp.cuda.runtime.CUDARuntimeError as err:
+        count = _cupy.cuda.runtime.getDeviceCount()
+    except _cupy.cuda.runtime.CUDARuntimeError as err:
         reason = str(err).split(":")[0]
         raise MiniT2IError(f"--backend cupy needs CuPy and an NVIDIA GPU: no usable CUDA driver ({reason}); {_FIX}") from None
     if count == 0:
         raise MiniT2IError(f"--backend cupy needs CuPy and an NVIDIA GPU: no GPU is visible; {_FIX}")
-    return cp
+    return use_array_module(_cupy)
 
 
 def bfloat16_dtype():
@@ -81,12 +119,12 @@ def kernel_source(source: str) -> str:
     return (KERNEL_DIR / source).read_text().replace(include, (KERNEL_DIR / COMMON_HEADER).read_text(), 1)
 
 
-@lru_cache(maxsize=None)
+@device_cache(maxsize=None)
 def _module(source: str):
     return cp.RawModule(code=kernel_source(source), options=NVRTC_OPTIONS)
 
 
-@lru_cache(maxsize=None)
+@device_cache(maxsize=None)
 def _function(source: str, full_name: str):
     """The RawKernel, looked up once: launches are host-bound, so none of it per call."""
     return _module(source).get_function(full_name)
@@ -126,8 +164,9 @@ def rms_norm(x, weight, eps: float = 1e-6, out=None):
     _check("weight", weight, x.dtype, (width,))
     out = cp.empty_like(x) if out is None else out
     _check("out", out, x.dtype, x.shape)
-    rows = x.size // width
-    _kernel("rmsnorm.cu", "rms_norm", x.dtype)((rows,), (THREADS,), (x, weight, out, np.int32(width), np.float32(eps)))
+    rows = x.size // max(width, 1)
+    if rows and width:  # an empty input has nothing to do (a (0, 1, 1) grid is an invalid launch)
+        _kernel("rmsnorm.cu", "rms_norm", x.dtype)((rows,), (THREADS,), (x, weight, out, np.int32(width), np.float32(eps)))
     return out
 
 
@@ -140,9 +179,10 @@ def add_rms_norm(residual, delta, bias, weight, eps: float = 1e-6, out=None):
     _check("weight", weight, residual.dtype, (width,))
     out = cp.empty_like(residual) if out is None else out
     _check("out", out, residual.dtype, residual.shape)
-    rows = residual.size // width
-    _kernel("rmsnorm.cu", "add_rms_norm", residual.dtype)(
-        (rows,), (THREADS,), (residual, delta, bias, weight, out, np.int32(width), np.float32(eps)))
+    rows = residual.size // max(width, 1)
+    if rows and width:
+        _kernel("rmsnorm.cu", "add_rms_norm", residual.dtype)(
+            (rows,), (THREADS,), (residual, delta, bias, weight, out, np.int32(width), np.float32(eps)))
     return out
 
 
@@ -187,6 +227,8 @@ def qkv_heads(qkv, bias, heads: int, q, k, v, offset: int = 0, norms=None, rope=
         _check("cos", cos, np.float32, (total_length, head_dim // 2))
         _check("sin", sin, np.float32, (total_length, head_dim // 2))
     warps = batch * length * heads
+    if warps == 0:
+        return
     _kernel("rope.cu", "qkv_heads", dtype)(
         ((warps + WARPS_PER_BLOCK - 1) // WARPS_PER_BLOCK,), (WARPS_PER_BLOCK * 32,),
         (qkv, bias, q_norm, k_norm, cos, sin, q, k, v, np.int32(batch), np.int32(length), np.int32(heads),
@@ -242,7 +284,7 @@ def cfg_euler(state, next_input, x0_both, x0_guided, cfg_scale: float, factor):
         (_blocks(n),), (THREADS,), (state, next_input, x0_both, x0_guided, np.int64(n), np.float32(cfg_scale), factor))
 
 
-@lru_cache(maxsize=None)
+@device_cache(maxsize=None)
 def _placeholder_for_device(device_id: int):
     return cp.zeros(1, dtype=np.float32)
 

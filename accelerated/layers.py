@@ -9,14 +9,12 @@ Fixed tables (RoPE, sin/cos) come from reference.layers and are uploaded once pe
 
 from __future__ import annotations
 
-from functools import lru_cache
-
 import numpy as np
 
 from reference.layers import joint_rope, sincos_2d_table, text_rope
 
 from . import kernels
-from .kernels import cp
+from .kernels import cp, device_cache
 
 
 def to_device(array, dtype):
@@ -57,25 +55,25 @@ def gated_mlp(x, mlp, activation: str):
     return project(kernels.gated_activation(project(x, mlp["gate_up"]["w_t"]), activation), mlp["down"]["w_t"])
 
 
-@lru_cache(maxsize=16)
+@device_cache(maxsize=16)
 def zeros(width: int, dtype) -> "cp.ndarray":
     """A read-only-by-convention zero vector [width], for kernels whose bias argument is unused."""
     return cp.zeros(width, dtype=dtype)
 
 
-@lru_cache(maxsize=32)
+@device_cache(maxsize=32)
 def device_sincos_table(grid_h: int, grid_w: int, dim: int, dtype) -> "cp.ndarray":
     """reference.layers.sincos_2d_table on the device -> [grid_h*grid_w, dim] in `dtype`."""
     return to_device(sincos_2d_table(grid_h, grid_w, dim, np.float32), dtype)
 
 
-@lru_cache(maxsize=32)
+@device_cache(maxsize=32)
 def device_text_rope(length: int, head_dim: int):
     """(cos, sin) float32 [length, head_dim/2] on the device (reference.layers.text_rope)."""
     return tuple(cp.asarray(table) for table in text_rope(length, head_dim, np.float32))
 
 
-@lru_cache(maxsize=32)
+@device_cache(maxsize=32)
 def device_joint_rope(text_length: int, grid_h: int, grid_w: int, head_dim: int):
     """(cos, sin) float32 [text_length + grid_h*grid_w, head_dim/2] on the device (text rows first)."""
     return tuple(cp.asarray(table) for table in joint_rope(text_length, grid_h, grid_w, head_dim, np.float32))

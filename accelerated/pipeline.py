@@ -7,7 +7,7 @@ import numpy as np
 from minit2i.errors import MiniT2IError
 from minit2i.weights import LoadedWeights, nest
 
-from .kernels import bfloat16_dtype, require_gpu
+from .kernels import bfloat16_dtype, require_gpu, use_array_module
 from .mmjit import mmjit_forward, upload_mmjit
 from .sampler import sample
 from .t5 import t5_encode, upload_t5
@@ -34,12 +34,17 @@ class CupyRunner:
     name = "cupy"
 
     def __init__(self, mmjit: LoadedWeights, t5: LoadedWeights, precision: str = "fp32", use_graph: bool = False):
-        self.cp = require_gpu()
+        self.cp = self.array_module()
         self.dtype = precision_dtype(precision)
         self.use_graph = use_graph
         self.mmjit_config, self.t5_config = mmjit.config, t5.config
         self.mmjit_params = upload_mmjit(nest(mmjit.tensors), mmjit.config, self.dtype)
         self.t5_params = upload_t5(nest(t5.tensors), t5.config)
+
+    @staticmethod
+    def array_module():
+        """The device the twin runs on: CuPy on an NVIDIA GPU (or a one-line error saying why not)."""
+        return require_gpu()
 
     def encode(self, ids: np.ndarray, mask: np.ndarray):
         """ids, mask [B, L] (host) -> T5 last hidden state, device float32 [B, L, d_model]."""
@@ -61,3 +66,16 @@ class CupyRunner:
         if isinstance(array, self.cp.ndarray):
             array = self.cp.asnumpy(array)
         return np.asarray(array, dtype=np.float32)
+
+
+class CudasimRunner(CupyRunner):
+    """The same twin with no GPU: cudasim runs the CUDA kernels on the CPU (one fiber per CUDA
+    thread) and its NumPy stand-in plays CuPy. Slow; for tests, tracing and debugging kernels."""
+
+    name = "cudasim"
+
+    @staticmethod
+    def array_module():
+        from cudasim import standin
+
+        return use_array_module(standin)

@@ -8,15 +8,13 @@ prompt length and read by the attention kernel together with the key mask; the
 
 from __future__ import annotations
 
-from functools import lru_cache
-
 import numpy as np
 
 from minit2i.config import T5Config
 from reference.t5 import relative_position_buckets
 
 from . import kernels
-from .kernels import cp
+from .kernels import cp, device_cache
 from .layers import gated_mlp, project, to_device, upload_linear, zeros
 
 DTYPE = np.float32
@@ -47,7 +45,7 @@ def _upload_block(block) -> dict:
     }
 
 
-@lru_cache(maxsize=8)
+@device_cache(maxsize=8)
 def device_buckets(length: int, num_buckets: int, max_distance: int):
     """reference.t5.relative_position_buckets on the device -> int64 [L, L] (uploaded once per length)."""
     return cp.asarray(relative_position_buckets(length, num_buckets, max_distance))

@@ -123,6 +123,8 @@ def build_parser() -> argparse.ArgumentParser:
 def add_generate_parser(sub) -> None:
     from reference.sampler import DEFAULT_A_MIN
 
+    from .pipeline import BACKENDS
+
     p = sub.add_parser("generate", help="text to PNG",
                        description="Generate images from a prompt. Without --model/--t5 the built-in "
                                    "demo model is used: a tiny MiniT2I trained on coloured shapes "
@@ -152,7 +154,9 @@ def add_generate_parser(sub) -> None:
                    help=f"floor of 1 - t in x0 -> v (default {DEFAULT_A_MIN}, the HF hub pipeline; "
                         "0.05 = JAX B/16 eval config)")
     p.add_argument("--preview-dir", default=None, help="save the guided x0 of every step here as PNGs")
-    p.add_argument("--backend", choices=["numpy", "cupy"], default="numpy")
+    p.add_argument("--backend", choices=list(BACKENDS), default="numpy",
+                   help="numpy (reference), cupy (NVIDIA GPU), cudasim (the CuPy twin with its CUDA kernels run "
+                        "on the CPU: slow, no GPU needed)")
     p.add_argument("--precision", choices=["fp32", "fp16", "bf16"], default="fp32")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar or timing table")
     p.set_defaults(run=run_generate)

@@ -2,7 +2,7 @@
 
 A backend is a runner class with `encode(ids, mask)`, `sample(noise, context, mask, steps,
 cfg_scale, a_min, callback)` and `to_host(array)`; `reference.pipeline.NumpyRunner` and
-`accelerated.pipeline.CupyRunner` are the two.
+`accelerated.pipeline.CupyRunner` are the two; `CudasimRunner` is the CuPy one on cudasim (no GPU).
 
 Cheap checks come first, so a bad request fails in milliseconds: `Request` checks its own
 fields, `open_model` resolves Hub repo ids (cached, else downloaded) and reads configs and
@@ -14,6 +14,9 @@ from __future__ import annotations
 
 import importlib
 import os
+import platform
+import shutil
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,7 +32,8 @@ from .images import to_pixels
 from .tokenizer import PromptTokenizer
 from .weights import Checkpoint, LoadedWeights, find_tokenizer_json, inspect_mmjit, inspect_t5
 
-BACKENDS = {"numpy": ("reference.pipeline", "NumpyRunner"), "cupy": ("accelerated.pipeline", "CupyRunner")}
+BACKENDS = {"numpy": ("reference.pipeline", "NumpyRunner"), "cupy": ("accelerated.pipeline", "CupyRunner"),
+            "cudasim": ("accelerated.pipeline", "CudasimRunner")}
 
 # What a request may ask for, whatever the model (size limits that depend on it are in
 # `validate`, memory in `check_memory`). The caps keep a typo from running for days.
@@ -169,7 +173,7 @@ def make_runner(model: Model, backend: str = "numpy", precision: str = "fp32"):
 
 def check_backend(backend: str, precision: str) -> None:
     """The cheap part of `make_runner`, before any model work: a known backend, a precision it
-    runs, and for cupy a usable GPU."""
+    runs, for cupy a usable GPU, for cudasim a compiler and a processor it runs on."""
     if backend not in BACKENDS:
         raise MiniT2IError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
     module = importlib.import_module(BACKENDS[backend][0])
@@ -179,6 +183,9 @@ def check_backend(backend: str, precision: str) -> None:
         from accelerated.kernels import require_gpu
 
         require_gpu()
+    if backend == "cudasim" and not (shutil.which("g++") and sys.platform == "linux" and platform.machine() == "x86_64"):
+        raise MiniT2IError("the cudasim backend compiles the CUDA kernels with g++ and runs them on x86-64 Linux; "
+                           "install g++ (apt install g++) on such a machine, or use --backend numpy")
 
 
 def validate(request: Request, model: Model | ModelFiles) -> None:

@@ -102,7 +102,7 @@ def cupy_adapter(runner) -> Adapter:
     )
 
 
-ADAPTERS = {"numpy": numpy_adapter, "cupy": cupy_adapter}
+ADAPTERS = {"numpy": numpy_adapter, "cupy": cupy_adapter, "cudasim": cupy_adapter}
 
 
 def make_adapter(model: Model, side: Side) -> Adapter:

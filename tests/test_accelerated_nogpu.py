@@ -20,13 +20,13 @@ def _gpu_visible() -> bool:
     return True
 
 
-needs_no_gpu = pytest.mark.skipif(kernels.cp is not None and _gpu_visible(), reason="a GPU is visible here")
+needs_no_gpu = pytest.mark.skipif(kernels._cupy is not None and _gpu_visible(), reason="a GPU is visible here")
 
 
 @pytest.fixture
 def without_cupy(monkeypatch):
     """Behave as if CuPy were not installed, whether or not it is."""
-    monkeypatch.setattr(kernels, "cp", None)
+    monkeypatch.setattr(kernels, "_cupy", None)
 
 
 def test_require_gpu_names_missing_cupy_and_the_fix(without_cupy):
@@ -45,7 +45,7 @@ def test_runner_construction_fails_cleanly_without_cupy(without_cupy, tiny_model
 
 
 @needs_no_gpu
-@pytest.mark.skipif(kernels.cp is None, reason="CuPy is not installed")
+@pytest.mark.skipif(kernels._cupy is None, reason="CuPy is not installed")
 def test_require_gpu_without_driver_names_the_cuda_error():
     with pytest.raises(MiniT2IError, match=r"^--backend cupy needs CuPy and an NVIDIA GPU: no (usable CUDA driver|GPU)"):
         kernels.require_gpu()
@@ -69,8 +69,8 @@ def test_unsupported_kernel_dtype_is_refused():
 @pytest.mark.parametrize("patch_cupy", [True, False])
 def test_cli_cupy_backend_without_gpu_prints_one_line_and_exits_2(patch_cupy, monkeypatch, tiny_model, tmp_path, capsys):
     if patch_cupy:
-        monkeypatch.setattr(kernels, "cp", None)
-    elif kernels.cp is not None and _gpu_visible():
+        monkeypatch.setattr(kernels, "_cupy", None)
+    elif kernels._cupy is not None and _gpu_visible():
         pytest.skip("a GPU is visible here")
     transformer, t5 = tiny_model
     code = main(["generate", "-p", "a red cube", "--model", str(transformer), "--t5", str(t5), "--steps", "1",

@@ -39,7 +39,7 @@ def test_defaults_are_the_documented_run(bench):
 
 
 def test_no_gpu_exits_2_with_one_line(bench, monkeypatch, capsys):
-    monkeypatch.setattr(kernels, "cp", None)
+    monkeypatch.setattr(kernels, "_cupy", None)
     assert bench.main(["--steps", "1"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "CuPy is not installed" in err

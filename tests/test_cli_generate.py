@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import stat
 
 import numpy as np
@@ -251,3 +252,25 @@ def test_interrupt_mid_sampling_exits_130_and_leaves_no_file(tmp_path, capsys, m
     assert code == 130
     assert "interrupted" in err and "Traceback" not in err
     assert leftovers(tmp_path) == []
+
+
+def test_cudasim_backend_draws_the_default_model_like_numpy(tmp_path, capsys):
+    """The CuPy twin on cudasim (CUDA kernels on the CPU), 64x64, 2 steps, CFG 6: its PNG is the
+    numpy one within 1 level per pixel. fp32 kernels against the fp32 reference differ by a few
+    float32 roundings (~1e-6 of the image scale, 127.5 levels per unit), so a pixel can only
+    land across one uint8 rounding boundary."""
+    paths = {}
+    for backend in ("numpy", "cudasim"):
+        paths[backend] = tmp_path / f"{backend}.png"
+        assert main(["generate", "-p", "a red cat", "--steps", "2", "-W", "64", "-H", "64", "--backend", backend,
+                     "-o", str(paths[backend]), "-q"]) == 0
+    numpy_pixels, cudasim_pixels = (np.asarray(Image.open(paths[b])).astype(int) for b in ("numpy", "cudasim"))
+    assert cudasim_pixels.shape == (64, 64, 3)
+    assert np.abs(cudasim_pixels - numpy_pixels).max() <= 1
+
+
+def test_cudasim_without_a_compiler_is_one_line(tmp_path, capsys, monkeypatch):
+    """The check runs before any model work, so no kernel build can fail halfway with a traceback."""
+    monkeypatch.setattr(shutil, "which", lambda name: None)
+    assert_user_error(tmp_path, capsys, ["-p", "a cat", "--backend", "cudasim", "-o", "out.png"],
+                      ["cudasim", "g++", "x86-64 Linux", "--backend numpy"])

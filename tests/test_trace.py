@@ -126,3 +126,16 @@ def test_cli_rejects_bad_sizes_before_running(tiny_model, capsys):
     transformer, t5_dir = tiny_model
     assert main(["trace", "--model", str(transformer), "--t5", str(t5_dir), "-W", "40"]) == 2
     assert "--width 40 is not a positive multiple of the patch size 16" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_trace_against_the_twin_on_cudasim_prints_every_layer(model, precision):
+    """numpy:fp64 against the CuPy twin run by cudasim: every layer reported, none beyond the
+    tolerance of the less precise side (the GPU parity tests' per-stage bounds)."""
+    b = Side("cudasim", precision)
+    diffs = run(model, FP64, b)
+    assert [d.name for d in diffs] == TINY_LAYERS
+    assert first_divergence(diffs) is None
+    assert all(d.max_abs > 0 for d in diffs)  # really another implementation, not the reference again
+    report = format_report(diffs, FP64, b, default_tolerance(FP64, b))
+    assert all(name in report for name in TINY_LAYERS) and "no divergence" in report

@@ -16,6 +16,10 @@
 #define ROWS_PER_BLOCK (WARPS * ROWS_PER_WARP)
 #define KEY_TILE 32
 #define MAX_DIMS_PER_LANE 4  // head_dim <= 128
+// At least 3 resident blocks per SM lets ptxas give a thread up to 65536 / (3 * 128) = 170
+// registers: the 8 x 4 accumulators, 8 scores and the running max/sum need ~160. Without it
+// ptxas aims at 4 blocks (128 registers) and spills on sm_90 (tests/test_kernels_compile.py).
+#define MIN_BLOCKS_PER_SM 3
 
 template <typename T>
 __device__ void attention_impl(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
@@ -114,7 +118,7 @@ __device__ void attention_impl(const T* __restrict__ q, const T* __restrict__ k,
 }
 
 #define DEFINE_ATTENTION(T, SUFFIX)                                                                 \
-    extern "C" __global__ void __launch_bounds__(WARPS * 32)                                        \
+    extern "C" __global__ void __launch_bounds__(WARPS * 32, MIN_BLOCKS_PER_SM)                     \
         flash_attention_##SUFFIX(const T* q, const T* k, const T* v, const float* bias,             \
                                  const float* key_mask, T* out, int heads, int lq, int lk,          \
                                  int head_dim, float scale, int has_bias, int has_mask) {           \

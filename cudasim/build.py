@@ -1,0 +1,234 @@
+"""Compile a CUDA C source for the CPU: g++, the cudasim prelude, the runtime, one shared library.
+
+The kernel source is compiled as it is (it is `#include`d, not edited). Before that, the
+preprocessor runs once with CUDASIM_SCAN defined, which turns `__global__`, `__shared__` and
+`__launch_bounds__` into marker words, so the `extern "C"` kernels, their C parameter lists,
+their launch bounds and the `extern __shared__` arrays can be read from the expanded text.
+From these a few lines are generated after the source: one `cudasim_kernel_<name>(void** args)`
+entry per kernel (CUDA's kernelParams convention: args[i] points to the i-th argument) and the
+definition of the dynamic shared arrays.
+
+Libraries are cached under $CUDASIM_CACHE (default ~/.cache/cudasim) by a hash of the prelude,
+the runtime, the source, the flags and the compiler version, so only the first run builds.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+import numpy as np
+
+PACKAGE = Path(__file__).parent
+INCLUDE = PACKAGE / "include"
+RUNTIME = PACKAGE / "runtime.cpp"
+DYNAMIC_SHARED_CAPACITY = 227 * 1024  # the most dynamic shared memory an sm_90 block can opt into
+# -fno-extern-tls-init: `extern __shared__` arrays are extern thread_locals defined (without a
+# dynamic initializer) after the source, so no TLS init hook is to be called.
+FLAGS = ("-std=c++17", "-O2", "-g", "-fPIC", "-shared", "-fvisibility=hidden", "-fno-extern-tls-init",
+         "-Wno-unknown-pragmas")
+# AddressSanitizer + UBSan: out-of-bounds global and shared accesses fault where they happen.
+SANITIZE_FLAGS = ("-std=c++17", "-O1", "-g", "-fPIC", "-shared", "-fvisibility=hidden", "-fno-extern-tls-init",
+                  "-Wno-unknown-pragmas", "-fsanitize=address,undefined", "-fno-omit-frame-pointer", "-fno-sanitize-recover=undefined")
+
+# C type of a parameter (qualifiers removed) -> NumPy dtype name.
+C_TYPES = {
+    "float": "float32", "double": "float64", "__half": "float16", "__nv_bfloat16": "bfloat16",
+    "int": "int32", "unsigned int": "uint32", "unsigned": "uint32", "long long": "int64",
+    "long long int": "int64", "unsigned long long": "uint64", "bool": "bool",
+}
+QUALIFIERS = {"const", "volatile", "__restrict__", "__restrict", "restrict"}
+
+
+class BuildError(Exception):
+    """The source does not compile for the harness, or declares something it cannot run."""
+
+
+@dataclass(frozen=True)
+class Param:
+    """One kernel parameter as the C signature declares it."""
+
+    name: str
+    ctype: str  # as written, e.g. "const __half*"
+    pointer: bool
+    dtype_name: str  # of the scalar, or of the pointee
+
+    @property
+    def dtype(self) -> np.dtype:
+        return dtype_from_name(self.dtype_name)
+
+    def __str__(self) -> str:
+        return f"{self.ctype} {self.name}"
+
+
+@dataclass(frozen=True)
+class KernelSignature:
+    name: str
+    params: tuple[Param, ...]
+    max_threads: int | None  # from __launch_bounds__, if declared
+
+
+@dataclass(frozen=True)
+class Library:
+    path: Path
+    source_path: Path  # the source as compiled (line numbers in messages refer to it)
+    kernels: dict[str, KernelSignature]
+
+
+def dtype_from_name(name: str) -> np.dtype:
+    if name == "bfloat16":
+        import ml_dtypes  # CuPy's bfloat16 is ml_dtypes' too
+
+        return np.dtype(ml_dtypes.bfloat16)
+    return np.dtype(name)
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("CUDASIM_CACHE", Path.home() / ".cache" / "cudasim"))
+
+
+@lru_cache(maxsize=None)
+def compiler_version() -> str:
+    if shutil.which("g++") is None:
+        raise BuildError("cudasim needs g++ (Debian/Ubuntu: apt install g++)")
+    return subprocess.run(["g++", "-dumpfullversion"], capture_output=True, text=True, check=True).stdout.strip()
+
+
+def _prelude_text() -> str:
+    return "".join(p.read_text() for p in sorted(INCLUDE.iterdir())) + RUNTIME.read_text()
+
+
+def build(source: str, name: str = "kernel.cu", sanitize: bool = False) -> Library:
+    """Compile `source` (CUDA C text) into a cached shared library and describe its kernels."""
+    flags = SANITIZE_FLAGS if sanitize else FLAGS
+    key = hashlib.sha256("\0".join([_prelude_text(), name, source, *flags, compiler_version()]).encode()).hexdigest()[:20]
+    folder = cache_dir() / key
+    library = folder / "kernels.so"
+    source_path = folder / name
+    if not library.exists():
+        _compile(source, name, flags, folder)
+    return Library(library, source_path, scan(source, name))
+
+
+def _compile(source: str, name: str, flags, folder: Path) -> None:
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(dir=folder.parent, prefix=f".{folder.name}-"))
+    (work / name).write_text(source)
+    kernels, shared = _scan_file(work / name)
+    (work / "unit.cpp").write_text(translation_unit(name, kernels, shared))
+    # the debug info names the final folder, so gdb finds the source after the rename below
+    command = ["g++", *flags, f"-fdebug-prefix-map={work}={folder}", f"-I{INCLUDE}", "-o", str(work / "kernels.so"), str(work / "unit.cpp"), str(RUNTIME)]
+    result = subprocess.run(command, capture_output=True, text=True)
+    if result.returncode != 0:
+        shutil.rmtree(work, ignore_errors=True)
+        raise BuildError(f"g++ could not compile {name} for cudasim:\n{result.stderr.strip()}")
+    try:
+        work.rename(folder)  # atomic: a concurrent build of the same key simply loses the race
+    except OSError:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def translation_unit(name: str, kernels: dict[str, KernelSignature], shared: list[tuple[str, str]]) -> str:
+    """The prelude, the unedited source, then one entry point per kernel and the dynamic shared arrays."""
+    lines = ['#include "cudasim.h"', f'#include "{name}"', "#include <utility>"]
+    lines += [f"alignas(16) thread_local {ctype} {array}[{DYNAMIC_SHARED_CAPACITY} / sizeof({ctype})];"
+              for ctype, array in shared]
+    bases = ", ".join(f"(void*){array}" for _, array in shared)
+    lines += ["namespace cudasim {",
+              f"extern const size_t dynamic_shared_capacity = {DYNAMIC_SHARED_CAPACITY};",
+              "int dynamic_shared_arrays(void** bases) {",
+              f"    void* arrays[] = {{{bases or 'nullptr'}}};",
+              f"    for (int i = 0; i < {len(shared)}; ++i) bases[i] = arrays[i];",
+              f"    return {len(shared)};", "}",
+              "template <typename... A, size_t... I>",
+              "void call(void (*kernel)(A...), void** args, std::index_sequence<I...>) {",
+              "    kernel(*static_cast<A*>(args[I])...);", "}", "}  // namespace cudasim"]
+    for kernel in kernels:
+        lines.append(f'extern "C" __attribute__((visibility("default"))) void cudasim_kernel_{kernel}(void** args) '
+                     f"{{ cudasim::call({kernel}, args, std::make_index_sequence<{len(kernels[kernel].params)}>{{}}); }}")
+    return "\n".join(lines) + "\n"
+
+
+def _scan_file(path: Path) -> tuple[dict[str, KernelSignature], list[tuple[str, str]]]:
+    result = subprocess.run(["g++", "-E", "-P", "-x", "c++", "-std=c++17", "-DCUDASIM_SCAN", f"-I{INCLUDE}", "-include", "cudasim.h",
+                             str(path)], capture_output=True, text=True)
+    if result.returncode != 0:
+        raise BuildError(f"g++ could not preprocess {path.name}:\n{result.stderr.strip()}")
+    expanded = result.stdout
+    shared = sorted(set(re.findall(r"extern\s+__cudasim_shared__\s+([\w\s]+?)\s+(\w+)\s*\[\s*\]", expanded)))
+    return parse_kernels(expanded), shared
+
+
+@lru_cache(maxsize=64)
+def scan(source: str, name: str) -> dict[str, KernelSignature]:
+    """{kernel name: signature} of every `extern "C" __global__` function in `source`."""
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / name
+        path.write_text(source)
+        return _scan_file(path)[0]
+
+
+KERNEL_HEAD = re.compile(r'extern\s+"C"\s+__cudasim_global__\s+void\s+')
+
+
+def parse_kernels(expanded: str) -> dict[str, KernelSignature]:
+    kernels = {}
+    for match in KERNEL_HEAD.finditer(expanded):
+        rest = expanded[match.end():]
+        max_threads = None
+        if rest.startswith("__cudasim_launch_bounds__"):
+            bounds, rest = _balanced(rest[len("__cudasim_launch_bounds__"):])
+            max_threads = _evaluate(bounds.split(",")[0])
+        name = re.match(r"\s*(\w+)\s*", rest)
+        params, _ = _balanced(rest[name.end():])
+        kernels[name.group(1)] = KernelSignature(name.group(1), tuple(_param(p) for p in _split(params)), max_threads)
+    return kernels
+
+
+def _balanced(text: str) -> tuple[str, str]:
+    """'(a(b)c) rest' -> ('a(b)c', ' rest')."""
+    text = text.lstrip()
+    depth = 0
+    for i, char in enumerate(text):
+        depth += char == "("
+        depth -= char == ")"
+        if depth == 0:
+            return text[1:i], text[i + 1:]
+    raise BuildError(f"unbalanced parentheses in {text[:80]!r}")
+
+
+def _evaluate(expression: str) -> int:
+    if not re.fullmatch(r"[\d\s()*+]+", expression):
+        raise BuildError(f"cannot evaluate __launch_bounds__({expression})")
+    return int(eval(expression, {"__builtins__": {}}))  # digits, parentheses, + and * only
+
+
+def _split(params: str) -> list[str]:
+    return [p.strip() for p in params.split(",") if p.strip() and p.strip() != "void"]
+
+
+def _param(text: str) -> Param:
+    match = re.fullmatch(r"(.*?[\s*&])(\w+)", text)
+    if not match:
+        raise BuildError(f"cannot read kernel parameter {text!r}")
+    ctype, name = " ".join(match.group(1).split()), match.group(2)
+    base = " ".join(word for word in ctype.replace("*", " ").split() if word not in QUALIFIERS)
+    if base not in C_TYPES or ctype.count("*") > 1:
+        raise BuildError(f"kernel parameter {text!r}: cudasim passes {', '.join(C_TYPES)} and pointers to them")
+    return Param(name, ctype.replace(" *", "*"), "*" in ctype, C_TYPES[base])
+
+
+def sanitizer_environment() -> dict[str, str]:
+    """Environment for a Python process that loads a sanitize=True library (ASan must come first)."""
+    runtimes = [subprocess.run(["g++", f"-print-file-name={lib}"], capture_output=True, text=True, check=True).stdout.strip()
+                for lib in ("libasan.so", "libubsan.so")]
+    return {**os.environ, "LD_PRELOAD": " ".join(runtimes),
+            "ASAN_OPTIONS": "detect_leaks=0:abort_on_error=0:halt_on_error=1",
+            "UBSAN_OPTIONS": "print_stacktrace=1:halt_on_error=1"}

@@ -1,0 +1,196 @@
+"""Load a built kernel library and launch its kernels the way cupy.RawModule / RawKernel do.
+
+`Module(code=..., options=...)` and `module.get_function(name)(grid, block, args,
+shared_mem=...)` take what CuPy takes. Before a launch the harness makes the checks a GPU
+makes (or silently gets wrong): grid and block limits, the kernel's __launch_bounds__, shared
+memory within 48 KiB unless `max_dynamic_shared_size_bytes` was raised, and every argument
+against the kernel's C signature (a Python float for a `float` is the classic RawKernel bug:
+CuPy passes it as an 8-byte double). Arrays are any NumPy arrays (their buffer is the
+"device" memory).
+
+Each launch runs under the current schedules (`SCHEDULES`, or `schedules(...)`): with more
+than one, every schedule starts from the same argument bytes and must leave bit-identical
+results, otherwise the launch raises a RaceError naming the first differing element.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+from contextlib import contextmanager
+
+import numpy as np
+
+from .build import Library, build
+
+SCHEDULES = ("in-order", "reverse", "random", "warp-greedy")
+DEFAULT_SHARED_LIMIT = 48 * 1024  # without the opt-in attribute
+MAX_BLOCK_THREADS = 1024
+MAX_BLOCK_DIMS = (1024, 1024, 64)
+MAX_GRID_DIMS = (2**31 - 1, 65535, 65535)
+SCALAR_CTYPES = {"float32": ctypes.c_float, "float64": ctypes.c_double, "int32": ctypes.c_int32,
+                 "uint32": ctypes.c_uint32, "int64": ctypes.c_int64, "uint64": ctypes.c_uint64, "bool": ctypes.c_bool}
+
+_active = {"schedules": ("in-order",), "seed": 0}
+_lock = threading.Lock()  # the runtime keeps one launch's state in globals
+
+
+class KernelError(Exception):
+    """A launch a GPU would refuse, or a fault found while the kernel ran (names kernel and fault)."""
+
+
+class RaceError(KernelError):
+    """Two schedules left different results: the kernel depends on the order threads run in."""
+
+
+@contextmanager
+def schedules(names=SCHEDULES, seed: int = 0):
+    """Run every launch inside the block under each of `names` and compare the results."""
+    unknown = set(names) - set(SCHEDULES)
+    if unknown:
+        raise ValueError(f"unknown schedules {sorted(unknown)}; choose from {SCHEDULES}")
+    saved = dict(_active)
+    _active.update(schedules=tuple(names), seed=seed)
+    try:
+        yield
+    finally:
+        _active.update(saved)
+
+
+class Module:
+    """cupy.RawModule's interface over a g++ build of the same source.
+
+    `options` are CuPy's NVRTC options, accepted for the same call and not used: g++ gets
+    cudasim's flags. `name` names the source file as compiled (messages, gdb).
+    """
+
+    def __init__(self, code: str, options=(), name: str = "kernel.cu", sanitize: bool = False):
+        self.library: Library = build(code, name, sanitize)
+        self.name = name
+        self._dll = ctypes.CDLL(str(self.library.path))
+        self._dll.cudasim_launch.restype = ctypes.c_int
+        self._dll.cudasim_static_shared_bytes.restype = ctypes.c_size_t
+        self.static_shared_bytes = int(self._dll.cudasim_static_shared_bytes())
+
+    def get_function(self, name: str) -> "Kernel":
+        if name not in self.library.kernels:
+            raise KernelError(f"{self.name} defines no extern \"C\" __global__ function {name!r}; "
+                              f"it defines {', '.join(self.library.kernels)}")
+        return Kernel(self, name)
+
+
+class Kernel:
+    """cupy.RawKernel's call interface: kernel(grid, block, args, shared_mem=0)."""
+
+    def __init__(self, module: Module, name: str):
+        self.module, self.name = module, name
+        self.signature = module.library.kernels[name]
+        self.max_dynamic_shared_size_bytes = 0  # CuPy's attribute: raise it to go past 48 KiB
+        self._entry = ctypes.cast(getattr(module._dll, f"cudasim_kernel_{name}"), ctypes.c_void_p)
+
+    def __call__(self, grid, block, args, shared_mem: int = 0):
+        values = self.check(grid, block, args, shared_mem)
+        grid, block = _dims(grid), _dims(block)
+        arrays = {str(p): np.asarray(a) for p, a in zip(self.signature.params, args) if p.pointer}
+        with _lock:
+            if len(_active["schedules"]) == 1:
+                self._run(values, grid, block, shared_mem, _active["schedules"][0])
+            else:
+                self._run_all_schedules(values, arrays, grid, block, shared_mem)
+
+    def check(self, grid, block, args, shared_mem: int = 0) -> list:
+        """Refuse a launch a GPU would refuse or misread; the arguments as ctypes values."""
+        self._check_launch(_dims(grid), _dims(block), shared_mem)
+        return self._marshal(tuple(args))
+
+    # -- checks ------------------------------------------------------------------------------
+
+    def _check_launch(self, grid, block, shared_mem):
+        threads = block[0] * block[1] * block[2]
+        for label, dims, limits in (("grid", grid, MAX_GRID_DIMS), ("block", block, MAX_BLOCK_DIMS)):
+            if any(d < 1 for d in dims):
+                self._fail(f"{label} {dims} has a dimension below 1 (an empty input must skip the launch)")
+            if any(d > limit for d, limit in zip(dims, limits)):
+                self._fail(f"{label} {dims} exceeds the limits {limits}")
+        if threads > MAX_BLOCK_THREADS:
+            self._fail(f"block {block} has {threads} threads; at most {MAX_BLOCK_THREADS}")
+        bound = self.signature.max_threads
+        if bound is not None and threads > bound:
+            self._fail(f"block {block} has {threads} threads, more than its __launch_bounds__({bound})")
+        limit = max(DEFAULT_SHARED_LIMIT, self.max_dynamic_shared_size_bytes)
+        total = shared_mem + self.module.static_shared_bytes
+        if shared_mem < 0 or total > limit:
+            self._fail(f"asks for {shared_mem} bytes of dynamic shared memory (+{self.module.static_shared_bytes} static), "
+                       f"over the {limit}-byte limit; set max_dynamic_shared_size_bytes first")
+
+    def _marshal(self, args):
+        """Arguments -> ctypes values in the C types of the signature (refuses mismatches)."""
+        params = self.signature.params
+        if len(args) != len(params):
+            self._fail(f"takes {len(params)} arguments ({', '.join(map(str, params))}), got {len(args)}")
+        return [self._value(i, param, arg) for i, (param, arg) in enumerate(zip(params, args))]
+
+    def _value(self, index, param, arg):
+        where = f"argument {index} ({param})"
+        if param.pointer:
+            if not isinstance(arg, np.ndarray):
+                self._fail(f"{where} needs a device array, got {type(arg).__name__}")
+            if arg.dtype != param.dtype:
+                self._fail(f"{where} points to {param.dtype_name} but gets an array of {arg.dtype}")
+            if not arg.flags.c_contiguous:
+                self._fail(f"{where} gets a non-contiguous array; a RawKernel ignores strides and reads the raw buffer")
+            return ctypes.c_void_p(arg.ctypes.data)
+        if isinstance(arg, (bool, int, float)):
+            cupy_type = "double" if isinstance(arg, float) else "long long"
+            self._fail(f"{where} gets a Python {type(arg).__name__}, which CuPy passes as a {cupy_type}; "
+                       f"pass np.{param.dtype_name}(...)")
+        if not isinstance(arg, np.generic) or arg.dtype != param.dtype:
+            self._fail(f"{where} gets {type(arg).__name__}; pass np.{param.dtype_name}(...)")
+        return SCALAR_CTYPES[param.dtype_name](arg.item())
+
+    def _fail(self, message: str):
+        raise KernelError(f"kernel {self.name}: {message}")
+
+    # -- running -----------------------------------------------------------------------------
+
+    def _run(self, values, grid, block, shared_mem, schedule: str):
+        pointers = (ctypes.c_void_p * max(1, len(values)))(*[ctypes.addressof(v) for v in values])
+        error = ctypes.create_string_buffer(2048)
+        status = self.module._dll.cudasim_launch(
+            self._entry, pointers, self.name.encode(), (ctypes.c_uint * 3)(*grid), (ctypes.c_uint * 3)(*block),
+            ctypes.c_size_t(shared_mem), SCHEDULES.index(schedule), ctypes.c_ulonglong(_active["seed"]),
+            error, ctypes.c_size_t(len(error)))
+        if status:
+            raise KernelError(f"kernel {self.name}, {error.value.decode()} (schedule {schedule}; line numbers "
+                              f"refer to {self.module.library.source_path})")
+
+    def _run_all_schedules(self, values, arrays, grid, block, shared_mem):
+        """Each schedule from the same starting bytes; keep the first schedule's results."""
+        start = {param: a.copy() for param, a in arrays.items()}
+        results = []
+        for schedule in _active["schedules"]:
+            for param, array in arrays.items():
+                np.copyto(array, start[param])
+            self._run(values, grid, block, shared_mem, schedule)
+            results.append({param: a.copy() for param, a in arrays.items()})
+        first, first_name = results[0], _active["schedules"][0]
+        for name, result in zip(_active["schedules"][1:], results[1:]):
+            for param in arrays:
+                _compare(self, param, first[param], result[param], first_name, name)
+        for param, array in arrays.items():
+            np.copyto(array, first[param])
+
+
+def _compare(kernel: Kernel, param: str, a: np.ndarray, b: np.ndarray, name_a: str, name_b: str):
+    bytes_a, bytes_b = a.view(np.uint8).reshape(a.size, -1), b.view(np.uint8).reshape(b.size, -1)
+    differs = np.flatnonzero((bytes_a != bytes_b).any(axis=1))
+    if differs.size:
+        position = np.unravel_index(differs[0], a.shape)
+        raise RaceError(f"kernel {kernel.name}: race: {param} {a.shape} differs between schedules "
+                        f"{name_a} and {name_b} at {len(differs)} elements, first at {tuple(map(int, position))}: "
+                        f"{a[position]!r} vs {b[position]!r}")
+
+
+def _dims(dims) -> tuple[int, int, int]:
+    dims = (dims,) if isinstance(dims, int) else tuple(dims)
+    return tuple(int(d) for d in dims) + (1,) * (3 - len(dims))

@@ -1,0 +1,113 @@
+"""Compile CUDA sources as CuPy does, without a GPU: NVRTC to PTX, then ptxas for resource usage.
+
+NVRTC comes from the `nvidia-cuda-nvrtc-cu12` wheel (the library CuPy calls), the CUDA headers
+(cuda_fp16.h, cuda_bf16.h) from `nvidia-cuda-runtime-cu12`, ptxas from `nvidia-cuda-nvcc-cu12`.
+None of them needs a GPU or a driver. `resources()` reports per kernel what `ptxas -v` prints:
+registers, spill stores/loads and static shared memory.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import re
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+
+class NvrtcError(Exception):
+    """NVRTC or ptxas is missing, or the source does not compile."""
+
+
+def _nvidia_path(*parts: str) -> Path:
+    try:
+        import nvidia
+    except ImportError:
+        raise NvrtcError("the NVIDIA CUDA wheels are not installed: pip install nvidia-cuda-nvrtc-cu12 "
+                         "nvidia-cuda-runtime-cu12 nvidia-cuda-nvcc-cu12") from None
+    for root in nvidia.__path__:
+        path = Path(root, *parts)
+        if path.exists():
+            return path
+    raise NvrtcError(f"nvidia/{'/'.join(parts)} not found; pip install the matching nvidia-cuda-*-cu12 wheel")
+
+
+@lru_cache(maxsize=None)
+def _library():
+    nvrtc = ctypes.CDLL(str(_nvidia_path("cuda_nvrtc", "lib", "libnvrtc.so.12")))
+    nvrtc.nvrtcGetErrorString.restype = ctypes.c_char_p
+    return nvrtc
+
+
+def _call(function, *args):
+    status = function(*args)
+    if status != 0:
+        raise NvrtcError(f"{function.__name__}: {_library().nvrtcGetErrorString(status).decode()}")
+
+
+def version() -> str:
+    major, minor = ctypes.c_int(), ctypes.c_int()
+    _call(_library().nvrtcVersion, ctypes.byref(major), ctypes.byref(minor))
+    return f"{major.value}.{minor.value}"
+
+
+def compile_ptx(source: str, name: str, arch: str, options=()) -> str:
+    """`source` -> PTX for `arch` (e.g. "compute_90"), with CuPy's options plus the CUDA headers."""
+    nvrtc = _library()
+    program = ctypes.c_void_p()
+    _call(nvrtc.nvrtcCreateProgram, ctypes.byref(program), source.encode(), name.encode(), 0, None, None)
+    try:
+        flags = [*options, f"--gpu-architecture={arch}", f"-I{_nvidia_path('cuda_runtime', 'include')}"]
+        argv = (ctypes.c_char_p * len(flags))(*[f.encode() for f in flags])
+        status = nvrtc.nvrtcCompileProgram(program, len(flags), argv)
+        if status != 0:
+            size = ctypes.c_size_t()
+            _call(nvrtc.nvrtcGetProgramLogSize, program, ctypes.byref(size))
+            log = ctypes.create_string_buffer(size.value)
+            _call(nvrtc.nvrtcGetProgramLog, program, log)
+            raise NvrtcError(f"NVRTC could not compile {name} for {arch}:\n{log.value.decode()}")
+        size = ctypes.c_size_t()
+        _call(nvrtc.nvrtcGetPTXSize, program, ctypes.byref(size))
+        ptx = ctypes.create_string_buffer(size.value)
+        _call(nvrtc.nvrtcGetPTX, program, ptx)
+        return ptx.value.decode()
+    finally:
+        nvrtc.nvrtcDestroyProgram(ctypes.byref(program))
+
+
+@dataclass(frozen=True)
+class Resources:
+    """What ptxas allocated for one kernel."""
+
+    kernel: str
+    arch: str
+    registers: int
+    spill_stores: int  # bytes
+    spill_loads: int  # bytes
+    shared: int  # bytes of static shared memory
+
+
+def resources(ptx: str, arch: str) -> dict[str, Resources]:
+    """Assemble `ptx` for `arch` (e.g. "sm_90") with `ptxas -v`; {kernel: Resources}."""
+    ptxas = _nvidia_path("cuda_nvcc", "bin", "ptxas")
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "kernels.ptx"
+        path.write_text(ptx)
+        result = subprocess.run([str(ptxas), f"-arch={arch}", "-v", str(path), "-o", str(Path(folder) / "out.cubin")],
+                                capture_output=True, text=True)
+    if result.returncode != 0:
+        raise NvrtcError(f"ptxas failed for {arch}:\n{result.stderr}")
+    return parse_ptxas(result.stderr, arch)
+
+
+def parse_ptxas(log: str, arch: str) -> dict[str, Resources]:
+    found = {}
+    for block in re.split(r"ptxas info\s*: Compiling entry function ", log)[1:]:
+        name = re.match(r"'(\w+)'", block).group(1)
+        spills = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", block)
+        used = re.search(r"Used (\d+) registers(?:, used \d+ barriers)?(?:, (\d+) bytes smem)?", block)
+        found[name] = Resources(name, arch, int(used.group(1)), int(spills.group(1)), int(spills.group(2)),
+                                int(used.group(2) or 0))
+    return found

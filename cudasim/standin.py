@@ -1,0 +1,307 @@
+"""A NumPy-backed stand-in for the part of CuPy that `accelerated/` uses, kernels run by cudasim.
+
+Only CuPy names the twin calls are offered, each with a signature CuPy also accepts (checked
+against the real `cupy` by tests/test_cudasim.py), so code that runs here runs on CuPy.
+
+* `ndarray` is NumPy memory standing for device memory. Mixing it with a host (NumPy) array
+  in arithmetic raises TypeError as CuPy does; `asnumpy` / `.get()` are the device-to-host copies.
+* `matmul` computes like cuBLAS with fp32 accumulation: inputs upcast to float32, the product
+  rounded once to the input dtype (fp32 GEMMs without TF32, CuPy's default).
+* `RawModule` compiles the CUDA source with cudasim and launches its kernels on the CPU.
+* CUDA graphs: between `Stream.begin_capture()` and `end_capture()` nothing runs; every
+  kernel launch and array operation is recorded, and the outputs it allocates are poisoned
+  (NaN), as a captured GPU op has not run yet. `Graph.launch()` re-runs the recorded
+  operations on the same buffers, reading their values at replay time; kernel scalars stay
+  those given at capture, as in a real graph.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from types import SimpleNamespace
+
+import numpy as np
+
+from .module import Module
+
+# The names offered as `cupy.<name>`; `cuda` and `cupyx` hold the cupy.cuda.* and cupyx.* ones.
+__all__ = ["float16", "float32", "float64", "int32", "int64", "ndarray", "asarray", "ascontiguousarray", "asnumpy",
+           "empty", "empty_like", "zeros", "zeros_like", "ones", "full", "concatenate", "where", "matmul", "RawModule",
+           "RawKernel", "cuda"]
+
+float16, float32, float64, int32, int64 = np.float16, np.float32, np.float64, np.int32, np.int64
+
+_state = {"capture": None, "synchronize_allowed": True}
+
+
+def _run_or_record(operation) -> None:
+    """Run `operation()` now, or record it when a stream is capturing a graph."""
+    if _state["capture"] is None:
+        operation()
+    else:
+        _state["capture"].append(operation)
+
+
+def _fresh(compute):
+    """A new device array holding compute() (a NumPy array), recomputed on every graph replay."""
+    result = np.asarray(compute()).view(ndarray)
+    if _state["capture"] is not None:
+        result.view(np.ndarray)[...] = np.nan if result.dtype.kind in "fc" else -1  # not computed yet
+        _state["capture"].append(lambda: np.copyto(result.view(np.ndarray), compute(), casting="unsafe"))
+    return result
+
+
+def _host(value):
+    """The NumPy view of a device array (scalars pass); a host array is refused as CuPy does."""
+    if isinstance(value, ndarray):
+        return value.view(np.ndarray)
+    if isinstance(value, np.ndarray):
+        raise TypeError(f"Unsupported type {type(value)}: a host (NumPy) array where CuPy needs a device array")
+    return value
+
+
+def _to_host(array):
+    if _state["capture"] is not None:
+        raise RuntimeError("device-to-host copy during stream capture (CuPy: cudaErrorStreamCaptureUnsupported)")
+    if not _state["synchronize_allowed"]:
+        raise RuntimeError("synchronization disallowed by cupyx.allow_synchronize(False)")
+    return np.array(array.view(np.ndarray))
+
+
+class ndarray(np.ndarray):
+    """Device memory (NumPy's, here); arithmetic on it is recorded while a graph is captured."""
+
+    def __array_ufunc__(self, ufunc, method, *inputs, out=None, **kwargs):
+        args = [_host(x) for x in inputs]
+        if out is None:
+            return _fresh(lambda: getattr(ufunc, method)(*args, **kwargs))
+        targets = tuple(_host(x) for x in out)
+        _run_or_record(lambda: getattr(ufunc, method)(*args, out=targets, **kwargs))
+        return out[0] if len(out) == 1 else out
+
+    def __array_function__(self, func, types, args, kwargs):
+        raise TypeError(f"numpy.{func.__name__} on a device array: CuPy would refuse it; use the cupy function")
+
+    def __getitem__(self, key):
+        key = tuple(_host(k) for k in key) if isinstance(key, tuple) else _host(key)
+        view = np.ndarray.__getitem__(self.view(np.ndarray), key)
+        if np.may_share_memory(view, self.view(np.ndarray)):
+            return view.view(ndarray)
+        return _fresh(lambda: np.ndarray.__getitem__(self.view(np.ndarray), key))  # advanced indexing copies
+
+    def __setitem__(self, key, value):
+        _run_or_record(lambda: np.ndarray.__setitem__(self.view(np.ndarray), key, _host(value)))
+
+    def reshape(self, *shape, order="C"):
+        base = self.view(np.ndarray)
+        view = base.reshape(*shape, order=order)
+        if np.may_share_memory(view, base):
+            return view.view(ndarray)
+        return _fresh(lambda: base.reshape(*shape, order=order))  # a copy: a kernel on a GPU
+
+    def astype(self, dtype, order="K", casting=None, subok=None, copy=True):
+        base = self.view(np.ndarray)
+        if not copy and base.dtype == np.dtype(dtype):
+            return self
+        return _fresh(lambda: base.astype(dtype, order=order))
+
+    def copy(self, order="C"):
+        base = self.view(np.ndarray)
+        return _fresh(lambda: base.copy(order=order))
+
+    def fill(self, value):
+        _run_or_record(lambda: self.view(np.ndarray).fill(value))
+
+    def get(self, stream=None, order="C", out=None, blocking=True):
+        return _to_host(self)
+
+
+# ---------------------------------------------------------------------------------------------
+# Array creation and the functions accelerated/ calls
+
+
+def asarray(a, dtype=None, order=None, *, blocking=False):
+    if isinstance(a, ndarray):
+        return a if dtype is None or a.dtype == np.dtype(dtype) else a.astype(dtype)
+    return np.array(a, dtype=dtype, order=order or "K").view(ndarray)  # a host-to-device copy
+
+
+def ascontiguousarray(a, dtype=None):
+    if not isinstance(a, ndarray):
+        raise TypeError(f"Unsupported type {type(a)}")
+    if a.flags.c_contiguous and (dtype is None or a.dtype == np.dtype(dtype)):
+        return a
+    base = a.view(np.ndarray)
+    return _fresh(lambda: np.ascontiguousarray(base, dtype=dtype))
+
+
+def asnumpy(a, stream=None, order="C", out=None, *, blocking=True):
+    return _to_host(a) if isinstance(a, ndarray) else np.asarray(a, order=order)
+
+
+def empty(shape, dtype=float, order="C"):
+    """Uninitialised device memory: filled with NaN (0xff bytes) so reading it shows up."""
+    array = np.empty(shape, dtype=dtype, order=order)
+    array.view(np.uint8)[...] = 0xFF
+    return array.view(ndarray)
+
+
+def empty_like(prototype, dtype=None, order="K", subok=None, shape=None):
+    return empty(prototype.shape if shape is None else shape, dtype=prototype.dtype if dtype is None else dtype)
+
+
+def zeros(shape, dtype=float, order="C"):
+    return np.zeros(shape, dtype=dtype, order=order).view(ndarray)
+
+
+def zeros_like(a, dtype=None, order="K", subok=None, shape=None):
+    return zeros(a.shape if shape is None else shape, dtype=a.dtype if dtype is None else dtype)
+
+
+def ones(shape, dtype=float, order="C"):
+    return np.ones(shape, dtype=dtype, order=order).view(ndarray)
+
+
+def full(shape, fill_value, dtype=None, order="C"):
+    return np.full(shape, fill_value, dtype=dtype, order=order).view(ndarray)
+
+
+def concatenate(tup, axis=0, out=None, *, dtype=None, casting="same_kind"):
+    arrays = [_host(a) for a in tup]
+    return _fresh(lambda: np.concatenate(arrays, axis=axis, dtype=dtype, casting=casting))
+
+
+def where(condition, x=None, y=None):
+    args = [_host(a) for a in (condition, x, y)]
+    return _fresh(lambda: np.where(*args))
+
+
+def matmul(x1, x2, /, out=None):
+    """cuBLAS-like: float32 accumulation, one rounding to the input dtype."""
+    a, b = _host(x1), _host(x2)
+    return _fresh(lambda: (a.astype(np.float32) @ b.astype(np.float32)).astype(a.dtype))
+
+
+class RawModule:
+    """cupy.RawModule(code=..., options=...): compiled by g++ with the cudasim prelude."""
+
+    def __init__(self, code=None, *, path=None, options=(), backend="nvrtc", translate_cucomplex=False,
+                 enable_cooperative_groups=False, name_expressions=None, jitify=False):
+        self._module = Module(code, options, name="source.cu")
+
+    def get_function(self, name):
+        return RawKernel(self._module.get_function(name))
+
+
+class RawKernel:
+    """A kernel of a RawModule; a launch is recorded when a graph is being captured."""
+
+    def __init__(self, kernel):
+        self._kernel = kernel
+
+    @property
+    def max_dynamic_shared_size_bytes(self):
+        return self._kernel.max_dynamic_shared_size_bytes
+
+    @max_dynamic_shared_size_bytes.setter
+    def max_dynamic_shared_size_bytes(self, value):
+        self._kernel.max_dynamic_shared_size_bytes = value
+
+    def __call__(self, grid, block, args, *, shared_mem=0, enable_cooperative_groups=False):
+        args = tuple(args)
+        self._kernel.check(grid, block, args, shared_mem)  # a bad launch fails at capture time too
+        _run_or_record(lambda: self._kernel(grid, block, args, shared_mem=shared_mem))
+
+
+# ---------------------------------------------------------------------------------------------
+# cupy.cuda: one device, streams, graphs
+
+
+class CUDARuntimeError(RuntimeError):
+    pass
+
+
+class Graph:
+    """A captured sequence of operations; launch() replays it on the same buffers."""
+
+    def __init__(self, operations):
+        self._operations = operations
+
+    def upload(self, stream=None):
+        pass
+
+    def launch(self, stream=None):
+        for operation in self._operations:
+            operation()
+
+
+class Stream:
+    """Work runs in order on the CPU, so a stream only matters for graph capture."""
+
+    def __init__(self, null=False, non_blocking=False, ptds=False, priority=None):
+        self._previous = []
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+    def synchronize(self):
+        if not _state["synchronize_allowed"]:
+            raise RuntimeError("synchronization disallowed by cupyx.allow_synchronize(False)")
+
+    def begin_capture(self, mode=None):
+        if _state["capture"] is not None:
+            raise RuntimeError("a stream is already capturing")
+        _state["capture"] = []
+
+    def end_capture(self):
+        operations, _state["capture"] = _state["capture"], None
+        return Graph(operations)
+
+
+class Device:
+    def __init__(self, device=None):
+        pass
+
+    def synchronize(self):
+        pass
+
+
+class MemoryPool:
+    """Memory is NumPy's: a pool only has to exist and hand out an allocator."""
+
+    def __init__(self, allocator=None):
+        pass
+
+    def malloc(self, size):
+        return np.empty(size, np.uint8)
+
+
+@contextmanager
+def using_allocator(allocator=None):
+    yield
+
+
+_default_stream = Stream(null=True)
+
+cuda = SimpleNamespace(
+    runtime=SimpleNamespace(getDeviceCount=lambda: 1, getDevice=lambda: 0, CUDARuntimeError=CUDARuntimeError),
+    Stream=Stream, Device=Device, MemoryPool=MemoryPool, using_allocator=using_allocator,
+    get_current_stream=lambda device_id=-1: _default_stream, graph=SimpleNamespace(Graph=Graph),
+)
+
+
+@contextmanager
+def allow_synchronize(allow):
+    """cupyx.allow_synchronize: with False, any device-to-host copy or synchronisation raises."""
+    saved = _state["synchronize_allowed"]
+    _state["synchronize_allowed"] = allow
+    try:
+        yield
+    finally:
+        _state["synchronize_allowed"] = saved
+
+
+cupyx = SimpleNamespace(allow_synchronize=allow_synchronize)
