@@ -201,9 +201,9 @@ class Run:
                     "optimizer": self.optimizer.state_dict()}, tmp)
         os.replace(tmp, self.checkpoint_path)
 
-    def log(self, record: dict) -> None:
+    def log(self, record: dict, name: str = "log.jsonl") -> None:
         self.folder.mkdir(parents=True, exist_ok=True)
-        with open(self.folder / "log.jsonl", "a") as f:
+        with open(self.folder / name, "a") as f:
             f.write(json.dumps(record) + "\n")
 
     def train_step(self) -> float:
@@ -314,6 +314,21 @@ def train(run: Run, eval_every: int, checkpoint_every: int, eval_prompts: int, s
     bar.close()
 
 
+def sweep(run: Run, steps_options: list[int], cfg_options: list[float], eval_prompts: int) -> list[dict]:
+    """Evaluate the EMA weights for every (sampler steps, guidance) pair: the numbers behind the
+    exported "sampling" block. One row per pair, with the held-in and held-out accuracies."""
+    scenes = evaluation_scenes(eval_prompts, seeds=1)
+    rows = []
+    for steps in steps_options:
+        for cfg_scale in cfg_options:
+            report = evaluate_scenes(scenes, run.tokenizer, torch_encoder(run), torch_denoiser(run), steps, cfg_scale)
+            rows.append({"step": run.step, "sweep": {"steps": steps, "cfg_scale": cfg_scale}, "eval": report})
+            run.log(rows[-1], "sweep.jsonl")
+            print(f"steps {steps:3d} cfg {cfg_scale:4.1f}: " + "  ".join(
+                f"{group} " + " ".join(f"{v:.0%}" for v in report[group].values()) for group in ("held_in", "held_out")))
+    return rows
+
+
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--run", type=Path, default=Path("runs/demo"), help="checkpoint and log folder")
@@ -329,6 +344,10 @@ def parse_args(argv=None):
     p.add_argument("--sample-steps", type=int, default=20, help="sampler steps of evaluation and export")
     p.add_argument("--cfg-scale", type=float, default=3.0, help="guidance of evaluation and export")
     p.add_argument("--export-only", action="store_true")
+    p.add_argument("--sweep", action="store_true",
+                   help="evaluate the checkpoint over --sweep-steps x --sweep-cfg instead of training")
+    p.add_argument("--sweep-steps", type=int, nargs="+", default=[10, 20, 40])
+    p.add_argument("--sweep-cfg", type=float, nargs="+", default=[1.5, 3.0, 5.0])
     return p.parse_args(argv)
 
 
@@ -338,6 +357,9 @@ def main(argv=None) -> int:
     recipe = dataclasses.replace(Recipe(), steps=args.steps, batch=args.batch, seed=args.seed)
     mmjit, t5 = (SMOKE_MMJIT, SMOKE_T5) if args.tiny else (DEMO_MMJIT, DEMO_T5)
     run = Run(args.run, recipe, mmjit, t5)
+    if args.sweep:
+        sweep(run, args.sweep_steps, args.sweep_cfg, args.eval_prompts)
+        return 0
     if not args.export_only:
         train(run, args.eval_every, args.checkpoint_every, args.eval_prompts, args.sample_steps, args.cfg_scale)
     run.export(args.export_dir, args.sample_steps, args.cfg_scale)
