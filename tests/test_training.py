@@ -158,3 +158,21 @@ def test_learning_rate_warms_up_then_decays_to_its_floor():
     assert lrs[0] == pytest.approx(recipe.lr / 100) and lrs[99] == pytest.approx(recipe.lr)
     assert all(a >= b for a, b in zip(lrs[100:], lrs[101:]))
     assert lrs[-1] == pytest.approx(recipe.lr * recipe.final_lr_fraction)
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["--steps", "0"], ["--steps", "found 0"]),
+    (["--batch", "-2"], ["--batch", "found -2"]),
+    (["--eval-every", "-1"], ["--eval-every", "found -1"]),
+])
+def test_bad_training_arguments_are_one_line(argv, words, tmp_path, capsys):
+    assert train.main([*argv, "--run", str(tmp_path / "run"), "--export-dir", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("train: error:") and all(w in err for w in words)
+    assert not (tmp_path / "run").exists() and not (tmp_path / "out").exists()
+
+
+def test_resuming_with_another_architecture_is_one_line(trained, capsys):
+    """The tiny run's checkpoint cannot be resumed as the full demo architecture."""
+    assert train.main(["--run", str(trained[0]), "--export-dir", str(trained[0] / "other"), "--steps", "5"]) == 2
+    assert "was made with other settings" in capsys.readouterr().err

@@ -27,6 +27,8 @@ from pathlib import Path
 
 import numpy as np
 
+from minit2i.checks import Range
+from minit2i.errors import MiniT2IError
 from minit2i.images import to_pixels
 from reference.sampler import initial_noise, sample
 
@@ -147,8 +149,14 @@ def main(argv=None) -> int:
     p.add_argument("--model-dir", type=Path, default=None, help="default: the shipped demo model")
     p.add_argument("--json", type=Path, default=None, help="also write the report here")
     args = p.parse_args(argv)
-    scenes = evaluation_scenes(args.prompts, args.seeds)
-    report = accuracy_report(scenes, generate_scenes(scenes, args.model_dir))
+    try:
+        Range(1, 10**4).check("--prompts", args.prompts)
+        Range(1, 10**4).check("--seeds", args.seeds)
+        scenes = evaluation_scenes(args.prompts, args.seeds)
+        report = accuracy_report(scenes, generate_scenes(scenes, args.model_dir))
+    except MiniT2IError as err:
+        print(f"evaluate: error: {err}", file=sys.stderr)
+        return 2
     print(markdown_table(report))
     if args.json:
         args.json.write_text(json.dumps(report, indent=2) + "\n")

@@ -35,8 +35,10 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
+from minit2i.checks import Range
 from minit2i.config import MMJiTConfig, T5Config
 from minit2i.default_model import DEMO_MODEL_DIR, save_model
+from minit2i.errors import MiniT2IError
 from minit2i.tokenizer import PromptTokenizer, make_word_tokenizer
 from minit2i.weights import mmjit_expected_shapes, nest, t5_expected_shapes
 
@@ -102,7 +104,7 @@ def initial_weights(mmjit: MMJiTConfig, t5: T5Config, seed: int) -> dict[str, np
     for name, shape in sorted(shapes_by_name.items()):
         if "norm" in name:
             value = np.ones(shape)
-        elif name.endswith("bias") and "relative_attention" not in name or name.startswith("mmjit.final_layer.linear"):
+        elif name.endswith("bias") or name.startswith("mmjit.final_layer.linear"):
             value = np.zeros(shape)
         elif name.endswith(("mask_token", "shared.weight", "relative_attention_bias.weight")):
             value = rng.standard_normal(shape)
@@ -183,7 +185,8 @@ class Run:
     def _resume(self) -> None:
         state = torch.load(self.checkpoint_path, weights_only=False)
         if state["identity"] != json.loads(json.dumps(self.identity())):
-            sys.exit(f"train: {self.checkpoint_path} was made with other settings; use another --run folder")
+            raise MiniT2IError(f"{self.checkpoint_path} was made with other settings (recipe or architecture); "
+                               "use another --run folder")
         names = list(self.params)
         with torch.no_grad():
             for k in names:
@@ -351,8 +354,25 @@ def parse_args(argv=None):
     return p.parse_args(argv)
 
 
+def check_arguments(args) -> None:
+    """Counts must be positive, before any work (a zero would train nothing or divide by zero)."""
+    for flag in ("steps", "batch", "threads", "eval_prompts", "checkpoint_every", "sample_steps"):
+        Range(1, 10**7).check(f"--{flag.replace('_', '-')}", getattr(args, flag))
+    Range(0, 10**7).check("--eval-every", args.eval_every)
+    Range(-1000, 1000, integer=False).check("--cfg-scale", args.cfg_scale)
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
+    try:
+        check_arguments(args)
+        return run_command(args)
+    except MiniT2IError as err:
+        print(f"train: error: {err}", file=sys.stderr)
+        return 2
+
+
+def run_command(args) -> int:
     torch.set_num_threads(args.threads)
     recipe = dataclasses.replace(Recipe(), steps=args.steps, batch=args.batch, seed=args.seed)
     mmjit, t5 = (SMOKE_MMJIT, SMOKE_T5) if args.tiny else (DEMO_MMJIT, DEMO_T5)
