@@ -165,6 +165,114 @@ def test_full_mask_shuffle_in_a_partial_warp_is_refused():
 
 
 # ---------------------------------------------------------------------------------------------
+# Warp matrix functions (WMMA)
+
+
+WMMA = """
+#include <cuda_fp16.h>
+#include <cuda_bf16.h>
+#include <mma.h>
+using namespace nvcuda;
+#define PRODUCT(T, SUFFIX)                                                                              \
+extern "C" __global__ void product_##SUFFIX(const T* a, const T* b_cols, const float* c, float* d) {   \
+    wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::row_major> fa;                                  \
+    wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::col_major> fb;                                  \
+    wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc;                                           \
+    wmma::load_matrix_sync(fa, a, 16);                                                                  \
+    wmma::load_matrix_sync(fb, b_cols, 16);                                                             \
+    wmma::load_matrix_sync(acc, c, 16, wmma::mem_col_major);                                            \
+    for (int i = 0; i < acc.num_elements; ++i) acc.x[i] *= 2.0f;  /* whole-fragment work is legal */   \
+    wmma::mma_sync(acc, fa, fb, acc);                                                                   \
+    wmma::store_matrix_sync(d, acc, 16, wmma::mem_row_major);                                           \
+}
+PRODUCT(__half, f16)
+PRODUCT(__nv_bfloat16, bf16)
+
+// Reads the fragment as if element i of lane l were row l / 2, column 8 (l % 2) + i: some GPU's
+// layout, perhaps, but not one CUDA promises.
+extern "C" __global__ void assumes_layout(const __half* a, float* out) {
+    wmma::fragment<wmma::matrix_a, 16, 16, 16, __half, wmma::row_major> fa;
+    wmma::load_matrix_sync(fa, a, 16);
+    for (int i = 0; i < fa.num_elements; ++i) out[threadIdx.x * 8 + i] = __half2float(fa.x[i]);
+}
+
+extern "C" __global__ void misaligned(const __half* a) {
+    wmma::fragment<wmma::matrix_a, 16, 16, 16, __half, wmma::row_major> fa;
+    wmma::load_matrix_sync(fa, a + 8, 16);
+}
+
+extern "C" __global__ void divergent(const __half* a, float* d) {
+    wmma::fragment<wmma::matrix_a, 16, 16, 16, __half, wmma::row_major> fa;
+    wmma::fragment<wmma::matrix_b, 16, 16, 16, __half, wmma::col_major> fb;
+    wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc;
+    wmma::fill_fragment(acc, 0.0f);
+    wmma::load_matrix_sync(fa, a, 16);
+    wmma::load_matrix_sync(fb, a, 16);
+    if (threadIdx.x != 7) wmma::mma_sync(acc, fa, fb, acc);
+    wmma::store_matrix_sync(d, acc, 16, wmma::mem_row_major);
+}
+"""
+
+
+def device_array(values) -> np.ndarray:
+    """A copy of `values` at a 256-byte aligned address, as cudaMalloc returns."""
+    values = np.ascontiguousarray(values)
+    raw = np.empty(values.nbytes + 256, np.uint8)
+    start = -raw.ctypes.data % 256
+    array = raw[start:start + values.nbytes].view(values.dtype).reshape(values.shape)
+    array[...] = values
+    return array
+
+
+@pytest.fixture(scope="module")
+def wmma():
+    return module(WMMA)
+
+
+@pytest.mark.parametrize("dtype", [np.dtype(np.float16), BF16], ids=["f16", "bf16"])
+def test_wmma_product_in_every_layout(wmma, dtype):
+    """D = A B + 2 C with A row-major, B and C column-major: the 16-bit products are exact in fp32
+    and 16 of them are summed onto C, so |error| <= 17 u_fp32 * sum |terms| (gamma_17)."""
+    rng = np.random.default_rng(0)
+    a, b = (rng.standard_normal((16, 16)).astype(dtype) for _ in range(2))
+    c = rng.standard_normal((16, 16)).astype(np.float32)
+    d = device_array(np.zeros((16, 16), np.float32))
+    suffix = "f16" if dtype == np.float16 else "bf16"
+    with schedules():
+        wmma.get_function(f"product_{suffix}")((1,), (32,), (device_array(a), device_array(b.T), device_array(c.T), d))
+    a64, b64 = a.astype(np.float64), b.astype(np.float64)
+    terms = np.abs(a64) @ np.abs(b64) + 2 * np.abs(c)
+    assert np.all(np.abs(d - (a64 @ b64 + 2 * c)) <= 17 * 2.0**-24 * terms)
+
+
+def test_wmma_fragment_layout_is_scrambled_per_schedule(wmma):
+    """Indexing fragment.x[i] with an assumed element-to-lane layout reads other elements than
+    assumed, and different ones under each schedule: the race check reports it."""
+    a = device_array(np.arange(256, dtype=np.float16).reshape(16, 16))
+    out = np.zeros(256, np.float32)
+    wmma.get_function("assumes_layout")((1,), (32,), (a, out))
+    assert sorted(out) == list(range(256))  # a bijection: every element exactly once ...
+    assert not np.array_equal(out, np.arange(256))  # ... but not in the row-major order
+    with pytest.raises(RaceError, match=r"kernel assumes_layout: race: float\* out \(256,\) differs between schedules"):
+        with schedules():
+            wmma.get_function("assumes_layout")((1,), (32,), (a, out))
+
+
+def test_wmma_pointer_must_be_256_bit_aligned(wmma):
+    with pytest.raises(KernelError, match=r"kernel misaligned, block \(0,0,0\): wmma::load_matrix_sync on line \d+: "
+                                          r"the pointer 0x[0-9a-f]+ is not 256-bit aligned"):
+        wmma.get_function("misaligned")((1,), (32,), (device_array(np.zeros(256 + 8, np.float16)),))
+
+
+def test_wmma_in_divergent_code(wmma):
+    with pytest.raises(KernelError, match=r"kernel divergent, block \(0,0,0\): divergent warp collective: thread \(0,0,0\) "
+                                          r"waits at wmma::mma_sync on line \d+ with mask 0xffffffff, but lane 7 "
+                                          r"\(thread \(7,0,0\)\) waits at wmma::store_matrix_sync"):
+        wmma.get_function("divergent")((1,), (32,), (device_array(np.zeros(256, np.float16)),
+                                                    device_array(np.zeros(256, np.float32))))
+
+
+# ---------------------------------------------------------------------------------------------
 # Launch checks
 
 
