@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 import cudasim
-from accelerated.kernels import NVRTC_OPTIONS, kernel_source
+from accelerated.kernels import NVRTC_OPTIONS, attention_shared_bytes, kernel_source
 from cudasim import KernelError, Module, RaceError, schedules
 from reference import layers as ref
 
@@ -381,6 +381,32 @@ def test_planted_shared_memory_one_row_too_small():
     with pytest.raises(KernelError, match=r"kernel flash_attention_f32, block \(\d,0,0\): wrote past the end of dynamic shared memory: "
                                           rf"the launch asked for {shared} bytes"):
         kernel((2, 1), (128,), args, shared_mem=shared)
+
+
+def test_planted_fragment_layout_assumption_in_the_tensor_core_attention():
+    """The score tile written from acc.x[i] with the accumulator layout an sm_80 GPU happens to use
+    (lane l, element i at row l / 4 + 8 ((i / 2) % 2), column 2 (l % 4) + i % 2 + 8 (i / 4)),
+    instead of wmma::store_matrix_sync. It could pass on that GPU; here the scores land in the
+    wrong places (the output is far from the reference) and the layout differs per schedule
+    (a race)."""
+    store = "wmma::store_matrix_sync(s + n, acc, SCORE_LD, wmma::mem_row_major);"
+    by_hand = ("for (int i = 0; i < acc.num_elements; ++i) { const int l = threadIdx.x & 31; "
+               "s[(l / 4 + 8 * ((i / 2) % 2)) * SCORE_LD + n + 2 * (l % 4) + i % 2 + 8 * (i / 4)] = acc.x[i]; }")
+    kernel = planted("attention_tc.cu", store, by_hand).get_function("flash_attention_tc_f16")
+    rng = np.random.default_rng(0)
+    head_dim, length = 16, 32
+    q, k, v = (device_array(rng.standard_normal((1, 1, length, head_dim)).astype(np.float16)) for _ in range(3))
+    out = np.zeros((1, length, head_dim), np.float16)
+    unused = np.zeros(1, np.float32)
+    args = (q, k, v, unused, unused, out, *map(np.int32, (1, length, length, head_dim)), np.float32(0.25),
+            np.int32(0), np.int32(0))
+    shared = attention_shared_bytes(head_dim, np.float16)
+    kernel((1, 1), (128,), args, shared_mem=shared)
+    expected = ref.attention(*(a.astype(np.float64) for a in (q, k, v)), 0.25)[0, 0]
+    assert np.max(np.abs(out[0] - expected)) > 0.1
+    with pytest.raises(RaceError, match=r"kernel flash_attention_tc_f16: race: __half\* out \(1, 32, 16\) differs between schedules"):
+        with schedules():
+            kernel((1, 1), (128,), args, shared_mem=shared)
 
 
 OUT_OF_BOUNDS = """
