@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 from concurrent.futures import ThreadPoolExecutor
 
+import numpy as np
 import pytest
 
 from accelerated import kernels
@@ -30,6 +31,11 @@ EXPECTED_KERNELS = {
 }
 # Stems not defined for every dtype: attention runs fp32 on CUDA cores, fp16 / bf16 on tensor cores.
 ONLY_SUFFIXES = {"flash_attention": ("f32",), "flash_attention_tc": ("f16", "bf16")}
+
+
+# Dynamic shared memory per block, at head_dim 64 (B/16, T5), for the occupancy column.
+DYNAMIC_SHARED = {"flash_attention": kernels.attention_shared_bytes(64, np.float32),
+                  "flash_attention_tc": kernels.attention_shared_bytes(64, np.float16)}
 
 
 def suffixes(stem: str) -> tuple[str, ...]:
@@ -85,14 +91,27 @@ def test_kernels_fit_their_launch_without_spilling(resources, source, arch):
 
 
 def test_resource_table_in_the_docs_is_current(resources):
-    """docs/kernels.md lists what ptxas reports, per kernel stem (the three dtypes' maximum)."""
+    """docs/kernels.md lists what ptxas reports, per kernel stem (the dtypes' maximum), and the
+    resident blocks per SM that follow (the least over the dtypes)."""
     docs = (KERNEL_DIR.parents[1] / "docs" / "kernels.md").read_text()
     assert f"NVRTC {nvrtc.version()}" in docs
     for source, stems in EXPECTED_KERNELS.items():
-        for stem in stems:
+        for stem, threads in stems.items():
             cells = []
             for arch in ARCHS:
                 usage = [resources[f"{stem}_{suffix}", arch] for suffix in suffixes(stem)]
-                cells.append(f"{max(u.registers for u in usage)} | {max(u.spill_stores + u.spill_loads for u in usage)}")
-            row = f"| `{stem}` | {stems[stem]} | {cells[0]} | {cells[1]} | {max(u.shared for u in usage)} |"
+                blocks = min(nvrtc.blocks_per_sm(u, threads, DYNAMIC_SHARED.get(stem, 0)) for u in usage)
+                cells.append(f"{max(u.registers for u in usage)} | {max(u.spill_stores + u.spill_loads for u in usage)} | "
+                             f"{blocks} ({100 * blocks * threads // 2048} %)")
+            row = f"| `{stem}` | {threads} | {cells[0]} | {cells[1]} | {max(u.shared for u in usage)} |"
             assert row in docs, row
+
+
+def test_occupancy_follows_the_limits():
+    """ptxas figures -> blocks per SM, each limit in turn (guide's tables for sm_80 / sm_90)."""
+    usage = nvrtc.Resources("k", "sm_90", registers=32, spill_stores=0, spill_loads=0, shared=0)
+    assert nvrtc.blocks_per_sm(usage, 256) == 8  # 64 warps per SM
+    assert nvrtc.blocks_per_sm(usage, 32) == 32  # 32 blocks per SM
+    assert nvrtc.blocks_per_sm(nvrtc.Resources("k", "sm_90", 168, 0, 0, 0), 128) == 3  # 168 -> 5376 per warp, 12 warps
+    assert nvrtc.blocks_per_sm(usage, 128, 49152) == 4  # (48 + 1) KiB of 228 KiB
+    assert nvrtc.blocks_per_sm(nvrtc.Resources("k", "sm_80", 32, 0, 0, 0), 128, 49152) == 3  # of 164 KiB
