@@ -115,10 +115,9 @@ __device__ void attention_tc_impl(const T* __restrict__ q, const T* __restrict__
     float* o = o_all + warp * WMMA_TILE * dp;
     float* s = s_all + warp * WMMA_TILE * SCORE_LD;
     T* p = p_all + warp * WMMA_TILE * PROB_LD;
-    // Softmax work split: lane pair (2r, 2r+1) owns row r of the warp's 16, 16 keys or dp/2 dims each.
+    // Softmax work split: lane pair (2r, 2r+1) owns row r of the warp's 16, 16 keys each.
     const int my_row = lane >> 1, my_half = lane & 1;
     const int row = row0 + warp * WMMA_TILE + my_row;
-    float* o_row = o + my_row * dp + my_half * (dp / 2);
 
     stage_rows(q_tile, q + (long long)bh * lq * head_dim, row0, lq, head_dim, dp, ld, TC_ROWS);
     for (int i = threadIdx.x; i < TC_ROWS * dp; i += blockDim.x) o_all[i] = 0.0f;
@@ -152,18 +151,26 @@ __device__ void attention_tc_impl(const T* __restrict__ q, const T* __restrict__
         }
         row_sum = row_sum * correction + sum + __shfl_xor_sync(0xffffffffu, sum, 1);
         row_max = new_max;
-        for (int d = 0; d < dp / 2; ++d) o_row[d] *= correction;
+        // Rescale the output rows: lane j takes columns j, j + 32, ... of every row (consecutive
+        // lanes, consecutive banks), with the row's correction from the lane pair that owns it.
+        for (int r = 0; r < WMMA_TILE; ++r) {
+            const float row_correction = __shfl_sync(0xffffffffu, correction, 2 * r);
+            for (int d = lane; d < dp; d += 32) o[r * dp + d] *= row_correction;
+        }
         __syncwarp();  // P and the corrected O rows are visible to the MMA's loads
 
         accumulate_pv(o, p, v_tile, dp, ld);
     }
     __syncwarp();  // the last P V store is visible
 
-    if (row >= lq) return;
-    T* dst = out + ((long long)b * lq + row) * heads * head_dim + h * head_dim;
-    const float inv_sum = 1.0f / row_sum;
-    for (int d = my_half * (dp / 2); d < (my_half + 1) * (dp / 2) && d < head_dim; ++d)
-        dst[d] = from_float<T>(o[my_row * dp + d] * inv_sum);
+    // Normalise and store row by row, lane j writing columns j, j + 32, ... (coalesced).
+    for (int r = 0; r < WMMA_TILE; ++r) {
+        const float inv_sum = 1.0f / __shfl_sync(0xffffffffu, row_sum, 2 * r);
+        const int out_row = row0 + warp * WMMA_TILE + r;
+        if (out_row >= lq) break;  // the same for every lane: rows past lq are padding
+        T* dst = out + ((long long)b * lq + out_row) * heads * head_dim + h * head_dim;
+        for (int d = lane; d < head_dim; d += 32) dst[d] = from_float<T>(o[r * dp + d] * inv_sum);
+    }
 }
 
 #define DEFINE_TC_ATTENTION(T, SUFFIX)                                                               \
