@@ -75,17 +75,24 @@ struct Transfer {
     bool column_major;
 };
 
+// The guide's rules for the warp's (uniform) pointer and ldm; a fault names the first broken one.
 template <typename F, typename M>
 bool valid_transfer(const char* name, void* const* payloads, int line) {
     const auto* first = static_cast<const Transfer<F, M>*>(payloads[0]);
-    if (reinterpret_cast<uintptr_t>(first->memory) % 32)
-        return cudasim::fault("%s on line %d: the pointer %p is not 256-bit aligned", name, line, (const void*)first->memory), false;
-    if ((first->ldm * sizeof(M)) % 16)
-        return cudasim::fault("%s on line %d: ldm %u is not a multiple of 16 bytes", name, line, first->ldm), false;
+    if (reinterpret_cast<uintptr_t>(first->memory) % 32) {
+        cudasim::fault("%s on line %d: the pointer %p is not 256-bit aligned", name, line, (const void*)first->memory);
+        return false;
+    }
+    if ((first->ldm * sizeof(M)) % 16) {
+        cudasim::fault("%s on line %d: ldm %u is not a multiple of 16 bytes", name, line, first->ldm);
+        return false;
+    }
     for (int lane = 1; lane < 32; ++lane) {
         const auto* other = static_cast<const Transfer<F, M>*>(payloads[lane]);
-        if (other->memory != first->memory || other->ldm != first->ldm || other->column_major != first->column_major)
-            return cudasim::fault("%s on line %d: lane %d passes another pointer, ldm or layout than lane 0", name, line, lane), false;
+        if (other->memory != first->memory || other->ldm != first->ldm || other->column_major != first->column_major) {
+            cudasim::fault("%s on line %d: lane %d passes another pointer, ldm or layout than lane 0", name, line, lane);
+            return false;
+        }
     }
     return true;
 }
