@@ -14,7 +14,7 @@ says why and the sampler goes on eagerly (see docs/kernels.md).
 
 from __future__ import annotations
 
-import warnings
+import logging
 from typing import Callable
 
 import numpy as np
@@ -23,6 +23,8 @@ from reference.sampler import StepInfo, step_factors, time_grid
 
 from . import kernels
 from .kernels import cp
+
+log = logging.getLogger("minit2i.accelerated")  # the CLI prints these notes as one stderr line each
 
 
 def sample(denoise: Callable, noise, context, mask, steps: int, cfg_scale: float, a_min: float,
@@ -100,7 +102,7 @@ def try_capture(step: Callable[[], None], stream) -> CapturedStep | None:
         return capture(step, stream)
     except RuntimeError as err:  # CuPy's CUDARuntimeError is one
         reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        warnings.warn(f"CUDA graph capture failed ({reason}); running the sampler steps eagerly", RuntimeWarning, stacklevel=3)
+        log.warning("CUDA graph capture failed (%s); running the sampler steps eagerly", reason)
         return None
 
 
