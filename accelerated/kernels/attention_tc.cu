@@ -8,8 +8,8 @@
 // Dp = Dh rounded up to 16 (52 -> 64). Per key tile each warp
 //   1. computes its 16 x 32 scores S = Q K^T on tensor cores and stores them (fp32) to shared memory,
 //   2. runs the online softmax in fp32 (two lanes per row, 16 keys each): new running max, the
-//      correction exp(old max - new max) applied to its output rows, P = exp(S - max) rounded to
-//      the storage dtype (as FlashAttention does; the row sum adds the unrounded fp32 values),
+//      correction exp(old max - new max) applied to the warp's output rows, P = exp(S - max)
+//      rounded to the storage dtype (as FlashAttention does; the row sum adds the fp32 values),
 //   3. adds P V to its output rows O [16, Dp], which live in shared memory in fp32: a fragment's
 //      element-to-lane layout is unspecified, so the per-row correction cannot be applied to an
 //      accumulator fragment; O is scaled in shared memory and reloaded as the MMA's C instead.
@@ -32,9 +32,10 @@ using namespace nvcuda;
 #define SCORE_LD (TC_KEY_TILE + 4)                // fp32 score row stride (4 floats = 16 bytes of padding)
 #define PROB_LD (TC_KEY_TILE + SKEW)              // 16-bit probability row stride
 
-// One attention logit in the reference's order (attention.cu's, per element): scale * q.k, plus T5's position bias
-// bias[h, row, key], plus the additive key mask (1 - mask) * LOWEST_FLOAT; -inf for a key past lk
-// (tile padding), which gets probability 0. A query row past lq (padding) reads no bias.
+// One attention logit in the reference's order (attention.cu's, per element): scale * q.k,
+// plus T5's position bias bias[h, row, key], plus the additive key mask (1 - mask) * LOWEST_FLOAT;
+// -inf for a key past lk (tile padding), which gets probability 0. A query row past lq
+// (padding) reads no bias.
 __device__ __forceinline__ float attention_logit(float dot, float scale, const float* __restrict__ bias,
                                                  const float* __restrict__ key_mask, int b, int h, int row, int key,
                                                  int lq, int lk, int has_bias, int has_mask) {
