@@ -34,15 +34,36 @@ except ImportError:  # the numpy backend and the no-GPU tests run without CuPy
     _cupy = None
 
 KERNEL_DIR = Path(__file__).parent / "kernels"
-SOURCES = ("rmsnorm.cu", "swiglu.cu", "rope.cu", "attention.cu", "sampler.cu")
+SOURCES = ("rmsnorm.cu", "swiglu.cu", "rope.cu", "attention.cu", "attention_tc.cu", "sampler.cu")
 DTYPE_SUFFIXES = {"float32": "f32", "float16": "f16", "bfloat16": "bf16"}
 COMMON_HEADER = "common.cuh"
-NVRTC_OPTIONS = ("-std=c++17",)
+
+
+def _wmma_include() -> tuple[str, ...]:
+    """NVRTC's -I for crt/mma.h, which <mma.h> includes (attention_tc.cu).
+
+    A CUDA toolkit has it in the include folder CuPy already passes; a pip-only install has it
+    only in the nvidia-cuda-nvcc-cu12 wheel, whose include folder is then added.
+    """
+    try:
+        import nvidia
+    except ImportError:
+        return ()
+    for root in nvidia.__path__:
+        include = Path(root, "cuda_nvcc", "include")
+        if (include / "crt" / "mma.h").exists():
+            return (f"-I{include}",)
+    return ()
+
+
+NVRTC_OPTIONS = ("-std=c++17", *_wmma_include())
 THREADS = 256
 WARPS_PER_BLOCK = 4  # qkv_heads: one warp per head vector
-ATTENTION_THREADS = 128  # attention.cu: WARPS * 32
+ATTENTION_THREADS = 128  # attention.cu: WARPS * 32; attention_tc.cu: TC_WARPS * 32
 ATTENTION_ROWS_PER_BLOCK = 32  # attention.cu: ROWS_PER_BLOCK
 ATTENTION_KEY_TILE = 32  # attention.cu: KEY_TILE
+TC_ROWS_PER_BLOCK = 64  # attention_tc.cu: TC_ROWS
+TENSOR_CORE_DTYPES = ("float16", "bfloat16")  # attention on tensor cores; fp32 stays on CUDA cores
 MAX_HEAD_DIM = 128  # attention.cu MAX_DIMS_PER_LANE * 32, rope.cu MAX_PAIRS_PER_LANE * 64
 DEFAULT_SHARED_BYTES = 48 * 1024
 
@@ -236,10 +257,21 @@ def qkv_heads(qkv, bias, heads: int, q, k, v, offset: int = 0, norms=None, rope=
          np.int32(rope is not None), np.float32(eps)))
 
 
+def attention_shared_bytes(head_dim: int, dtype) -> int:
+    """Dynamic shared memory of the attention kernel for `dtype` (see the two sources' layouts)."""
+    if np.dtype(dtype).name in TENSOR_CORE_DTYPES:
+        padded = -(-head_dim // 16) * 16  # zero-padded to whole 16-wide fragments
+        # fp32: O [64, Dp], scores [4 warps, 16, 32 + 4]; 16-bit: Q [64, Dp + 8], K and V
+        # [32, Dp + 8], P [4 warps, 16, 32 + 8]
+        return 4 * (TC_ROWS_PER_BLOCK * padded + 4 * 16 * 36) + 2 * ((TC_ROWS_PER_BLOCK + 64) * (padded + 8) + 4 * 16 * 40)
+    return 4 * (ATTENTION_ROWS_PER_BLOCK * head_dim + ATTENTION_KEY_TILE * (2 * head_dim + 1))
+
+
 def attention(q, k, v, scale: float, bias=None, key_mask=None):
     """Flash-style attention: q [B, H, Lq, Dh], k/v [B, H, Lk, Dh] -> [B, Lq, H*Dh] (heads merged).
 
     bias: float32 [H, Lq, Lk] added to the scores; key_mask: float32 [B, Lk], 1 keep / 0 pad.
+    fp16 and bf16 run on tensor cores (attention_tc.cu), fp32 on CUDA cores (attention.cu).
     """
     batch, heads, lq, head_dim = q.shape
     lk = k.shape[2]
@@ -256,11 +288,14 @@ def attention(q, k, v, scale: float, bias=None, key_mask=None):
     if key_mask is not None:
         _check("key_mask", key_mask, np.float32, (batch, lk))
     out = cp.empty((batch, lq, heads * head_dim), dtype=dtype)
-    shared = 4 * (ATTENTION_ROWS_PER_BLOCK * head_dim + ATTENTION_KEY_TILE * (2 * head_dim + 1))
-    kernel = _kernel("attention.cu", "flash_attention", dtype)
+    shared = attention_shared_bytes(head_dim, dtype)
+    if np.dtype(dtype).name in TENSOR_CORE_DTYPES:
+        kernel, rows = _kernel("attention_tc.cu", "flash_attention_tc", dtype), TC_ROWS_PER_BLOCK
+    else:
+        kernel, rows = _kernel("attention.cu", "flash_attention", dtype), ATTENTION_ROWS_PER_BLOCK
     if shared > DEFAULT_SHARED_BYTES:
         kernel.max_dynamic_shared_size_bytes = shared
-    grid = ((lq + ATTENTION_ROWS_PER_BLOCK - 1) // ATTENTION_ROWS_PER_BLOCK, batch * heads)
+    grid = ((lq + rows - 1) // rows, batch * heads)
     kernel(grid, (ATTENTION_THREADS,),
            (q, k, v, _placeholder() if bias is None else bias, _placeholder() if key_mask is None else key_mask,
             out, np.int32(heads), np.int32(lq), np.int32(lk), np.int32(head_dim), np.float32(scale),

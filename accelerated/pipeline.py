@@ -28,12 +28,13 @@ class CupyRunner:
     """T5 (fp32) + MMJiT (fp32/fp16/bf16) + sampler on one NVIDIA GPU; weights uploaded once.
 
     fp32 GEMMs run without TF32 (CuPy's default unless CUPY_TF32=1 is set), for parity with
-    the reference. `use_graph` replays each sampler step as a captured CUDA graph.
+    the reference. `use_graph` (default on) replays sampler steps 1.. as a captured CUDA graph,
+    falling back to eager steps with a one-line warning when capture fails.
     """
 
     name = "cupy"
 
-    def __init__(self, mmjit: LoadedWeights, t5: LoadedWeights, precision: str = "fp32", use_graph: bool = False):
+    def __init__(self, mmjit: LoadedWeights, t5: LoadedWeights, precision: str = "fp32", use_graph: bool = True):
         self.cp = self.array_module()
         self.dtype = precision_dtype(precision)
         self.use_graph = use_graph

@@ -5,15 +5,16 @@ The state never leaves the device: noise is uploaded once, cond and uncond run a
 writes the next [x ; x] input. The per-step scalars come from reference.sampler.step_factors.
 The caller copies the final state to the host; that is the only device-to-host transfer.
 
-Optional CUDA graph replay (`use_graph=True`, off by default): step 0 runs eagerly (it
-compiles the kernels, builds the cached tables and lets cuBLAS set up its workspace), step 1
-is captured on a private memory pool that stays alive with the graph, and later steps replay
-it after writing their factor into the captured device scalar. Off by default because it has
-not been run on a GPU yet (see docs/kernels.md).
+CUDA graph replay (`use_graph=True`, the default): step 0 runs eagerly (it compiles the
+kernels, builds the cached tables and lets cuBLAS set up its workspace), step 1 is captured on a
+private memory pool that stays alive with the graph, and it and every later step replay it after
+writing their factor into the captured device scalar. If the capture fails, one warning line
+says why and the sampler goes on eagerly (see docs/kernels.md).
 """
 
 from __future__ import annotations
 
+import logging
 from typing import Callable
 
 import numpy as np
@@ -23,9 +24,11 @@ from reference.sampler import StepInfo, step_factors, time_grid
 from . import kernels
 from .kernels import cp
 
+log = logging.getLogger("minit2i.accelerated")  # the CLI prints these notes as one stderr line each
+
 
 def sample(denoise: Callable, noise, context, mask, steps: int, cfg_scale: float, a_min: float,
-           callback: Callable[[StepInfo], None] | None = None, use_graph: bool = False):
+           callback: Callable[[StepInfo], None] | None = None, use_graph: bool = True):
     """Run the sampler on the device.
 
     denoise(x [2B, C, H, W], context [2B, L, Dc], mask [2B, L]) -> x0 [2B, C, H, W] (device);
@@ -47,14 +50,15 @@ def sample(denoise: Callable, noise, context, mask, steps: int, cfg_scale: float
 
     graph = None
     t = time_grid(steps)
-    stream = capture_stream() if use_graph else cp.cuda.get_current_stream()
+    own_stream = use_graph  # capture needs a stream of its own (still used if capture fails)
+    stream = capture_stream() if own_stream else cp.cuda.get_current_stream()
     with stream:
         for i, f in enumerate(step_factors(steps, a_min)):
             factor.fill(np.float32(f))
+            if use_graph and graph is None and i > 0:
+                graph = try_capture(step, stream)
+                use_graph = graph is not None
             if graph is not None:
-                graph.launch(stream)
-            elif use_graph and i > 0:
-                graph = capture(step, stream)
                 graph.launch(stream)
             else:
                 step()
@@ -62,7 +66,7 @@ def sample(denoise: Callable, noise, context, mask, steps: int, cfg_scale: float
                 # Wait for the step so per-step timings measure GPU work, not kernel launches.
                 stream.synchronize()
                 callback(StepInfo(i, float(t[i]), state, x0_guided))
-    if use_graph:
+    if own_stream:
         stream.synchronize()  # the caller reads the state on the default stream
     return state
 
@@ -89,6 +93,17 @@ def capture_stream():
     """
     cp.cuda.Device().synchronize()
     return cp.cuda.Stream(non_blocking=True)
+
+
+def try_capture(step: Callable[[], None], stream) -> CapturedStep | None:
+    """capture(step, stream), or None after a one-line warning when capture fails (the caller
+    then runs the step eagerly: nothing of a failed capture has run)."""
+    try:
+        return capture(step, stream)
+    except RuntimeError as err:  # CuPy's CUDARuntimeError is one
+        reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        log.warning("CUDA graph capture failed (%s); running the sampler steps eagerly", reason)
+        return None
 
 
 def capture(step: Callable[[], None], stream) -> CapturedStep:

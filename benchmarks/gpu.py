@@ -11,7 +11,14 @@ code uses an einsum softmax, see shared notes); the CuPy path is accelerated.sam
 
 Reported: wall time per run (CUDA events), ms per step, achieved TFLOP/s of the MMJiT GEMM +
 attention work against the device's peak for that precision, and per-kernel timings of the
-fused kernels at B/16 shapes. Needs CuPy and an NVIDIA GPU (and torch with CUDA for the baseline).
+fused kernels at B/16 shapes, each beside the prediction of benchmarks/performance_model.py
+(docs/performance-model.md) on an H100 or A100. Needs CuPy and an NVIDIA GPU (and torch with
+CUDA for the baseline).
+
+    python benchmarks/gpu.py --smoke               # no GPU: every component once on cudasim, untimed
+
+--smoke runs the same code paths (the per-kernel cases and a 2-step sampler with graph replay)
+on cudasim at the tiny model's shapes and prints what it would time; CI runs it.
 """
 
 from __future__ import annotations
@@ -51,7 +58,8 @@ def parse_args(argv=None):
     parser.add_argument("--cfg-scale", type=float, default=6.0)
     parser.add_argument("--repeats", type=int, default=2, help="timed runs per setting (best is reported)")
     parser.add_argument("--no-torch", action="store_true", help="skip the PyTorch eager baseline")
-    parser.add_argument("--graph", action="store_true", help="CuPy: replay each step as a captured CUDA graph")
+    parser.add_argument("--no-graph", action="store_true", help="CuPy: run every step eagerly (no CUDA graph replay)")
+    parser.add_argument("--smoke", action="store_true", help="no GPU: run every component once on cudasim, untimed")
     return parser.parse_args(argv)
 
 
@@ -121,15 +129,18 @@ def cupy_sampler(cp, params, config, size, steps, precision, cfg_scale, use_grap
     return lambda: sample(denoise, noise, context, mask, steps, cfg_scale, 0.001, use_graph=use_graph)
 
 
-def kernel_timings(cp, config: MMJiTConfig, size: int, precision: str):
-    """{kernel: (ms, note)} for each fused kernel at the shapes of one batched CFG forward."""
+def kernel_cases(cp, config: MMJiTConfig, size: int, precision: str) -> dict:
+    """{name: (run, Component)}: each fused kernel and one GEMM at the shapes of one batched CFG
+    forward, with the FLOPs and bytes the performance model charges for that one launch."""
     from accelerated.pipeline import precision_dtype
+    from performance_model import Component  # a sibling file, like torch_peer
 
     dtype = precision_dtype(precision)
     d, heads, dh = config.hidden_size, config.num_heads, config.head_dim
     tokens, length = (size // config.patch_size) ** 2, config.prompt_length
     joint, batch = tokens + length, 2
     item = np.dtype(dtype).itemsize
+    padded = -(-dh // 16) * 16 if item == 2 else dh
     x = cp.ones((batch, tokens, d), dtype)
     zeros, w, bias = cp.zeros_like(x), cp.ones(d, dtype), cp.zeros(d, dtype)
     packed = cp.ones((batch, tokens, 2 * config.mlp_hidden), dtype)
@@ -140,24 +151,51 @@ def kernel_timings(cp, config: MMJiTConfig, size: int, precision: str):
     x0_both = cp.zeros((2, 3, size, size), dtype)
     next_input, guided, factor = cp.empty_like(x0_both), cp.empty_like(state), cp.ones(1, np.float32)
     gemm_a, gemm_b = cp.ones((batch * tokens, d), dtype), cp.ones((d, 3 * d), dtype)
-    cases = {
-        "rms_norm": (lambda: kernels.rms_norm(x, w), 2 * x.size * item),
-        "add_rms_norm": (lambda: kernels.add_rms_norm(x, zeros, bias, w), 4 * x.size * item),
-        "swiglu": (lambda: kernels.gated_activation(packed, "swiglu"), 1.5 * packed.size * item),
+
+    def memory(name, bytes_moved):
+        return Component(name, "memory", 1, 0.0, bytes_moved)
+
+    return {
+        "rms_norm": (lambda: kernels.rms_norm(x, w), memory("rms_norm", 2 * x.size * item)),
+        "add_rms_norm": (lambda: kernels.add_rms_norm(x, zeros, bias, w), memory("add_rms_norm", 4 * x.size * item)),
+        "swiglu": (lambda: kernels.gated_activation(packed, "swiglu"), memory("swiglu", 1.5 * packed.size * item)),
         "qkv_heads (img)": (lambda: kernels.qkv_heads(qkv, cp.zeros(3 * d, dtype), heads, q, k, v, length, (w[:dh], w[:dh]), (cos, sin)),
-                            2 * qkv.size * item),
-        "flash_attention": (lambda: kernels.attention(q, k, v, dh**-0.5), None),
+                            memory("qkv_heads", 2 * qkv.size * item)),
+        "attention": (lambda: kernels.attention(q, k, v, dh**-0.5),
+                      Component("attention", "attention", 1, 4.0 * batch * heads * joint * joint * padded, 4 * q.size * item)),
         "cfg_euler": (lambda: kernels.cfg_euler(state, next_input, x0_both, guided, 6.0, factor),
-                      state.size * (8 + 4 * item)),
-        "GEMM qkv (cuBLAS)": (lambda: cp.matmul(gemm_a, gemm_b), None),
+                      memory("cfg_euler", state.size * (8 + 4 * item))),
+        "GEMM qkv (cuBLAS)": (lambda: cp.matmul(gemm_a, gemm_b),
+                              Component("GEMM", "gemm", 1, 2.0 * batch * tokens * d * 3 * d,
+                                        item * (gemm_a.size + gemm_b.size + batch * tokens * 3 * d))),
     }
-    flops = {"flash_attention": 4.0 * batch * heads * joint * joint * dh, "GEMM qkv (cuBLAS)": 2.0 * batch * tokens * d * 3 * d}
-    results = {}
-    for name, (fn, bytes_moved) in cases.items():
-        ms = time_cupy(cp, fn, 20)
-        note = f"{bytes_moved / ms / 1e6:.0f} GB/s" if bytes_moved else f"{flops[name] / ms / 1e9:.1f} TFLOP/s"
-        results[name] = (ms, note)
-    return results
+
+
+def model_device(device_name: str):
+    """The performance model's description of this GPU (H100 or A100), or None."""
+    import performance_model
+
+    return next((device for device in (performance_model.H100, performance_model.A100)
+                 if device.name.split()[0] in device_name), None)
+
+
+def print_components(cp, config: MMJiTConfig, size: int, precision: str, device_name: str, timed: bool) -> None:
+    """Each component's measured time (CUDA events; '-' when untimed) beside the model's prediction."""
+    import performance_model
+
+    device = model_device(device_name)
+    item = 2 if precision != "fp32" else 4
+    print(f"\n{precision}, shapes of one batched CFG forward ({size}x{size}):")
+    print(f"  {'component':<20}{'measured us':>12}{'predicted us':>14}{'achieved':>16}")
+    for name, (run, component) in kernel_cases(cp, config, size, precision).items():
+        predicted = f"{1e3 * performance_model.gpu_ms(component, device, item, performance_model.Assumptions()):.2f}" if device else "?"
+        if timed:
+            ms = time_cupy(cp, run, 20)
+            rate = (f"{component.flops / ms / 1e9:.1f} TFLOP/s" if component.flops else f"{component.bytes / ms / 1e6:.0f} GB/s")
+            print(f"  {name:<20}{1000 * ms:>12.1f}{predicted:>14}{rate:>16}")
+        else:
+            run()
+            print(f"  {name:<20}{'-':>12}{predicted:>14}{'-':>16}")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -224,6 +262,8 @@ def load_torch(skip: bool):
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    if args.smoke:
+        return smoke(args)
     try:
         cp = kernels.require_gpu()
         config = MODEL_VARIANTS[VARIANT_ALIASES.get(args.variant, args.variant)]
@@ -233,31 +273,54 @@ def main(argv=None) -> int:
     except KeyError:
         print(f"benchmarks/gpu.py: unknown --variant {args.variant}; use b16 or l16", file=sys.stderr)
         return 2
+    import performance_model
+
     torch = load_torch(args.no_torch)
     device_name = cp.cuda.runtime.getDeviceProperties(cp.cuda.runtime.getDevice())["name"].decode()
+    device, assumptions = model_device(device_name), performance_model.Assumptions()
     params = random_params(config)
     flops_per_step = forward_flops(config, args.size, batch=2)
+    graph = not args.no_graph
     print(f"device: {device_name}; {args.variant} {args.size}x{args.size}, CFG {args.cfg_scale}, "
           f"{flops_per_step / 1e12:.2f} TFLOP per step (GEMM + attention)")
-    print(f"{'backend':<14}{'precision':<10}{'steps':>6}{'total ms':>11}{'ms/step':>9}{'TFLOP/s':>9}{'% peak':>8}")
+    print(f"{'backend':<14}{'precision':<10}{'steps':>6}{'total ms':>11}{'predicted':>11}{'ms/step':>9}{'TFLOP/s':>9}{'% peak':>8}")
     for precision in args.precisions:
+        item = 4 if precision == "fp32" else 2
         for steps in args.steps:
-            runs = [("cupy" + ("+graph" if args.graph else ""),
+            runs = [("cupy" + ("+graph" if graph else ""),
                      lambda: time_cupy(cp, cupy_sampler(cp, params, config, args.size, steps, precision,
-                                                        args.cfg_scale, args.graph), args.repeats))]
+                                                        args.cfg_scale, graph), args.repeats),
+                     lambda: performance_model.cupy_run_ms(config, args.size, steps, device, item, assumptions, graph))]
             if torch is not None:
                 runs.append(("torch eager", lambda: time_torch(torch, torch_sampler(
-                    torch, params, config, args.size, steps, precision, args.cfg_scale), args.repeats)))
-            for backend, timed in runs:
+                    torch, params, config, args.size, steps, precision, args.cfg_scale), args.repeats),
+                    lambda: performance_model.torch_run_ms(config, args.size, steps, device, item, assumptions)))
+            for backend, timed, predict in runs:
                 ms = timed()
+                predicted = f"{predict():.1f}" if device else "?"
                 tflops = flops_per_step * steps / ms / 1e9
                 peak = peak_tflops(device_name, precision)
                 share = f"{100 * tflops / peak:.1f}" if peak else "?"
-                print(f"{backend:<14}{precision:<10}{steps:>6}{ms:>11.1f}{ms / steps:>9.2f}{tflops:>9.1f}{share:>8}")
+                print(f"{backend:<14}{precision:<10}{steps:>6}{ms:>11.1f}{predicted:>11}{ms / steps:>9.2f}{tflops:>9.1f}{share:>8}")
     for precision in args.precisions:
-        print(f"\nper-kernel timings ({precision}, shapes of one batched CFG forward, CUDA events):")
-        for name, (ms, note) in kernel_timings(cp, config, args.size, precision).items():
-            print(f"  {name:<20}{1000 * ms:>9.1f} us   {note}")
+        print_components(cp, config, args.size, precision, device_name, timed=True)
+    return 0
+
+
+def smoke(args) -> int:
+    """No GPU: every component once and a 2-step sampler with graph replay, on cudasim at the tiny
+    model's shapes; nothing is timed (the predictions shown are the model's, for an H100)."""
+    from accelerated.pipeline import CudasimRunner
+    from minit2i.config import MMJIT_TINY
+
+    cp = CudasimRunner.array_module()
+    config, size = MMJIT_TINY, 32
+    params = random_params(config)
+    print(f"smoke run on cudasim, no timings: tiny model, {size}x{size}")
+    for precision in args.precisions:
+        cupy_sampler(cp, params, config, size, 2, precision, args.cfg_scale, use_graph=not args.no_graph)()
+        print(f"sampler, {precision}: 2 steps ran" + ("" if args.no_graph else " (step 2 replayed from a CUDA graph)"))
+        print_components(cp, config, size, precision, "H100 (predicted only)", timed=False)
     return 0
 
 

@@ -138,7 +138,9 @@ def _compile(source: str, name: str, flags, folder: Path) -> None:
 def translation_unit(name: str, kernels: dict[str, KernelSignature], shared: list[tuple[str, str]]) -> str:
     """The prelude, the unedited source, then one entry point per kernel and the dynamic shared arrays."""
     lines = ['#include "cudasim.h"', f'#include "{name}"', "#include <utility>"]
-    lines += [f"alignas(16) thread_local {ctype} {array}[{DYNAMIC_SHARED_CAPACITY} / sizeof({ctype})];"
+    # 128-byte aligned like the start of a block's shared window, where a kernel without static
+    # __shared__ variables finds its dynamic shared memory (WMMA tiles need 32-byte alignment)
+    lines += [f"alignas(128) thread_local {ctype} {array}[{DYNAMIC_SHARED_CAPACITY} / sizeof({ctype})];"
               for ctype, array in shared]
     bases = ", ".join(f"(void*){array}" for _, array in shared)
     lines += ["namespace cudasim {",

@@ -111,3 +111,24 @@ def parse_ptxas(log: str, arch: str) -> dict[str, Resources]:
         found[name] = Resources(name, arch, int(used.group(1)), int(spills.group(1)), int(spills.group(2)),
                                 int(used.group(2) or 0))
     return found
+
+
+# Per-SM limits (CUDA C++ Programming Guide, compute capabilities 8.0 and 9.0).
+SM_LIMITS = {
+    "sm_80": {"shared": 164 * 1024, "warps": 64, "blocks": 32},
+    "sm_90": {"shared": 228 * 1024, "warps": 64, "blocks": 32},
+}
+REGISTERS_PER_SM = 64 * 1024
+REGISTER_ALLOCATION = 256  # registers are allocated per warp in units of 256
+RESERVED_SHARED_PER_BLOCK = 1024  # shared memory the system keeps per resident block
+
+
+def blocks_per_sm(usage: Resources, threads: int, dynamic_shared: int = 0) -> int:
+    """Resident blocks of `threads` threads per SM: the least of the warp, block, register and
+    shared-memory limits (what cudaOccupancyMaxActiveBlocksPerMultiprocessor computes)."""
+    limits = SM_LIMITS[usage.arch]
+    warps = -(-threads // 32)
+    per_warp = -(-usage.registers * 32 // REGISTER_ALLOCATION) * REGISTER_ALLOCATION
+    by_registers = (REGISTERS_PER_SM // per_warp) // warps if usage.registers else limits["blocks"]
+    shared = usage.shared + dynamic_shared + RESERVED_SHARED_PER_BLOCK
+    return min(limits["warps"] // warps, limits["blocks"], by_registers, limits["shared"] // shared)

@@ -48,6 +48,7 @@ extern const size_t dynamic_shared_capacity;
 
 ThreadState* current;
 uint3 block_idx, block_dim, grid_dim;
+int fragment_layout;
 }  // namespace cudasim
 
 // Save the callee-saved registers on the current stack, store its pointer in *save, switch to
@@ -94,6 +95,9 @@ struct Fiber : ThreadState {
     unsigned mask = 0;
     uint32_t value = 0, result = 0;
     int operand = 0, width = 32;
+    const char* collective = nullptr;  // WARP_COLLECTIVE: its name, this lane's payload, the completion
+    void* payload = nullptr;
+    CollectiveFn complete = nullptr;
 };
 
 #if CUDASIM_ASAN
@@ -149,6 +153,9 @@ const char* shuffle_name(ShuffleKind kind) {
     return names[kind];
 }
 
+// What a lane waits at: a shuffle's name, or a warp collective's.
+const char* rendezvous_name(const Fiber& f) { return f.kind == WARP_COLLECTIVE ? f.collective : shuffle_name(f.kind); }
+
 std::string where(const Fiber& f) {
     char text[128];
     switch (f.wait) {
@@ -156,7 +163,7 @@ std::string where(const Fiber& f) {
         case Wait::RUNNABLE: return "is running";
         case Wait::BARRIER: snprintf(text, sizeof text, "waits at __syncthreads on line %d", f.line); break;
         case Wait::SHUFFLE:
-            snprintf(text, sizeof text, "waits at %s on line %d with mask 0x%08x", shuffle_name(f.kind), f.line, f.mask);
+            snprintf(text, sizeof text, "waits at %s on line %d with mask 0x%08x", rendezvous_name(f), f.line, f.mask);
             break;
     }
     return text;
@@ -300,16 +307,8 @@ int source_lane(const Fiber& f, int lane) {
     return lane;
 }
 
-// All lanes of `f`'s mask wait at the same shuffle: hand each its source lane's value.
-bool try_complete_shuffle(Fiber& f) {
-    int& arrivals = shuffle_arrivals[f.linear >> 5];
-    if (++arrivals < __builtin_popcount(f.mask)) return false;
-    for (int lane = 0; lane < 32; ++lane) {
-        if (!(f.mask >> lane & 1u)) continue;
-        const Fiber& other = lane_fiber(f, lane);
-        if (other.wait != Wait::SHUFFLE) return false;  // not there yet (or stuck elsewhere)
-        if (other.line != f.line || other.mask != f.mask) return false;
-    }
+// Every lane of `f`'s shuffle is there: hand each its source lane's value.
+void resolve_shuffle(const Fiber& f) {
     for (int lane = 0; lane < 32; ++lane) {
         if (!(f.mask >> lane & 1u)) continue;
         Fiber& reader = lane_fiber(f, lane);
@@ -317,10 +316,33 @@ bool try_complete_shuffle(Fiber& f) {
         if (!(f.mask >> source & 1u)) {
             fail("%s on line %d: lane %d reads lane %d, which is not in the mask 0x%08x (undefined on a GPU)",
                  shuffle_name(f.kind), f.line, lane, source, f.mask);
-            return false;
+            return;
         }
         reader.result = lane_fiber(f, source).value;
     }
+}
+
+// Every lane of `f`'s warp collective is there: run it once, on all their payloads.
+void resolve_collective(const Fiber& f) {
+    void* payloads[32] = {};
+    for (int lane = 0; lane < 32; ++lane)
+        if (f.mask >> lane & 1u) payloads[lane] = lane_fiber(f, lane).payload;
+    f.complete(payloads, f.line);
+}
+
+// All lanes of `f`'s mask wait at the same shuffle or warp collective: complete it.
+bool try_complete_shuffle(Fiber& f) {
+    int& arrivals = shuffle_arrivals[f.linear >> 5];
+    if (++arrivals < __builtin_popcount(f.mask)) return false;
+    for (int lane = 0; lane < 32; ++lane) {
+        if (!(f.mask >> lane & 1u)) continue;
+        const Fiber& other = lane_fiber(f, lane);
+        if (other.wait != Wait::SHUFFLE) return false;  // not there yet (or stuck elsewhere)
+        if (other.line != f.line || other.mask != f.mask || other.collective != f.collective) return false;
+    }
+    if (f.kind == WARP_COLLECTIVE) resolve_collective(f);
+    else resolve_shuffle(f);
+    if (!launch.error.empty()) return false;
     for (int lane = 0; lane < 32; ++lane)
         if (f.mask >> lane & 1u) lane_fiber(f, lane).wait = Wait::RUNNABLE;
     arrivals -= __builtin_popcount(f.mask);
@@ -346,8 +368,10 @@ void diagnose_stuck() {
         if (f.wait != Wait::SHUFFLE) continue;
         for (int lane = 0; lane < 32; ++lane) {
             const Fiber& other = lane_fiber(f, lane);
-            if ((f.mask >> lane & 1u) && !(other.wait == Wait::SHUFFLE && other.line == f.line && other.mask == f.mask)) {
-                fail("divergent shuffle: %s %s, but lane %d (%s) %s", describe(f).c_str(), where(f).c_str(), lane,
+            if ((f.mask >> lane & 1u) && !(other.wait == Wait::SHUFFLE && other.line == f.line && other.mask == f.mask &&
+                                           other.collective == f.collective)) {
+                fail("divergent %s: %s %s, but lane %d (%s) %s", f.kind == WARP_COLLECTIVE ? "warp collective" : "shuffle",
+                     describe(f).c_str(), where(f).c_str(), lane,
                      describe(other).c_str(), where(other).c_str());
                 return;
             }
@@ -464,24 +488,51 @@ void syncthreads(int line) {
     yield_to_scheduler();
 }
 
-uint32_t shuffle(ShuffleKind kind, int line, unsigned mask, uint32_t value, int operand, int width) {
+namespace {
+// The checks every warp rendezvous makes on its caller and mask; the running fiber then waits.
+Fiber& arrive(const char* name, int line, unsigned mask) {
     Fiber& f = *running;
     const int lane = f.linear & 31, warp_first = f.linear & ~31;
-    if (width < 1 || width > 32 || (width & (width - 1))) fail("%s on line %d: width %d is not a power of 2 <= 32", shuffle_name(kind), line, width);
-    if (!(mask >> lane & 1u)) fail("%s on line %d: %s calls it but is not in its mask 0x%08x", shuffle_name(kind), line, describe(f).c_str(), mask);
+    if (!(mask >> lane & 1u)) fail("%s on line %d: %s calls it but is not in its mask 0x%08x", name, line, describe(f).c_str(), mask);
     const int lanes = std::min(32, static_cast<int>(fibers.size()) - warp_first);
     if (lanes < 32 && (mask >> lanes))
         fail("%s on line %d: mask 0x%08x names lane %d, but the block has %zu threads (not whole warps)",
-             shuffle_name(kind), line, mask, __builtin_ctz(mask >> lanes) + lanes, fibers.size());
+             name, line, mask, __builtin_ctz(mask >> lanes) + lanes, fibers.size());
     f.wait = Wait::SHUFFLE;
-    f.kind = kind;
     f.line = line;
     f.mask = mask;
+    f.collective = nullptr;  // a shuffle; warp_collective names itself
+    return f;
+}
+}  // namespace
+
+uint32_t shuffle(ShuffleKind kind, int line, unsigned mask, uint32_t value, int operand, int width) {
+    if (width < 1 || width > 32 || (width & (width - 1))) fail("%s on line %d: width %d is not a power of 2 <= 32", shuffle_name(kind), line, width);
+    Fiber& f = arrive(shuffle_name(kind), line, mask);
+    f.kind = kind;
     f.value = value;
     f.operand = operand;
     f.width = width;
     yield_to_scheduler();
     return f.result;
+}
+
+void warp_collective(const char* name, int line, unsigned mask, void* payload, CollectiveFn complete) {
+    Fiber& f = arrive(name, line, mask);
+    f.kind = WARP_COLLECTIVE;
+    f.collective = name;
+    f.payload = payload;
+    f.complete = complete;
+    yield_to_scheduler();
+}
+
+void fault(const char* format, ...) {
+    char text[1024];
+    va_list args;
+    va_start(args, format);
+    vsnprintf(text, sizeof text, format, args);
+    va_end(args);
+    fail("%s", text);
 }
 
 }  // namespace cudasim
@@ -500,6 +551,7 @@ EXPORT int cudasim_launch(void (*kernel)(void**), void** args, const char* name,
     launch.dynamic_bytes = dynamic_bytes;
     launch.schedule = static_cast<Schedule>(schedule);
     launch.seed = seed;
+    fragment_layout = schedule;  // each schedule plays a GPU with its own WMMA fragment layout
     grid_dim = {grid[0], grid[1], grid[2]};
     block_dim = {block[0], block[1], block[2]};
     const int threads = static_cast<int>(block[0] * block[1] * block[2]);

@@ -77,3 +77,13 @@ def test_torch_baseline_is_the_reference_math(bench):
     expected = sample(lambda x, c, m: mmjit_forward(params, config, x, c, m), initial_noise(0, 1, 3, 32, 32),
                       context, mask, steps, cfg_scale)
     assert np.max(np.abs(got - expected)) / np.max(np.abs(expected)) < 1e-5
+
+
+def test_smoke_run_on_cudasim_runs_every_component(bench, capsys):
+    """--smoke: the sampler with graph replay and every per-kernel case run on cudasim, untimed."""
+    assert bench.main(["--smoke", "--precisions", "bf16"]) == 0
+    out = capsys.readouterr().out
+    assert "sampler, bf16: 2 steps ran (step 2 replayed from a CUDA graph)" in out
+    for name in ("rms_norm", "add_rms_norm", "swiglu", "qkv_heads (img)", "attention", "cfg_euler", "GEMM qkv (cuBLAS)"):
+        assert any(line.split()[:len(name.split())] == name.split() and line.rstrip().endswith("-")
+                   for line in out.splitlines()), name

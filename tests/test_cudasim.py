@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 import cudasim
-from accelerated.kernels import NVRTC_OPTIONS, kernel_source
+from accelerated.kernels import NVRTC_OPTIONS, attention_shared_bytes, kernel_source
 from cudasim import KernelError, Module, RaceError, schedules
 from reference import layers as ref
 
@@ -165,6 +165,114 @@ def test_full_mask_shuffle_in_a_partial_warp_is_refused():
 
 
 # ---------------------------------------------------------------------------------------------
+# Warp matrix functions (WMMA)
+
+
+WMMA = """
+#include <cuda_fp16.h>
+#include <cuda_bf16.h>
+#include <mma.h>
+using namespace nvcuda;
+#define PRODUCT(T, SUFFIX)                                                                              \
+extern "C" __global__ void product_##SUFFIX(const T* a, const T* b_cols, const float* c, float* d) {   \
+    wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::row_major> fa;                                  \
+    wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::col_major> fb;                                  \
+    wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc;                                           \
+    wmma::load_matrix_sync(fa, a, 16);                                                                  \
+    wmma::load_matrix_sync(fb, b_cols, 16);                                                             \
+    wmma::load_matrix_sync(acc, c, 16, wmma::mem_col_major);                                            \
+    for (int i = 0; i < acc.num_elements; ++i) acc.x[i] *= 2.0f;  /* whole-fragment work is legal */   \
+    wmma::mma_sync(acc, fa, fb, acc);                                                                   \
+    wmma::store_matrix_sync(d, acc, 16, wmma::mem_row_major);                                           \
+}
+PRODUCT(__half, f16)
+PRODUCT(__nv_bfloat16, bf16)
+
+// Reads the fragment as if element i of lane l were row l / 2, column 8 (l % 2) + i: some GPU's
+// layout, perhaps, but not one CUDA promises.
+extern "C" __global__ void assumes_layout(const __half* a, float* out) {
+    wmma::fragment<wmma::matrix_a, 16, 16, 16, __half, wmma::row_major> fa;
+    wmma::load_matrix_sync(fa, a, 16);
+    for (int i = 0; i < fa.num_elements; ++i) out[threadIdx.x * 8 + i] = __half2float(fa.x[i]);
+}
+
+extern "C" __global__ void misaligned(const __half* a) {
+    wmma::fragment<wmma::matrix_a, 16, 16, 16, __half, wmma::row_major> fa;
+    wmma::load_matrix_sync(fa, a + 8, 16);
+}
+
+extern "C" __global__ void divergent(const __half* a, float* d) {
+    wmma::fragment<wmma::matrix_a, 16, 16, 16, __half, wmma::row_major> fa;
+    wmma::fragment<wmma::matrix_b, 16, 16, 16, __half, wmma::col_major> fb;
+    wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc;
+    wmma::fill_fragment(acc, 0.0f);
+    wmma::load_matrix_sync(fa, a, 16);
+    wmma::load_matrix_sync(fb, a, 16);
+    if (threadIdx.x != 7) wmma::mma_sync(acc, fa, fb, acc);
+    wmma::store_matrix_sync(d, acc, 16, wmma::mem_row_major);
+}
+"""
+
+
+def device_array(values) -> np.ndarray:
+    """A copy of `values` at a 256-byte aligned address, as cudaMalloc returns."""
+    values = np.ascontiguousarray(values)
+    raw = np.empty(values.nbytes + 256, np.uint8)
+    start = -raw.ctypes.data % 256
+    array = raw[start:start + values.nbytes].view(values.dtype).reshape(values.shape)
+    array[...] = values
+    return array
+
+
+@pytest.fixture(scope="module")
+def wmma():
+    return module(WMMA)
+
+
+@pytest.mark.parametrize("dtype", [np.dtype(np.float16), BF16], ids=["f16", "bf16"])
+def test_wmma_product_in_every_layout(wmma, dtype):
+    """D = A B + 2 C with A row-major, B and C column-major: the 16-bit products are exact in fp32
+    and 16 of them are summed onto C, so |error| <= 17 u_fp32 * sum |terms| (gamma_17)."""
+    rng = np.random.default_rng(0)
+    a, b = (rng.standard_normal((16, 16)).astype(dtype) for _ in range(2))
+    c = rng.standard_normal((16, 16)).astype(np.float32)
+    d = device_array(np.zeros((16, 16), np.float32))
+    suffix = "f16" if dtype == np.float16 else "bf16"
+    with schedules():
+        wmma.get_function(f"product_{suffix}")((1,), (32,), (device_array(a), device_array(b.T), device_array(c.T), d))
+    a64, b64 = a.astype(np.float64), b.astype(np.float64)
+    terms = np.abs(a64) @ np.abs(b64) + 2 * np.abs(c)
+    assert np.all(np.abs(d - (a64 @ b64 + 2 * c)) <= 17 * 2.0**-24 * terms)
+
+
+def test_wmma_fragment_layout_is_scrambled_per_schedule(wmma):
+    """Indexing fragment.x[i] with an assumed element-to-lane layout reads other elements than
+    assumed, and different ones under each schedule: the race check reports it."""
+    a = device_array(np.arange(256, dtype=np.float16).reshape(16, 16))
+    out = np.zeros(256, np.float32)
+    wmma.get_function("assumes_layout")((1,), (32,), (a, out))
+    assert sorted(out) == list(range(256))  # a bijection: every element exactly once ...
+    assert not np.array_equal(out, np.arange(256))  # ... but not in the row-major order
+    with pytest.raises(RaceError, match=r"kernel assumes_layout: race: float\* out \(256,\) differs between schedules"):
+        with schedules():
+            wmma.get_function("assumes_layout")((1,), (32,), (a, out))
+
+
+def test_wmma_pointer_must_be_256_bit_aligned(wmma):
+    with pytest.raises(KernelError, match=r"kernel misaligned, block \(0,0,0\): wmma::load_matrix_sync on line \d+: "
+                                          r"the pointer 0x[0-9a-f]+ is not 256-bit aligned"):
+        wmma.get_function("misaligned")((1,), (32,), (device_array(np.zeros(256 + 8, np.float16)),))
+
+
+def test_wmma_in_divergent_code(wmma):
+    with pytest.raises(KernelError, match=r"kernel divergent, block \(0,0,0\): divergent warp collective: thread \(0,0,0\) "
+                                          r"waits at wmma::mma_sync on line \d+ with mask 0xffffffff, but lane 7 "
+                                          r"\(thread \(7,0,0\)\) waits at wmma::store_matrix_sync"):
+        wmma.get_function("divergent")((1,), (32,), (device_array(np.zeros(256, np.float16)),
+                                                    device_array(np.zeros(256, np.float32))))
+
+
+# ---------------------------------------------------------------------------------------------
 # Launch checks
 
 
@@ -273,6 +381,32 @@ def test_planted_shared_memory_one_row_too_small():
     with pytest.raises(KernelError, match=r"kernel flash_attention_f32, block \(\d,0,0\): wrote past the end of dynamic shared memory: "
                                           rf"the launch asked for {shared} bytes"):
         kernel((2, 1), (128,), args, shared_mem=shared)
+
+
+def test_planted_fragment_layout_assumption_in_the_tensor_core_attention():
+    """The score tile written from acc.x[i] with the accumulator layout an sm_80 GPU happens to use
+    (lane l, element i at row l / 4 + 8 ((i / 2) % 2), column 2 (l % 4) + i % 2 + 8 (i / 4)),
+    instead of wmma::store_matrix_sync. It could pass on that GPU; here the scores land in the
+    wrong places (the output is far from the reference) and the layout differs per schedule
+    (a race)."""
+    store = "wmma::store_matrix_sync(s + n, acc, SCORE_LD, wmma::mem_row_major);"
+    by_hand = ("for (int i = 0; i < acc.num_elements; ++i) { const int l = threadIdx.x & 31; "
+               "s[(l / 4 + 8 * ((i / 2) % 2)) * SCORE_LD + n + 2 * (l % 4) + i % 2 + 8 * (i / 4)] = acc.x[i]; }")
+    kernel = planted("attention_tc.cu", store, by_hand).get_function("flash_attention_tc_f16")
+    rng = np.random.default_rng(0)
+    head_dim, length = 16, 32
+    q, k, v = (device_array(rng.standard_normal((1, 1, length, head_dim)).astype(np.float16)) for _ in range(3))
+    out = np.zeros((1, length, head_dim), np.float16)
+    unused = np.zeros(1, np.float32)
+    args = (q, k, v, unused, unused, out, *map(np.int32, (1, length, length, head_dim)), np.float32(0.25),
+            np.int32(0), np.int32(0))
+    shared = attention_shared_bytes(head_dim, np.float16)
+    kernel((1, 1), (128,), args, shared_mem=shared)
+    expected = ref.attention(*(a.astype(np.float64) for a in (q, k, v)), 0.25)[0, 0]
+    assert np.max(np.abs(out[0] - expected)) > 0.1
+    with pytest.raises(RaceError, match=r"kernel flash_attention_tc_f16: race: __half\* out \(1, 32, 16\) differs between schedules"):
+        with schedules():
+            kernel((1, 1), (128,), args, shared_mem=shared)
 
 
 OUT_OF_BOUNDS = """

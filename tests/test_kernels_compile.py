@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 from concurrent.futures import ThreadPoolExecutor
 
+import numpy as np
 import pytest
 
 from accelerated import kernels
@@ -25,8 +26,20 @@ EXPECTED_KERNELS = {
     "swiglu.cu": {"swiglu": kernels.THREADS, "geglu": kernels.THREADS},
     "rope.cu": {"qkv_heads": kernels.WARPS_PER_BLOCK * 32},
     "attention.cu": {"flash_attention": kernels.ATTENTION_THREADS},
+    "attention_tc.cu": {"flash_attention_tc": kernels.ATTENTION_THREADS},
     "sampler.cu": {"cfg_euler": kernels.THREADS},
 }
+# Stems not defined for every dtype: attention runs fp32 on CUDA cores, fp16 / bf16 on tensor cores.
+ONLY_SUFFIXES = {"flash_attention": ("f32",), "flash_attention_tc": ("f16", "bf16")}
+
+
+# Dynamic shared memory per block, at head_dim 64 (B/16, T5), for the occupancy column.
+DYNAMIC_SHARED = {"flash_attention": kernels.attention_shared_bytes(64, np.float32),
+                  "flash_attention_tc": kernels.attention_shared_bytes(64, np.float16)}
+
+
+def suffixes(stem: str) -> tuple[str, ...]:
+    return ONLY_SUFFIXES.get(stem, tuple(DTYPE_SUFFIXES.values()))
 
 
 @pytest.fixture(scope="module")
@@ -60,7 +73,7 @@ def test_every_source_is_listed_and_self_contained():
 @pytest.mark.parametrize("source", SOURCES)
 def test_source_emits_every_dtype_entry_point(ptx_by_source, source, arch):
     entries = set(re.findall(r"\.entry\s+(\w+)\(", ptx_by_source[source, arch]))
-    expected = {f"{stem}_{suffix}" for stem in EXPECTED_KERNELS[source] for suffix in DTYPE_SUFFIXES.values()}
+    expected = {f"{stem}_{suffix}" for stem in EXPECTED_KERNELS[source] for suffix in suffixes(stem)}
     assert entries == expected
 
 
@@ -70,7 +83,7 @@ def test_kernels_fit_their_launch_without_spilling(resources, source, arch):
     """A spill puts per-thread state in local memory (slow); more registers than the SM holds
     for one block of the wrapper's size makes the launch fail."""
     for stem, threads in EXPECTED_KERNELS[source].items():
-        for suffix in DTYPE_SUFFIXES.values():
+        for suffix in suffixes(stem):
             usage = resources[f"{stem}_{suffix}", arch]
             assert usage.spill_stores == usage.spill_loads == 0, usage
             assert usage.registers * threads <= REGISTERS_PER_SM, usage
@@ -78,14 +91,27 @@ def test_kernels_fit_their_launch_without_spilling(resources, source, arch):
 
 
 def test_resource_table_in_the_docs_is_current(resources):
-    """docs/kernels.md lists what ptxas reports, per kernel stem (the three dtypes' maximum)."""
+    """docs/kernels.md lists what ptxas reports, per kernel stem (the dtypes' maximum), and the
+    resident blocks per SM that follow (the least over the dtypes)."""
     docs = (KERNEL_DIR.parents[1] / "docs" / "kernels.md").read_text()
     assert f"NVRTC {nvrtc.version()}" in docs
     for source, stems in EXPECTED_KERNELS.items():
-        for stem in stems:
+        for stem, threads in stems.items():
             cells = []
             for arch in ARCHS:
-                usage = [resources[f"{stem}_{suffix}", arch] for suffix in DTYPE_SUFFIXES.values()]
-                cells.append(f"{max(u.registers for u in usage)} | {max(u.spill_stores + u.spill_loads for u in usage)}")
-            row = f"| `{stem}` | {stems[stem]} | {cells[0]} | {cells[1]} | {max(u.shared for u in usage)} |"
+                usage = [resources[f"{stem}_{suffix}", arch] for suffix in suffixes(stem)]
+                blocks = min(nvrtc.blocks_per_sm(u, threads, DYNAMIC_SHARED.get(stem, 0)) for u in usage)
+                cells.append(f"{max(u.registers for u in usage)} | {max(u.spill_stores + u.spill_loads for u in usage)} | "
+                             f"{blocks} ({100 * blocks * threads // 2048} %)")
+            row = f"| `{stem}` | {threads} | {cells[0]} | {cells[1]} | {max(u.shared for u in usage)} |"
             assert row in docs, row
+
+
+def test_occupancy_follows_the_limits():
+    """ptxas figures -> blocks per SM, each limit in turn (guide's tables for sm_80 / sm_90)."""
+    usage = nvrtc.Resources("k", "sm_90", registers=32, spill_stores=0, spill_loads=0, shared=0)
+    assert nvrtc.blocks_per_sm(usage, 256) == 8  # 64 warps per SM
+    assert nvrtc.blocks_per_sm(usage, 32) == 32  # 32 blocks per SM
+    assert nvrtc.blocks_per_sm(nvrtc.Resources("k", "sm_90", 168, 0, 0, 0), 128) == 3  # 168 -> 5376 per warp, 12 warps
+    assert nvrtc.blocks_per_sm(usage, 128, 49152) == 4  # (48 + 1) KiB of 228 KiB
+    assert nvrtc.blocks_per_sm(nvrtc.Resources("k", "sm_80", 32, 0, 0, 0), 128, 49152) == 3  # of 164 KiB

@@ -1,4 +1,5 @@
-// Softmax attention with an online (flash-style) softmax: keys are visited in tiles of 32 and
+// Softmax attention in fp32 on CUDA cores (fp16 and bf16: attention_tc.cu, on tensor cores),
+// with an online (flash-style) softmax: keys are visited in tiles of 32 and
 // the [H, Lq, Lk] score matrix never exists in memory.
 //   q [B, H, Lq, Dh], k/v [B, H, Lk, Dh] -> out [B, Lq, H*Dh] (heads merged on the store)
 //   score = scale * q.k  (+ bias[h, i, j] if has_bias)  (+ (1 - key_mask[b, j]) * LOWEST_FLOAT)
@@ -125,4 +126,4 @@ __device__ void attention_impl(const T* __restrict__ q, const T* __restrict__ k,
         attention_impl<T>(q, k, v, bias, key_mask, out, heads, lq, lk, head_dim, scale, has_bias,   \
                           has_mask);                                                                \
     }
-FOR_EACH_DTYPE(DEFINE_ATTENTION)
+DEFINE_ATTENTION(float, f32)  // fp16 and bf16 run on tensor cores: attention_tc.cu

@@ -46,10 +46,20 @@ extern ThreadState* current;  // the fiber that is running
 extern uint3 block_idx, block_dim, grid_dim;
 
 void syncthreads(int line);
-enum ShuffleKind { SHFL_IDX, SHFL_XOR, SHFL_DOWN, SHFL_UP };
+enum ShuffleKind { SHFL_IDX, SHFL_XOR, SHFL_DOWN, SHFL_UP, WARP_COLLECTIVE };
 // The 32-bit pattern `value` of the source lane that `operand` (srcLane, laneMask or delta)
 // selects within groups of `width` lanes, once every lane of `mask` has reached this call.
 uint32_t shuffle(ShuffleKind kind, int line, unsigned mask, uint32_t value, int operand, int width);
+
+// A warp-wide operation (__syncwarp, the wmma::*_sync functions) named `name`: once every lane
+// of `mask` waits at it, `complete` runs once, given each lane's payload (nullptr outside the
+// mask) and the call's line, then the lanes go on.
+using CollectiveFn = void (*)(void* const* payloads, int line);
+void warp_collective(const char* name, int line, unsigned mask, void* payload, CollectiveFn complete);
+// Report a fault found inside a collective (printf-style); the launch fails with it.
+void fault(const char* format, ...);
+// Which scrambled WMMA element-to-lane layout the running launch uses (one per schedule; mma.h).
+extern int fragment_layout;
 
 // `__syncthreads()` and `__shfl_*_sync(...)` become calls of these objects, built with the call
 // site's line: threads waiting at two different barriers (or shuffles) are an error, not a
@@ -57,6 +67,13 @@ uint32_t shuffle(ShuffleKind kind, int line, unsigned mask, uint32_t value, int 
 struct Barrier {
     int line;
     void operator()() const { syncthreads(line); }
+};
+
+struct SyncWarp {
+    int line;
+    void operator()(unsigned mask = 0xffffffffu) const {
+        warp_collective("__syncwarp", line, mask, nullptr, [](void* const*, int) {});
+    }
 };
 
 struct Shuffle {
@@ -76,6 +93,7 @@ struct Shuffle {
 #define gridDim (cudasim::grid_dim)
 #define warpSize 32
 #define __syncthreads cudasim::Barrier{__LINE__}
+#define __syncwarp cudasim::SyncWarp{__LINE__}
 #define __shfl_sync cudasim::Shuffle{cudasim::SHFL_IDX, __LINE__}
 #define __shfl_xor_sync cudasim::Shuffle{cudasim::SHFL_XOR, __LINE__}
 #define __shfl_down_sync cudasim::Shuffle{cudasim::SHFL_DOWN, __LINE__}
