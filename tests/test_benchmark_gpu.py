@@ -21,11 +21,14 @@ SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "gpu.py"
 
 @pytest.fixture(scope="module")
 def bench():
-    """The script, imported as a module."""
+    """The script as a module, with its folder on sys.path as running it would put it
+    (it imports its sibling performance_model)."""
     spec = importlib.util.spec_from_file_location("benchmark_gpu", SCRIPT)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    return module
+    with pytest.MonkeyPatch.context() as patch:
+        patch.syspath_prepend(str(SCRIPT.parent))
+        yield module
 
 
 def test_help_runs_without_a_gpu():

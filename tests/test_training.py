@@ -98,6 +98,9 @@ def test_accuracy_report_counts_groups_separately():
     assert report["counts"] == {"held_in": 8, "held_out": 4}
     assert report["held_out"] == dict.fromkeys(ATTRIBUTES, 1.0)
     assert report["held_in"]["shape"] == 7 / 8
+    assert sum(report["shapes"][scenes[0][0].shape].values()) >= 1
+    assert sum(sum(row.values()) for row in report["shapes"].values()) == 12
+    assert "None" in [k for row in report["shapes"].values() for k in row]  # the black image
 
 
 # ---------------------------------------------------------------------------------------------

@@ -86,14 +86,20 @@ def evaluation_scenes(prompts: int, seeds: int, held_out_prompts: int | None = N
 
 
 def accuracy_report(scenes, pixels) -> dict:
-    """{"held_in": {attribute: accuracy}, "held_out": {...}, "counts": {...}} over the images."""
+    """{"held_in": {attribute: accuracy}, "held_out": {...}, "counts": {...}, "shapes": {...}} over
+    the images; "shapes" counts, per prompted shape, the shapes the checker read back."""
     report, counts = {}, {}
+    shapes_found: dict[str, dict[str, int]] = {s: {} for s in shapes.SHAPES}
     for group, wanted in (("held_in", False), ("held_out", True)):
         pairs = [(scene, classify(p)) for (scene, _, held_out), p in zip(scenes, pixels) if held_out == wanted]
         counts[group] = len(pairs)
         if pairs:
             report[group] = {a: float(np.mean([getattr(s, a) == found[a] for s, found in pairs])) for a in ATTRIBUTES}
+        for scene, found in pairs:
+            row = shapes_found[scene.shape]
+            row[str(found["shape"])] = row.get(str(found["shape"]), 0) + 1
     report["counts"] = counts
+    report["shapes"] = shapes_found
     return report
 
 
@@ -133,12 +139,18 @@ def generate_scenes(scenes, model_dir: Path | None) -> list[np.ndarray]:
 
 
 def markdown_table(report: dict) -> str:
-    """The accuracy report as a Markdown table (rows: held-in, held-out; columns: attributes)."""
+    """The accuracy report as Markdown: accuracy per attribute (rows: held-in, held-out), then
+    which shape the checker read for each prompted shape (all images)."""
     lines = ["| prompts | images | " + " | ".join(ATTRIBUTES) + " |", "|---" * (len(ATTRIBUTES) + 2) + "|"]
     for group, label in (("held_in", "held-in"), ("held_out", "held-out pairs")):
         if group in report:
             cells = " | ".join(f"{report[group][a]:.0%}" for a in ATTRIBUTES)
             lines.append(f"| {label} | {report['counts'][group]} | {cells} |")
+    columns = [*shapes.SHAPES, "None"]
+    lines += ["", "| prompted shape | " + " | ".join(f"read as {c}" for c in columns) + " |",
+              "|---" * (len(columns) + 1) + "|"]
+    for shape, found in report["shapes"].items():
+        lines.append(f"| {shape} | " + " | ".join(str(found.get(c, 0)) for c in columns) + " |")
     return "\n".join(lines)
 
 
