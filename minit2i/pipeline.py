@@ -162,11 +162,10 @@ def sampling_defaults(model: Model | ModelFiles) -> dict:
 
 
 def make_runner(model: Model, backend: str = "numpy", precision: str = "fp32"):
-    """Instantiate a backend's runner (imported lazily: the cupy one needs CuPy and a GPU)."""
-    if backend not in BACKENDS:
-        raise MiniT2IError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
+    """Instantiate a backend's runner (imported lazily: the cupy one needs CuPy and a GPU), after
+    the same checks as `check_backend`."""
+    check_backend(backend, precision)
     module_name, class_name = BACKENDS[backend]
-    # Importing never needs CuPy; a runner without CuPy or a GPU raises the clear error itself.
     runner_class = getattr(importlib.import_module(module_name), class_name)
     return runner_class(model.mmjit, model.t5, precision)
 
@@ -244,6 +243,13 @@ def check_memory(request: Request, model: Model | ModelFiles, itemsize: int = 4)
         )
 
 
+def all_finite(array) -> bool:
+    """Whether every value is finite, reduced where the array lives (NumPy, CuPy or cudasim's
+    stand-in), so that one boolean crosses to the host each step, not the whole state.
+    NaN < inf is False, so the comparison catches NaN as well as Inf."""
+    return bool((abs(array) < np.inf).all())
+
+
 def generate(model: Model, runner, request: Request, on_step=None) -> Result:
     """Run one request end to end; `on_step(StepInfo)` is called after every sampler step.
 
@@ -272,7 +278,7 @@ def _generate(model: Model, runner, request: Request, on_step) -> Result:
     last = [time.perf_counter()]
 
     def callback(info):
-        if not np.isfinite(runner.to_host(info.x)).all():
+        if not all_finite(info.x):
             raise MiniT2IError(
                 f"the image became NaN or Inf at sampling step {info.index + 1} of {request.steps}; "
                 "lower --cfg-scale, or check the weights"

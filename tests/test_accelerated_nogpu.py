@@ -80,3 +80,16 @@ def test_cli_cupy_backend_without_gpu_prints_one_line_and_exits_2(patch_cupy, mo
     assert err.count("\n") == 1 and err.startswith("minit2i: error: --backend cupy needs CuPy and an NVIDIA GPU: ")
     assert "--backend numpy" in err
     assert not (tmp_path / "out.png").exists()
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+def test_the_finite_check_runs_on_the_arrays_own_module(bad):
+    """The sampler's per-step check reduces on the device (here cudasim's stand-in for CuPy)."""
+    from cudasim import standin
+    from minit2i.pipeline import all_finite
+
+    state = standin.asarray(np.zeros((1, 3, 4, 4), dtype=np.float32))
+    assert all_finite(state)
+    state[0, 1, 2, 3] = bad
+    assert not all_finite(state)
+    assert all_finite(np.ones(3)) and not all_finite(np.array([1.0, bad]))
