@@ -237,14 +237,14 @@ LISTED_VOCABULARY = 200
 
 
 def _warn_unknown_words(tokenizer, prompt: str) -> None:
-    """One line on stderr (even with -q) when the model has never seen some words of the prompt."""
+    """One warning line (kept with -q) when the model has never seen some words of the prompt."""
     unknown = tokenizer.unknown_words(prompt)
     if not unknown:
         return
-    message = f"minit2i: warning: the model does not know {', '.join(map(repr, unknown))}"
+    message = f"warning: the model does not know {', '.join(map(repr, unknown))}"
     if tokenizer.vocab_size <= LISTED_VOCABULARY:
         message += f"; it knows: {' '.join(tokenizer.known_words())}"
-    print(message, file=sys.stderr)
+    logging.getLogger("minit2i").warning(message)
 
 
 def _preview_dir(path) -> Path | None:
@@ -301,7 +301,7 @@ def run_info(args) -> int:
     from .hub import describe_repo, is_repo_id
 
     if args.path is None:
-        print(describe_demo_model())
+        emit(describe_demo_model())
         return 0
     if not is_repo_id(args.path):
         emit(describe(args.path, args.variant))
