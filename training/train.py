@@ -118,9 +118,8 @@ def initial_weights(mmjit: MMJiTConfig, t5: T5Config, seed: int) -> dict[str, np
 
 def split_tree(flat: dict[str, torch.Tensor]) -> tuple[dict, dict]:
     """The flat "mmjit."/"t5." parameter dict -> (MMJiT tree, T5 tree) sharing its tensors."""
-    def part(prefix):
-        return nest({k[len(prefix):]: v for k, v in flat.items() if k.startswith(prefix)})
-    return part("mmjit."), part("t5.")
+    mmjit, t5 = split_flat(flat)
+    return nest(mmjit), nest(t5)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -269,7 +268,7 @@ def compact_log(records: list[dict], window: int = 10) -> list[dict]:
     return sorted(compact + [r for r in records if "eval" in r], key=lambda r: r["step"])
 
 
-def split_flat(flat: dict[str, np.ndarray]) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+def split_flat(flat: dict) -> tuple[dict, dict]:
     """{"mmjit.x": a, "t5.y": b} -> ({"x": a}, {"y": b})."""
     return ({k[6:]: v for k, v in flat.items() if k.startswith("mmjit.")},
             {k[3:]: v for k, v in flat.items() if k.startswith("t5.")})
