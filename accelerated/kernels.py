@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-from minit2i.errors import MiniT2IError
+from minit2i.core.errors import MiniT2IError
 
 try:
     import cupy as _cupy
@@ -57,14 +57,42 @@ def _wmma_include() -> tuple[str, ...]:
 
 
 NVRTC_OPTIONS = ("-std=c++17", *_wmma_include())
-THREADS = 256
-WARPS_PER_BLOCK = 4  # qkv_heads: one warp per head vector
-ATTENTION_THREADS = 128  # attention.cu: WARPS * 32; attention_tc.cu: TC_WARPS * 32
-ATTENTION_ROWS_PER_BLOCK = 32  # attention.cu: ROWS_PER_BLOCK
-ATTENTION_KEY_TILE = 32  # attention.cu: KEY_TILE
-TC_ROWS_PER_BLOCK = 64  # attention_tc.cu: TC_ROWS
+THREADS = 256  # rmsnorm, swiglu, sampler: any multiple of 32 up to 1024 works (blockDim-strided loops)
+HEAD_WARPS = 4  # qkv_heads: one warp per head vector, 4 per block
+
+# Tile sizes the CUDA sources and these wrappers share. `kernel_source` writes each entry of
+# KERNEL_CONSTANTS as a #define at the top of every source, so each exists once: the .cu files
+# use them and define none (tests/test_kernels.py checks both).
+ATTENTION_WARPS = 4  # attention.cu: 4 warps x 8 query rows per block
+ATTENTION_ROWS_PER_WARP = 8
+TC_WARPS = 4  # attention_tc.cu: one fragment row of 16 queries per warp
+WMMA_TILE = 16  # m = n = k of every tensor-core fragment
+KEY_TILE = 32  # keys staged in shared memory per step, both attention kernels
+SKEW = 8  # 16-bit elements of padding per shared row (attention_tc.cu)
+MAX_HEAD_DIM = 128
+KERNEL_CONSTANTS = {
+    "WARPS": ATTENTION_WARPS,
+    "ROWS_PER_WARP": ATTENTION_ROWS_PER_WARP,
+    "ROWS_PER_BLOCK": ATTENTION_WARPS * ATTENTION_ROWS_PER_WARP,
+    "KEY_TILE": KEY_TILE,
+    "MAX_DIMS_PER_LANE": MAX_HEAD_DIM // 32,  # head dims d = lane + 32 c
+    # At least 3 resident blocks per SM lets ptxas keep attention.cu's ~160 live registers per
+    # thread instead of spilling on sm_90 (tests/test_kernels_compile.py).
+    "MIN_BLOCKS_PER_SM": 3,
+    "TC_WARPS": TC_WARPS,
+    "WMMA_TILE": WMMA_TILE,
+    "TC_ROWS": TC_WARPS * WMMA_TILE,
+    "TC_KEY_TILE": KEY_TILE,
+    "SKEW": SKEW,
+    # Padded row strides (16 bytes each) so a fragment's rows start in different banks.
+    "SCORE_LD": KEY_TILE + 4,  # fp32 scores
+    "PROB_LD": KEY_TILE + SKEW,  # 16-bit probabilities
+    # 4 blocks of 48 KiB (Dh 64) fill an H100's 228 KiB of shared memory; stating it also keeps
+    # ptxas from capping the fp16 kernel at 40 registers and spilling on sm_80.
+    "TC_MIN_BLOCKS_PER_SM": 4,
+    "MAX_PAIRS_PER_LANE": MAX_HEAD_DIM // 64,  # rope.cu: 32 lanes x 2 pairs x 2 values
+}
 TENSOR_CORE_DTYPES = ("float16", "bfloat16")  # attention on tensor cores; fp32 stays on CUDA cores
-MAX_HEAD_DIM = 128  # attention.cu MAX_DIMS_PER_LANE * 32, rope.cu MAX_PAIRS_PER_LANE * 64
 DEFAULT_SHARED_BYTES = 48 * 1024
 
 launch_counts: Counter = Counter()
@@ -131,13 +159,16 @@ def bfloat16_dtype():
 
 
 def kernel_source(source: str) -> str:
-    """A .cu file with common.cuh pasted in place of its #include.
+    """A .cu file as NVRTC compiles it: `KERNEL_CONSTANTS` as #defines, then the source with
+    common.cuh pasted in place of its #include.
 
-    CuPy's kernel cache is keyed by the source text, so the header must be part of that text
-    (with -I, an edited header would silently reuse stale binaries).
+    CuPy's kernel cache is keyed by the source text, so the header and the constants must be
+    part of that text (with -I, an edited header would silently reuse stale binaries).
     """
     include = f'#include "{COMMON_HEADER}"'
-    return (KERNEL_DIR / source).read_text().replace(include, (KERNEL_DIR / COMMON_HEADER).read_text(), 1)
+    defines = "".join(f"#define {name} {value}\n" for name, value in KERNEL_CONSTANTS.items())
+    body = (KERNEL_DIR / source).read_text().replace(include, (KERNEL_DIR / COMMON_HEADER).read_text(), 1)
+    return defines + body
 
 
 @device_cache(maxsize=None)
@@ -251,7 +282,7 @@ def qkv_heads(qkv, bias, heads: int, q, k, v, offset: int = 0, norms=None, rope=
     if warps == 0:
         return
     _kernel("rope.cu", "qkv_heads", dtype)(
-        ((warps + WARPS_PER_BLOCK - 1) // WARPS_PER_BLOCK,), (WARPS_PER_BLOCK * 32,),
+        ((warps + HEAD_WARPS - 1) // HEAD_WARPS,), (HEAD_WARPS * 32,),
         (qkv, bias, q_norm, k_norm, cos, sin, q, k, v, np.int32(batch), np.int32(length), np.int32(heads),
          np.int32(head_dim), np.int32(total_length), np.int32(offset), np.int32(norms is not None),
          np.int32(rope is not None), np.float32(eps)))
@@ -260,11 +291,15 @@ def qkv_heads(qkv, bias, heads: int, q, k, v, offset: int = 0, norms=None, rope=
 def attention_shared_bytes(head_dim: int, dtype) -> int:
     """Dynamic shared memory of the attention kernel for `dtype` (see the two sources' layouts)."""
     if np.dtype(dtype).name in TENSOR_CORE_DTYPES:
-        padded = -(-head_dim // 16) * 16  # zero-padded to whole 16-wide fragments
-        # fp32: O [64, Dp], scores [4 warps, 16, 32 + 4]; 16-bit: Q [64, Dp + 8], K and V
-        # [32, Dp + 8], P [4 warps, 16, 32 + 8]
-        return 4 * (TC_ROWS_PER_BLOCK * padded + 4 * 16 * 36) + 2 * ((TC_ROWS_PER_BLOCK + 64) * (padded + 8) + 4 * 16 * 40)
-    return 4 * (ATTENTION_ROWS_PER_BLOCK * head_dim + ATTENTION_KEY_TILE * (2 * head_dim + 1))
+        c = KERNEL_CONSTANTS
+        padded = -(-head_dim // WMMA_TILE) * WMMA_TILE  # zero-padded to whole fragments
+        # fp32: O [TC_ROWS, Dp], scores [TC_WARPS, 16, SCORE_LD]; 16-bit: Q [TC_ROWS, Dp + SKEW],
+        # K and V [KEY_TILE, Dp + SKEW], P [TC_WARPS, 16, PROB_LD]
+        fp32 = c["TC_ROWS"] * padded + TC_WARPS * WMMA_TILE * c["SCORE_LD"]
+        half = (c["TC_ROWS"] + 2 * KEY_TILE) * (padded + SKEW) + TC_WARPS * WMMA_TILE * c["PROB_LD"]
+        return 4 * fp32 + 2 * half
+    # Q [ROWS_PER_BLOCK, Dh], K [KEY_TILE, Dh + 1] (padded against bank conflicts), V [KEY_TILE, Dh]
+    return 4 * (KERNEL_CONSTANTS["ROWS_PER_BLOCK"] * head_dim + KEY_TILE * (2 * head_dim + 1))
 
 
 def attention(q, k, v, scale: float, bias=None, key_mask=None):
@@ -290,13 +325,14 @@ def attention(q, k, v, scale: float, bias=None, key_mask=None):
     out = cp.empty((batch, lq, heads * head_dim), dtype=dtype)
     shared = attention_shared_bytes(head_dim, dtype)
     if np.dtype(dtype).name in TENSOR_CORE_DTYPES:
-        kernel, rows = _kernel("attention_tc.cu", "flash_attention_tc", dtype), TC_ROWS_PER_BLOCK
+        kernel, rows, warps = _kernel("attention_tc.cu", "flash_attention_tc", dtype), KERNEL_CONSTANTS["TC_ROWS"], TC_WARPS
     else:
-        kernel, rows = _kernel("attention.cu", "flash_attention", dtype), ATTENTION_ROWS_PER_BLOCK
+        kernel, rows, warps = (_kernel("attention.cu", "flash_attention", dtype), KERNEL_CONSTANTS["ROWS_PER_BLOCK"],
+                               ATTENTION_WARPS)
     if shared > DEFAULT_SHARED_BYTES:
         kernel.max_dynamic_shared_size_bytes = shared
     grid = ((lq + rows - 1) // rows, batch * heads)
-    kernel(grid, (ATTENTION_THREADS,),
+    kernel(grid, (warps * 32,),
            (q, k, v, _placeholder() if bias is None else bias, _placeholder() if key_mask is None else key_mask,
             out, np.int32(heads), np.int32(lq), np.int32(lk), np.int32(head_dim), np.float32(scale),
             np.int32(bias is not None), np.int32(key_mask is not None)),

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from reference.layers import joint_rope, sincos_2d_table, text_rope
+from minit2i.reference.layers import joint_rope, sincos_2d_table, text_rope
 
 from . import kernels
 from .kernels import cp, device_cache

@@ -9,8 +9,8 @@ network dtype (fp32, fp16 or bf16); every kernel accumulates in fp32.
 
 from __future__ import annotations
 
-from minit2i.config import MMJiTConfig
-from reference.layers import patchify, unpatchify
+from minit2i.core.mmjit_config import MMJiTConfig
+from minit2i.reference.layers import patchify, unpatchify
 
 from . import kernels
 from .kernels import cp
@@ -29,7 +29,7 @@ NORM_EPS = 1e-6
 
 
 # ---------------------------------------------------------------------------------------------
-# Upload: host tree (minit2i.weights.nest) -> device tree in the layouts the kernels want
+# Upload: host tree (minit2i.core.checkpoint.nest) -> device tree in the layouts the kernels want
 
 
 def upload_mmjit(params, config: MMJiTConfig, dtype) -> dict:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from minit2i.errors import MiniT2IError
-from minit2i.weights import LoadedWeights, nest
+from minit2i.core.checkpoint import LoadedWeights, nest
+from minit2i.core.errors import MiniT2IError
 
 from .kernels import bfloat16_dtype, require_gpu, use_array_module
 from .mmjit import mmjit_forward, upload_mmjit
@@ -77,6 +77,6 @@ class CudasimRunner(CupyRunner):
 
     @staticmethod
     def array_module():
-        from cudasim import standin
+        from minit2i.cudasim import standin
 
         return use_array_module(standin)

@@ -19,7 +19,7 @@ from typing import Callable
 
 import numpy as np
 
-from reference.sampler import StepInfo, step_factors, time_grid
+from minit2i.reference.sampler import StepInfo, step_factors, time_grid
 
 from . import kernels
 from .kernels import cp

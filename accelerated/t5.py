@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from minit2i.config import T5Config
-from reference.t5 import relative_position_buckets
+from minit2i.core.t5_config import T5Config
+from minit2i.reference.t5 import relative_position_buckets
 
 from . import kernels
 from .kernels import cp, device_cache

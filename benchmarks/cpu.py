@@ -25,14 +25,14 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from minit2i.config import MMJIT_B16, T5_FLAN_LARGE, MMJiTConfig, T5Config
+from minit2i.core.checkpoint import nest
+from minit2i.core.mmjit_config import MMJIT_B16, MMJiTConfig
+from minit2i.core.t5_config import T5_FLAN_LARGE, T5Config
 from minit2i.default_model import random_mmjit_weights, random_t5_weights
-from minit2i.weights import nest
-from reference.layers import attention
-from reference.mmjit import mmjit_forward
-from reference.t5 import t5_encode
-
-from training import torch_model as torch_peer
+from minit2i.reference.layers import attention
+from minit2i.reference.mmjit import mmjit_forward
+from minit2i.reference.t5 import t5_encode
+from minit2i.training import torch_model as torch_peer
 
 BATCH = 2  # one conditional + one unconditional row, as classifier-free guidance runs them
 TEXT_LENGTH = 256

@@ -28,12 +28,12 @@ import sys
 
 import numpy as np
 
-from accelerated import kernels
-from minit2i.config import MODEL_VARIANTS, VARIANT_ALIASES, MMJiTConfig
-from minit2i.errors import MiniT2IError
-from minit2i.weights import mmjit_expected_shapes, nest
-from reference.layers import joint_rope
-from reference.sampler import initial_noise, step_factors
+from minit2i.accelerated import kernels
+from minit2i.core.checkpoint import nest
+from minit2i.core.errors import MiniT2IError
+from minit2i.core.mmjit_config import MODEL_VARIANTS, VARIANT_ALIASES, MMJiTConfig, mmjit_expected_shapes
+from minit2i.reference.layers import joint_rope
+from minit2i.reference.sampler import initial_noise, step_factors
 
 # Dense peak TFLOP/s by device-name fragment: (fp32 CUDA cores, fp16 tensor, bf16 tensor).
 # fp32 runs without TF32 (parity mode), so its peak is the CUDA-core number.
@@ -112,9 +112,9 @@ def time_cupy(cp, fn, repeats: int) -> float:
 
 
 def cupy_sampler(cp, params, config, size, steps, precision, cfg_scale, use_graph):
-    from accelerated.mmjit import mmjit_forward, upload_mmjit
-    from accelerated.pipeline import precision_dtype
-    from accelerated.sampler import sample
+    from minit2i.accelerated.mmjit import mmjit_forward, upload_mmjit
+    from minit2i.accelerated.pipeline import precision_dtype
+    from minit2i.accelerated.sampler import sample
 
     dtype = precision_dtype(precision)
     device_params = upload_mmjit(params, config, dtype)
@@ -132,8 +132,9 @@ def cupy_sampler(cp, params, config, size, steps, precision, cfg_scale, use_grap
 def kernel_cases(cp, config: MMJiTConfig, size: int, precision: str) -> dict:
     """{name: (run, Component)}: each fused kernel and one GEMM at the shapes of one batched CFG
     forward, with the FLOPs and bytes the performance model charges for that one launch."""
-    from accelerated.pipeline import precision_dtype
     from performance_model import Component  # a sibling file, like torch_peer
+
+    from minit2i.accelerated.pipeline import precision_dtype
 
     dtype = precision_dtype(precision)
     d, heads, dh = config.hidden_size, config.num_heads, config.head_dim
@@ -204,7 +205,7 @@ def print_components(cp, config: MMJiTConfig, size: int, precision: str, device_
 
 def torch_sampler(torch, params, config: MMJiTConfig, size, steps, precision, cfg_scale, dev="cuda"):
     """A closure running the whole sampler in torch eager; returns the final state [1, C, H, W]."""
-    from training import torch_model as torch_peer  # here, because torch is optional for this script
+    from minit2i.training import torch_model as torch_peer  # here, because torch is optional for this script
 
     dtype = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[precision]
     tree = torch_peer.to_torch_tree(params, dev, dtype)
@@ -310,8 +311,8 @@ def main(argv=None) -> int:
 def smoke(args) -> int:
     """No GPU: every component once and a 2-step sampler with graph replay, on cudasim at the tiny
     model's shapes; nothing is timed (the predictions shown are the model's, for an H100)."""
-    from accelerated.pipeline import CudasimRunner
-    from minit2i.config import MMJIT_TINY
+    from minit2i.accelerated.pipeline import CudasimRunner
+    from minit2i.core.mmjit_config import MMJIT_TINY
 
     cp = CudasimRunner.array_module()
     config, size = MMJIT_TINY, 32

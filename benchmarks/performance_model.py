@@ -20,7 +20,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
 
-from minit2i.config import MMJIT_B16, MMJIT_L16, MMJiTConfig  # noqa: E402
+from minit2i.core.mmjit_config import MMJIT_B16, MMJIT_L16, MMJiTConfig  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -183,7 +183,7 @@ def component_table(config: MMJiTConfig, size: int, item: int, a: Assumptions = 
 
 
 def summary_table(a: Assumptions = Assumptions(), steps: int = 10, size: int = 512) -> list[str]:
-    rows = [f"| model | precision | device | CuPy + graphs ms | CuPy eager ms | PyTorch eager + SDPA ms | speed-up vs PyTorch |",
+    rows = ["| model | precision | device | CuPy + graphs ms | CuPy eager ms | PyTorch eager + SDPA ms | speed-up vs PyTorch |",
             "|---|---|---|---|---|---|---|"]
     for label, config in (("B/16", MMJIT_B16), ("L/16", MMJIT_L16)):
         for precision, item in (("bf16", 2), ("fp32", 4)):

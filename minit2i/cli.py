@@ -14,8 +14,8 @@ import os
 import sys
 from pathlib import Path
 
-from .checks import writable_folder
-from .errors import MiniT2IError
+from minit2i.core.checks import writable_folder
+from minit2i.core.errors import MiniT2IError
 
 # Subcommands living in their own modules: name -> module with add_parser(subparsers) and run(args).
 SUBCOMMAND_MODULES = ["minit2i.golden", "minit2i.trace"]
@@ -121,7 +121,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def add_generate_parser(sub) -> None:
-    from reference.sampler import DEFAULT_A_MIN
+    from minit2i.reference.sampler import DEFAULT_A_MIN
 
     from .pipeline import BACKENDS
 
@@ -166,10 +166,21 @@ def run_generate(args) -> int:
     """Checks from cheapest to dearest (arguments, paths, headers, memory), then the work."""
     from tqdm import tqdm
 
-    from .checks import check_prompt
-    from .images import check_writable, save_pngs, to_pixels
-    from .pipeline import (Request, check_backend, check_memory, check_ranges, generate, make_runner, open_model,
-                           output_paths, sampling_defaults, validate)
+    from minit2i.core.checks import check_prompt
+    from minit2i.core.images import check_writable, save_pngs, to_pixels
+
+    from .pipeline import (
+        Request,
+        check_backend,
+        check_memory,
+        check_ranges,
+        generate,
+        make_runner,
+        open_model,
+        output_paths,
+        sampling_defaults,
+        validate,
+    )
 
     if args.negative_prompt:
         raise MiniT2IError(
@@ -327,7 +338,7 @@ def describe_demo_model() -> str:
         f"  defaults:   {defaults['width']}x{defaults['height']}, {defaults['steps']} steps, "
         f"guidance {defaults['cfg_scale']}",
         f"  words:      {' '.join(model.tokenizer.known_words())}",
-        f"  try:        minit2i generate -p \"a large red circle at the left on a gray background\" -o shape.png",
+        "  try:        minit2i generate -p \"a large red circle at the left on a gray background\" -o shape.png",
         "",
         describe(folder / "transformer"),
         "",
@@ -340,8 +351,10 @@ def describe(path, variant: str = "minit2i-b-16") -> str:
     headers and config.json alone (no tensor is read: `info` on a 3 GB file is instant)."""
     import dataclasses
 
-    from .checks import existing_path
-    from .weights import find_mmjit_files, find_t5_files, inspect_mmjit, inspect_t5, read_index
+    from minit2i.core.checks import existing_path
+    from minit2i.core.safetensors_file import read_index
+
+    from .model_files import find_mmjit_files, find_t5_files, inspect_mmjit, inspect_t5
 
     existing_path(path)
     files, _ = _try_find(path, variant, find_mmjit_files, find_t5_files)

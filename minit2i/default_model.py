@@ -24,9 +24,10 @@ import numpy as np
 from safetensors.numpy import save_file
 from tokenizers import Tokenizer
 
-from .config import MMJiTConfig, T5Config, to_json
-from .tokenizer import make_t5_style_tokenizer
-from .weights import mmjit_expected_shapes, t5_expected_shapes
+from minit2i.core.config_fields import to_json
+from minit2i.core.mmjit_config import MMJiTConfig, mmjit_expected_shapes
+from minit2i.core.t5_config import T5Config, t5_expected_shapes
+from minit2i.core.tokenizer import make_t5_style_tokenizer
 
 DEMO_MODEL_DIR = Path(__file__).parent / "demo_model"
 

@@ -28,8 +28,8 @@ the next machine. Instead
 
 from __future__ import annotations
 
-import dataclasses
 import contextlib
+import dataclasses
 import hashlib
 import io
 import json
@@ -44,19 +44,20 @@ from typing import Callable
 
 import numpy as np
 
-from reference.mmjit import mmjit_forward
-from reference.pipeline import PRECISIONS, NumpyRunner
-from reference.sampler import initial_noise
-from reference.t5 import t5_encode
+from minit2i.core.checkpoint import LoadedWeights, nest
+from minit2i.core.checks import read_json_object, shown, writable_folder
+from minit2i.core.errors import MiniT2IError
+from minit2i.core.images import to_pixels
+from minit2i.core.mmjit_config import MMJIT_TINY, MMJiTConfig
+from minit2i.core.t5_config import T5_TINY, T5Config
+from minit2i.core.tokenizer import PromptTokenizer, make_t5_style_tokenizer
+from minit2i.reference.mmjit import mmjit_forward
+from minit2i.reference.pipeline import PRECISIONS, NumpyRunner
+from minit2i.reference.sampler import initial_noise
+from minit2i.reference.t5 import t5_encode
 
-from .checks import read_json_object, shown, writable_folder
-from .config import MMJIT_TINY, T5_TINY, MMJiTConfig, T5Config
 from .default_model import demo_model_digest, random_mmjit_weights, random_t5_weights, tokenizer_pieces
-from .errors import MiniT2IError
-from .images import to_pixels
 from .pipeline import Model, Request, generate
-from .tokenizer import PromptTokenizer, make_t5_style_tokenizer
-from .weights import LoadedWeights, nest
 
 GOLDEN_DIR = Path(__file__).resolve().parent.parent / "golden"
 MANIFEST_NAME = "manifest.json"

@@ -2,7 +2,7 @@
 
 `--model` and `--t5` take a path or a repo id: an existing path always wins, and `org/name` that is
 not a path is a repo id. A repo id becomes a snapshot folder of the Hugging Face cache (wherever
-`HF_HUB_CACHE` / `HF_HOME` put it), which `minit2i.weights` then reads like any folder:
+`HF_HUB_CACHE` / `HF_HOME` put it), which `minit2i.model_files` then reads like any folder:
 
 * cached: if the snapshot `refs/main` names holds every file the model needs, it is used and the
   network is not touched;
@@ -39,17 +39,17 @@ from huggingface_hub.errors import (
 )
 from huggingface_hub.file_download import repo_folder_name
 
-from .checks import human_size
-from .config import VARIANT_ALIASES
-from .errors import MiniT2IError
-from .weights import (
+from minit2i.core.checkpoint import check_mmjit_header, check_t5_header
+from minit2i.core.checks import human_size
+from minit2i.core.errors import MiniT2IError
+from minit2i.core.mmjit_config import VARIANT_ALIASES
+
+from .model_files import (
     MMJIT_WEIGHTS,
     T5_INDEX,
     T5_WEIGHTS,
     Choice,
     cached_snapshot,
-    check_mmjit_header,
-    check_t5_header,
     choose_mmjit,
     choose_t5,
     local_listing,

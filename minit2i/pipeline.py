@@ -23,17 +23,18 @@ from pathlib import Path
 
 import numpy as np
 
-from reference.sampler import initial_noise
+from minit2i.core.checkpoint import Checkpoint, LoadedWeights
+from minit2i.core.checks import Range, check_prompt, human_size, read_json_object
+from minit2i.core.errors import MiniT2IError
+from minit2i.core.images import to_pixels
+from minit2i.core.tokenizer import PromptTokenizer
+from minit2i.reference.sampler import initial_noise
 
-from .checks import Range, check_prompt, human_size, read_json_object
-from .errors import MiniT2IError
 from .hub import resolve_model, resolve_t5
-from .images import to_pixels
-from .tokenizer import PromptTokenizer
-from .weights import Checkpoint, LoadedWeights, find_tokenizer_json, inspect_mmjit, inspect_t5
+from .model_files import find_tokenizer_json, inspect_mmjit, inspect_t5
 
-BACKENDS = {"numpy": ("reference.pipeline", "NumpyRunner"), "cupy": ("accelerated.pipeline", "CupyRunner"),
-            "cudasim": ("accelerated.pipeline", "CudasimRunner")}
+BACKENDS = {"numpy": ("minit2i.reference.pipeline", "NumpyRunner"), "cupy": ("minit2i.accelerated.pipeline", "CupyRunner"),
+            "cudasim": ("minit2i.accelerated.pipeline", "CudasimRunner")}
 
 # What a request may ask for, whatever the model (size limits that depend on it are in
 # `validate`, memory in `check_memory`). The caps keep a typo from running for days.
@@ -179,7 +180,7 @@ def check_backend(backend: str, precision: str) -> None:
     if precision not in module.PRECISIONS:
         raise MiniT2IError(f"the {backend} backend runs {', '.join(module.PRECISIONS)}, not {precision}")
     if backend == "cupy":
-        from accelerated.kernels import require_gpu
+        from minit2i.accelerated.kernels import require_gpu
 
         require_gpu()
     if backend == "cudasim" and not (shutil.which("g++") and sys.platform == "linux" and platform.machine() == "x86_64"):

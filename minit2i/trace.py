@@ -19,10 +19,10 @@ from typing import Callable
 
 import numpy as np
 
-from reference.sampler import initial_noise
+from minit2i.core.checks import Range
+from minit2i.core.errors import MiniT2IError
+from minit2i.reference.sampler import initial_noise
 
-from .errors import MiniT2IError
-from .checks import Range
 from .pipeline import BACKENDS, Model, check_backend, make_runner
 
 # Default tolerance (rtol, atol) by the less precise side. fp32: float32 rounding reaches ~1e-6
@@ -71,8 +71,8 @@ class Adapter:
 
 def numpy_adapter(runner) -> Adapter:
     """The reference functions, in the runner's dtype (fp32 or fp64)."""
-    from reference.mmjit import mmjit_forward
-    from reference.t5 import t5_encode
+    from minit2i.reference.mmjit import mmjit_forward
+    from minit2i.reference.t5 import t5_encode
 
     dtype = runner.dtype
     return Adapter(
@@ -87,7 +87,7 @@ def numpy_adapter(runner) -> Adapter:
 
 def cupy_adapter(runner) -> Adapter:
     """The CuPy twin: T5 in fp32, MMJiT in the runner's dtype; arrays go up, layers come down."""
-    from accelerated.t5 import t5_encode
+    from minit2i.accelerated.t5 import t5_encode
 
     cp = runner.cp
 

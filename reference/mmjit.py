@@ -7,14 +7,14 @@
     img --RMSNorm + linear--> [B, N, p*p*3] --unpatchify--> x0 [B,3,H,W]
 
 The network never sees the timestep. `params` is the checkpoint as a tree
-(`minit2i.weights.nest`), e.g. params["double_blocks"][3]["img_qkv"]["weight"].
+(`minit2i.core.checkpoint.nest`), e.g. params["double_blocks"][3]["img_qkv"]["weight"].
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from minit2i.config import MMJiTConfig
+from minit2i.core.mmjit_config import MMJiTConfig
 
 from .layers import (
     apply_rope,

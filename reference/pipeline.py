@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from minit2i.errors import MiniT2IError
-from minit2i.weights import LoadedWeights, nest
+from minit2i.core.checkpoint import LoadedWeights, nest
+from minit2i.core.errors import MiniT2IError
 
 from .mmjit import mmjit_forward
 from .sampler import sample

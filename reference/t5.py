@@ -4,7 +4,7 @@ Differences from a textbook transformer, all deliberate (they are what T5 does):
 no sqrt(d) scaling of the embedding or of the attention scores, RMSNorm without mean or bias,
 one relative-position bias table from block 0 shared by all blocks, a gated tanh-GELU FFN.
 
-`params` is the checkpoint as a tree (`minit2i.weights.nest`): params["encoder"]["block"][i]...
+`params` is the checkpoint as a tree (`minit2i.core.checkpoint.nest`): params["encoder"]["block"][i]...
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from functools import lru_cache
 
 import numpy as np
 
-from minit2i.config import T5Config
-from minit2i.errors import MiniT2IError
+from minit2i.core.errors import MiniT2IError
+from minit2i.core.t5_config import T5Config
 
 from .layers import attention, cast_tree, gelu_tanh, linear, merge_heads, rms_norm, split_heads
 

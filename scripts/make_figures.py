@@ -18,10 +18,10 @@ from pathlib import Path
 import numpy as np
 from PIL import Image, ImageDraw, ImageFont
 
+from minit2i.core.images import grid, save_png, to_pixels
 from minit2i.default_model import default_model_dir
-from minit2i.images import grid, save_png, to_pixels
 from minit2i.pipeline import Request, generate, load_model, make_runner, sampling_defaults
-from training.shapes import HELD_OUT
+from minit2i.training.shapes import HELD_OUT
 
 FIGURES = Path(__file__).resolve().parent.parent / "docs" / "figures"
 INK, PAPER, ARROW = (30, 30, 30), (255, 255, 255), (90, 90, 90)

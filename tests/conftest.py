@@ -7,7 +7,8 @@ import os
 import numpy as np
 import pytest
 
-from minit2i.config import MMJIT_TINY, T5_TINY
+from minit2i.core.mmjit_config import MMJIT_TINY
+from minit2i.core.t5_config import T5_TINY
 from minit2i.default_model import write_model
 
 TINY_SEED = 1234

@@ -24,20 +24,20 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from accelerated import kernels
-from accelerated.mmjit import mmjit_forward, upload_mmjit
-from accelerated.pipeline import CudasimRunner, CupyRunner, precision_dtype
-from accelerated.sampler import sample as gpu_sample
-from accelerated.t5 import t5_encode as gpu_t5_encode
-from accelerated.t5 import upload_t5
-from minit2i.errors import MiniT2IError
+from minit2i.accelerated import kernels
+from minit2i.accelerated.mmjit import mmjit_forward, upload_mmjit
+from minit2i.accelerated.pipeline import CudasimRunner, CupyRunner, precision_dtype
+from minit2i.accelerated.sampler import sample as gpu_sample
+from minit2i.accelerated.t5 import t5_encode as gpu_t5_encode
+from minit2i.accelerated.t5 import upload_t5
+from minit2i.core.checkpoint import nest
+from minit2i.core.errors import MiniT2IError
 from minit2i.pipeline import Request, generate, load_model, make_runner
-from minit2i.weights import nest
-from reference import layers as ref
-from reference.mmjit import mmjit_forward as ref_mmjit_forward
-from reference.sampler import guided_x0, time_grid
-from reference.t5 import key_mask_bias
-from reference.t5 import t5_encode as ref_t5_encode
+from minit2i.reference import layers as ref
+from minit2i.reference.mmjit import mmjit_forward as ref_mmjit_forward
+from minit2i.reference.sampler import guided_x0, time_grid
+from minit2i.reference.t5 import key_mask_bias
+from minit2i.reference.t5 import t5_encode as ref_t5_encode
 
 
 def _runner_class():
@@ -73,7 +73,7 @@ def every_schedule():
     """On cudasim: run each launch under all schedules and insist on bit-identical results."""
     if BACKEND != "cudasim":
         return nullcontext()
-    import cudasim
+    from minit2i import cudasim
 
     return cudasim.schedules(cudasim.SCHEDULES, seed=1)
 
@@ -371,7 +371,7 @@ def test_only_the_final_image_comes_back_to_the_host(tiny, monkeypatch):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # cupyx.allow_synchronize warns that it is deprecated
         if BACKEND == "cudasim":
-            from cudasim.standin import cupyx
+            from minit2i.cudasim.standin import cupyx
         else:
             import cupyx
 
@@ -413,7 +413,7 @@ def test_a_failed_capture_warns_once_and_runs_eagerly(tiny, monkeypatch, caplog)
     def refuse(step, stream):  # CuPy's CUDARuntimeError is a RuntimeError
         raise RuntimeError("cudaErrorStreamCaptureUnsupported: operation not permitted when stream is capturing")
 
-    import accelerated.sampler as sampler
+    import minit2i.accelerated.sampler as sampler
 
     monkeypatch.setattr(sampler, "capture", refuse)
     with caplog.at_level("WARNING", logger="minit2i.accelerated"):
@@ -428,7 +428,7 @@ def test_a_factor_baked_in_at_capture_makes_replay_differ(tiny, monkeypatch):
     """The sampler refills a device scalar before each replay. Passing the step factor as a value
     created at capture time (cp.full: a captured fill with the value as a kernel parameter)
     freezes step 1's factor into the graph; the eager comparison must see it."""
-    import accelerated.sampler as sampler
+    import minit2i.accelerated.sampler as sampler
 
     current = []
     real_factors, real_cfg_euler = sampler.step_factors, kernels.cfg_euler

@@ -5,10 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-import accelerated.kernels as kernels
-from accelerated.pipeline import CupyRunner, precision_dtype
+import minit2i.accelerated.kernels as kernels
+from minit2i.accelerated.pipeline import CupyRunner, precision_dtype
 from minit2i.cli import main
-from minit2i.errors import MiniT2IError
+from minit2i.core.errors import MiniT2IError
 from minit2i.pipeline import load_model
 
 
@@ -85,7 +85,7 @@ def test_cli_cupy_backend_without_gpu_prints_one_line_and_exits_2(patch_cupy, mo
 @pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
 def test_the_finite_check_runs_on_the_arrays_own_module(bad):
     """The sampler's per-step check reduces on the device (here cudasim's stand-in for CuPy)."""
-    from cudasim import standin
+    from minit2i.cudasim import standin
     from minit2i.pipeline import all_finite
 
     state = standin.asarray(np.zeros((1, 3, 4, 4), dtype=np.float32))

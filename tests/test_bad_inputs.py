@@ -30,17 +30,20 @@ from safetensors.numpy import save_file
 from tokenizers import Tokenizer, models, pre_tokenizers
 
 import minit2i.pipeline as pipeline
-from minit2i import golden, weights
-from minit2i.checks import Range
+from minit2i import golden
 from minit2i.cli import main
-from minit2i.config import MMJIT_TINY, T5_TINY, MMJiTConfig, T5Config, to_json
+from minit2i.core import checkpoint, safetensors_file
+from minit2i.core.checks import Range
+from minit2i.core.config_fields import to_json
+from minit2i.core.errors import MiniT2IError
+from minit2i.core.images import save_png
+from minit2i.core.mmjit_config import MMJIT_TINY, MMJiTConfig, mmjit_expected_shapes
+from minit2i.core.t5_config import T5_TINY, T5Config
+from minit2i.core.tokenizer import PromptTokenizer, make_t5_style_tokenizer
 from minit2i.default_model import random_mmjit_weights, random_t5_weights
-from minit2i.errors import MiniT2IError
-from minit2i.images import save_png
 from minit2i.pipeline import Request
-from minit2i.tokenizer import PromptTokenizer, make_t5_style_tokenizer
-from reference.pipeline import NumpyRunner
-from reference.t5 import t5_encode
+from minit2i.reference.pipeline import NumpyRunner
+from minit2i.reference.t5 import t5_encode
 
 # Every generated case runs the real CLI; these budgets keep the module to well under a minute.
 CASES = settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -531,8 +534,8 @@ def test_rc6_runs_that_do_not_fit_are_refused_with_the_estimate(tiny, monkeypatc
 
 
 def test_rc6_memory_estimate_scales_with_the_attention():
-    files = pipeline.ModelFiles(weights.Checkpoint(MMJIT_TINY, [], "", "", [], {}, {}, []),
-                                weights.Checkpoint(T5_TINY, [], "", "", [], {}, {}, []), None)
+    files = pipeline.ModelFiles(checkpoint.Checkpoint(MMJIT_TINY, [], "", "", [], {}, {}, []),
+                                checkpoint.Checkpoint(T5_TINY, [], "", "", [], {}, {}, []), None)
     small = pipeline.estimate_memory(Request("a", width=1024, height=1024), files)
     large = pipeline.estimate_memory(Request("a", width=2048, height=2048), files)
     assert 12 < large / small < 17  # tokens x4 (plus the prompt): the attention scores ~x16
@@ -707,7 +710,7 @@ def no_tensor_reads(monkeypatch):
     def refuse(*args, **kwargs):
         raise AssertionError("a tensor was read")
 
-    monkeypatch.setattr(weights._MappedFile, "__init__", refuse)
+    monkeypatch.setattr(safetensors_file.MappedFile, "__init__", refuse)
 
 
 def test_rc10_bad_argument_returns_before_reading_a_large_model(tiny, tmp_path, no_tensor_reads):
@@ -717,7 +720,7 @@ def test_rc10_bad_argument_returns_before_reading_a_large_model(tiny, tmp_path, 
     big = dataclasses.replace(MMJIT_TINY, hidden_size=8192, num_heads=64, head_dim=128, cond_vec_size=8192,
                               depth_double=1, txt_preamble_depth=0)
     header, offset = {}, 0
-    for name, shape in weights.mmjit_expected_shapes(big).items():
+    for name, shape in mmjit_expected_shapes(big).items():
         size = 4 * int(np.prod(shape))
         header["model.net." + name] = {"dtype": "F32", "shape": list(shape), "data_offsets": [offset, offset + size]}
         offset += size
@@ -742,7 +745,7 @@ def test_rc10_t5_width_is_checked_before_any_tensor_is_read(tiny, tmp_path, no_t
 
 
 def test_rc10_trace_without_gpu_fails_before_side_a(tiny, monkeypatch):
-    from accelerated import kernels
+    from minit2i.accelerated import kernels
 
     def no_gpu():
         raise MiniT2IError("--backend cupy needs CuPy and an NVIDIA GPU")
@@ -783,13 +786,14 @@ def test_rc12_library_inputs(tmp_path):
     with pytest.raises(MiniT2IError, match="expected uint8 pixels \\[H, W, 3\\].*found uint8 \\[3, 8, 8\\]"):
         save_png(np.zeros((3, 8, 8), np.uint8), tmp_path / "never.png")
     assert list(tmp_path.iterdir()) == []
-    params = weights.nest(random_t5_weights(T5_TINY, 0))
+    params = checkpoint.nest(random_t5_weights(T5_TINY, 0))
     with pytest.raises(MiniT2IError, match="token ids must be in \\[0, 511\\].*from -1 to 5"):
         t5_encode(params, T5_TINY, np.array([[5, -1]]), np.ones((1, 2), np.float32))
 
 
 def test_every_config_field_has_a_range():
-    from minit2i.config import MMJIT_RANGES, T5_RANGES
+    from minit2i.core.mmjit_config import MMJIT_RANGES
+    from minit2i.core.t5_config import T5_RANGES
 
     assert set(MMJIT_RANGES) == {f.name for f in dataclasses.fields(MMJiTConfig)}
     assert set(T5_RANGES) == {f.name for f in dataclasses.fields(T5Config)}

@@ -10,11 +10,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import accelerated.kernels as kernels
-from minit2i.config import MMJIT_B16, MMJIT_TINY
-from minit2i.weights import mmjit_expected_shapes
-from reference.mmjit import mmjit_forward
-from reference.sampler import initial_noise, sample
+import minit2i.accelerated.kernels as kernels
+from minit2i.core.mmjit_config import MMJIT_B16, MMJIT_TINY, mmjit_expected_shapes
+from minit2i.reference.mmjit import mmjit_forward
+from minit2i.reference.sampler import initial_noise, sample
 
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "gpu.py"
 

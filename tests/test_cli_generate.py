@@ -14,7 +14,7 @@ from PIL import Image
 from minit2i import pipeline
 from minit2i.cli import main
 from minit2i.default_model import default_model_dir
-from reference.pipeline import NumpyRunner
+from minit2i.reference.pipeline import NumpyRunner
 
 SMALL = ["--steps", "2", "-W", "64", "-H", "48"]
 

@@ -9,9 +9,9 @@ import numpy as np
 from safetensors.numpy import save_file
 
 from minit2i.cli import main
-from minit2i.config import MMJIT_TINY, T5_TINY
+from minit2i.core.mmjit_config import MMJIT_TINY, mmjit_expected_shapes
+from minit2i.core.t5_config import T5_TINY, t5_expected_shapes
 from minit2i.default_model import random_mmjit_weights
-from minit2i.weights import mmjit_expected_shapes, t5_expected_shapes
 
 
 def parameter_count(shapes) -> int:

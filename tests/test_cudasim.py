@@ -15,10 +15,10 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-import cudasim
-from accelerated.kernels import NVRTC_OPTIONS, attention_shared_bytes, kernel_source
-from cudasim import KernelError, Module, RaceError, schedules
-from reference import layers as ref
+from minit2i import cudasim
+from minit2i.accelerated.kernels import NVRTC_OPTIONS, attention_shared_bytes, kernel_source
+from minit2i.cudasim import KernelError, Module, RaceError, schedules
+from minit2i.reference import layers as ref
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 
@@ -411,7 +411,7 @@ def test_planted_fragment_layout_assumption_in_the_tensor_core_attention():
 
 OUT_OF_BOUNDS = """
 import numpy as np, sys
-from cudasim import Module
+from minit2i.cudasim import Module
 module = Module(sys.stdin.read(), name="sampler.cu", sanitize=True)
 n = 100
 args = (np.zeros(n, np.float32), np.zeros(2 * n, np.float32), np.zeros(2 * n, np.float32), np.zeros(n, np.float32),
@@ -463,7 +463,7 @@ def _pairs():
     cupy = pytest.importorskip("cupy")
     import cupyx
 
-    from cudasim import standin
+    from minit2i.cudasim import standin
 
     yield from ((f"cupy.{n}", getattr(standin, n), getattr(cupy, n, None)) for n in standin.__all__ if n != "cuda")
     for name, value in _public(standin.cuda).items():

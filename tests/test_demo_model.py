@@ -12,7 +12,7 @@ from PIL import Image
 
 from minit2i.cli import main
 from minit2i.default_model import default_model_dir
-from training.evaluate import ATTRIBUTES, accuracy_report, classify, evaluation_scenes, generate_scenes
+from minit2i.training.evaluate import ATTRIBUTES, accuracy_report, classify, evaluation_scenes, generate_scenes
 
 # Floors for the small CI sample, per attribute: the full evaluation's accuracy (docs/demo-model.md)
 # less the margin a dozen draws can fall short by.

@@ -8,13 +8,13 @@ import shutil
 import numpy as np
 import pytest
 
-import reference.layers as layers
-import reference.mmjit as mmjit
-import reference.sampler as sampler
-import reference.t5 as t5
+import minit2i.reference.layers as layers
+import minit2i.reference.mmjit as mmjit
+import minit2i.reference.sampler as sampler
+import minit2i.reference.t5 as t5
 from minit2i import golden
 from minit2i.cli import main
-from minit2i.errors import MiniT2IError
+from minit2i.core.errors import MiniT2IError
 
 NETWORK_ITEMS = ["t5.hidden", "mmjit.x0", "sampler.image"]
 CACHED_TABLES = (layers.sincos_2d_table, layers.text_rope_angles, layers.image_rope_angles,

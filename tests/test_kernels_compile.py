@@ -13,9 +13,9 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import pytest
 
-from accelerated import kernels
-from accelerated.kernels import DTYPE_SUFFIXES, KERNEL_DIR, NVRTC_OPTIONS, SOURCES, kernel_source
-from cudasim import nvrtc
+from minit2i.accelerated import kernels
+from minit2i.accelerated.kernels import DTYPE_SUFFIXES, KERNEL_DIR, NVRTC_OPTIONS, SOURCES, kernel_source
+from minit2i.cudasim import nvrtc
 
 ARCHS = ("80", "90")
 REGISTERS_PER_SM = 64 * 1024
@@ -24,9 +24,9 @@ REGISTERS_PER_SM = 64 * 1024
 EXPECTED_KERNELS = {
     "rmsnorm.cu": {"rms_norm": kernels.THREADS, "add_rms_norm": kernels.THREADS},
     "swiglu.cu": {"swiglu": kernels.THREADS, "geglu": kernels.THREADS},
-    "rope.cu": {"qkv_heads": kernels.WARPS_PER_BLOCK * 32},
-    "attention.cu": {"flash_attention": kernels.ATTENTION_THREADS},
-    "attention_tc.cu": {"flash_attention_tc": kernels.ATTENTION_THREADS},
+    "rope.cu": {"qkv_heads": kernels.HEAD_WARPS * 32},
+    "attention.cu": {"flash_attention": kernels.ATTENTION_WARPS * 32},
+    "attention_tc.cu": {"flash_attention_tc": kernels.TC_WARPS * 32},
     "sampler.cu": {"cfg_euler": kernels.THREADS},
 }
 # Stems not defined for every dtype: attention runs fp32 on CUDA cores, fp16 / bf16 on tensor cores.

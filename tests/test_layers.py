@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from minit2i.config import MMJIT_B16, MMJIT_L16, MMJiTConfig
-from reference.layers import (
+from minit2i.core.mmjit_config import MMJIT_B16, MMJIT_L16, MMJiTConfig
+from minit2i.reference.layers import (
     apply_rope,
     attention,
     image_rope_angles,

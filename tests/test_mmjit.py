@@ -15,11 +15,11 @@ import inspect
 import numpy as np
 import pytest
 
-from minit2i.config import MMJiTConfig
+from minit2i.core.checkpoint import nest
+from minit2i.core.mmjit_config import MMJiTConfig
 from minit2i.default_model import random_mmjit_weights
-from minit2i.weights import nest
-from reference import layers
-from reference.mmjit import mmjit_forward
+from minit2i.reference import layers
+from minit2i.reference.mmjit import mmjit_forward
 
 CONFIG = MMJiTConfig(image_size=64, patch_size=16, in_channels=3, txt_input_size=48, hidden_size=64,
                      depth_double=2, txt_preamble_depth=2, num_heads=2, head_dim=32, pca_channels=8,

@@ -9,9 +9,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from accelerated import kernels
-from accelerated.pipeline import CudasimRunner
-from minit2i.config import MMJIT_B16, MMJIT_L16
+from minit2i.accelerated import kernels
+from minit2i.accelerated.pipeline import CudasimRunner
+from minit2i.core.mmjit_config import MMJIT_B16, MMJIT_L16
 from minit2i.pipeline import load_model, make_runner
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from reference.sampler import initial_noise, sample, step_factors, time_grid
+from minit2i.reference.sampler import initial_noise, sample, step_factors, time_grid
 
 BATCH, LENGTH, WIDTH_C = 2, 4, 3
 

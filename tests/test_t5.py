@@ -5,8 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from minit2i.weights import load_t5, nest
-from reference.t5 import relative_position_buckets, t5_encode
+from minit2i.core.checkpoint import nest
+from minit2i.model_files import load_t5
+from minit2i.reference.t5 import relative_position_buckets, t5_encode
 
 LENGTH = 48  # > 8 exact buckets and > 16: the logarithmic buckets are used
 VOCAB = 128

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 from tokenizers import Tokenizer, models
 
-from minit2i.errors import MiniT2IError
-from minit2i.tokenizer import PromptTokenizer, make_t5_style_tokenizer
+from minit2i.core.errors import MiniT2IError
+from minit2i.core.tokenizer import PromptTokenizer, make_t5_style_tokenizer
 
 WORDS = ["a", "red", "cat", "sat", "on", "the", "mat", "big", "dog"]
 LETTERS = "abcdefghijklmnopqrstuvwxyz"

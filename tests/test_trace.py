@@ -5,10 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-import reference.mmjit as mmjit
-import reference.t5 as t5
+import minit2i.reference.mmjit as mmjit
+import minit2i.reference.t5 as t5
 from minit2i.cli import main
-from minit2i.errors import MiniT2IError
+from minit2i.core.errors import MiniT2IError
 from minit2i.pipeline import load_model
 from minit2i.trace import Side, default_tolerance, first_divergence, format_report, trace
 
@@ -94,7 +94,7 @@ def test_bad_side_is_a_clear_error(text):
 
 
 def test_cupy_side_without_a_gpu_is_a_clear_error(model):
-    from accelerated.kernels import require_gpu
+    from minit2i.accelerated.kernels import require_gpu
 
     try:
         require_gpu()

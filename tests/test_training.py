@@ -11,17 +11,18 @@ import json
 import numpy as np
 import pytest
 
+from minit2i.core.checkpoint import nest
 from minit2i.pipeline import load_model
-from minit2i.weights import nest
-from reference.mmjit import mmjit_forward
-from reference.t5 import t5_encode
-from training import shapes
-from training.evaluate import ATTRIBUTES, accuracy_report, classify, evaluation_scenes
+from minit2i.reference.mmjit import mmjit_forward
+from minit2i.reference.t5 import t5_encode
+from minit2i.training import shapes
+from minit2i.training.evaluate import ATTRIBUTES, accuracy_report, classify, evaluation_scenes
 
 torch = pytest.importorskip("torch")
-from training import train  # noqa: E402  (needs torch)
-from training.torch_model import mmjit_forward as torch_mmjit_forward  # noqa: E402
-from training.torch_model import position_tables, t5_encode as torch_t5_encode, to_torch_tree  # noqa: E402
+from minit2i.training import train  # noqa: E402  (needs torch
+from minit2i.training.torch_model import mmjit_forward as torch_mmjit_forward  # noqa: E402
+from minit2i.training.torch_model import position_tables, to_torch_tree  # noqa: E402
+from minit2i.training.torch_model import t5_encode as torch_t5_encode
 
 # ---------------------------------------------------------------------------------------------
 # Data set
@@ -67,7 +68,7 @@ def test_short_captions_leave_out_phrases():
 
 
 def test_pixels_round_trip_through_the_model_range():
-    from minit2i.images import to_pixels
+    from minit2i.core.images import to_pixels
 
     pixels = np.random.default_rng(2).integers(0, 256, (2, 8, 8, 3), dtype=np.uint8)
     np.testing.assert_array_equal(to_pixels(shapes.to_model_range(pixels)), pixels)

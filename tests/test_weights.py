@@ -17,19 +17,20 @@ import pytest
 from safetensors import SafetensorError, safe_open
 from safetensors.numpy import save_file
 
-from minit2i.config import MMJIT_B16, MMJIT_L16, MMJIT_TINY, T5_FLAN_LARGE, T5_TINY, MMJiTConfig, T5Config, to_json
-from minit2i.default_model import random_mmjit_weights, random_t5_weights
-from minit2i.errors import MiniT2IError
-from minit2i.weights import (
-    _MappedFile,
-    find_tokenizer_json,
+from minit2i.core.config_fields import to_json
+from minit2i.core.errors import MiniT2IError
+from minit2i.core.mmjit_config import (
+    MMJIT_B16,
+    MMJIT_L16,
+    MMJIT_TINY,
+    MMJiTConfig,
     infer_mmjit_config,
-    infer_t5_config,
-    load_mmjit,
-    load_t5,
     mmjit_expected_shapes,
-    t5_expected_shapes,
 )
+from minit2i.core.safetensors_file import MappedFile
+from minit2i.core.t5_config import T5_FLAN_LARGE, T5_TINY, T5Config, infer_t5_config, t5_expected_shapes
+from minit2i.default_model import random_mmjit_weights, random_t5_weights
+from minit2i.model_files import find_tokenizer_json, load_mmjit, load_t5
 
 PREFIXES = ["model.net.", "model.diffusion_model.net.", "model.diffusion_model.model.net.", "net.", ""]
 DTYPES = ["F32", "F16", "BF16"]
@@ -221,7 +222,7 @@ def test_bf16_widening_is_exact_for_every_representable_value(tmp_path):
 
     write_transformer(tmp_path, dtype="BF16", edit=store_bits)
     # Read below the checkpoint (which refuses the Inf and NaN values): the widening itself.
-    mask_token = _MappedFile(tmp_path / WEIGHTS_FILE).tensor("model.net.mask_token")
+    mask_token = MappedFile(tmp_path / WEIGHTS_FILE).tensor("model.net.mask_token")
     np.testing.assert_array_equal(mask_token.reshape(-1).view(np.uint32), bits.astype(np.uint32) << 16)
 
 
@@ -256,7 +257,7 @@ def test_f16_specials_widen_exactly(tmp_path):
         weights["mask_token"] = values.reshape(1, 1, 64)
 
     write_transformer(tmp_path, dtype="F16", edit=store)
-    got = _MappedFile(tmp_path / WEIGHTS_FILE).tensor("model.net.mask_token").reshape(-1)
+    got = MappedFile(tmp_path / WEIGHTS_FILE).tensor("model.net.mask_token").reshape(-1)
     np.testing.assert_array_equal(got.view(np.uint32), values.astype(np.float16).astype(np.float32).view(np.uint32))
 
 

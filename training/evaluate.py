@@ -27,10 +27,10 @@ from pathlib import Path
 
 import numpy as np
 
-from minit2i.checks import Range
-from minit2i.errors import MiniT2IError
-from minit2i.images import to_pixels
-from reference.sampler import initial_noise, sample
+from minit2i.core.checks import Range
+from minit2i.core.errors import MiniT2IError
+from minit2i.core.images import to_pixels
+from minit2i.reference.sampler import initial_noise, sample
 
 from . import shapes
 

@@ -2,7 +2,7 @@
 
 Written from the spec like reference/, with F.scaled_dot_product_attention for attention. Both
 networks are plain functions of a nested weight tree (the checkpoint's names, as
-`minit2i.weights.nest` builds them), so the same code serves three uses: the demo model's
+`minit2i.core.checkpoint.nest` builds them), so the same code serves three uses: the demo model's
 training (training/train.py: leaves that require grad), the CPU benchmark (float32 tensors sharing
 memory with the NumPy weights) and the GPU benchmark (CUDA tensors in fp32, fp16 or bf16).
 """
@@ -15,9 +15,10 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from minit2i.config import MMJiTConfig, T5Config
-from reference.layers import joint_rope, sincos_2d_table, text_rope
-from reference.t5 import relative_position_buckets
+from minit2i.core.mmjit_config import MMJiTConfig
+from minit2i.core.t5_config import T5Config
+from minit2i.reference.layers import joint_rope, sincos_2d_table, text_rope
+from minit2i.reference.t5 import relative_position_buckets
 
 
 def to_torch_tree(tree, device="cpu", dtype=torch.float32):

@@ -35,12 +35,13 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from minit2i.checks import Range
-from minit2i.config import MMJiTConfig, T5Config
+from minit2i.core.checkpoint import nest
+from minit2i.core.checks import Range
+from minit2i.core.errors import MiniT2IError
+from minit2i.core.mmjit_config import MMJiTConfig, mmjit_expected_shapes
+from minit2i.core.t5_config import T5Config, t5_expected_shapes
+from minit2i.core.tokenizer import PromptTokenizer, make_word_tokenizer
 from minit2i.default_model import DEMO_MODEL_DIR, save_model
-from minit2i.errors import MiniT2IError
-from minit2i.tokenizer import PromptTokenizer, make_word_tokenizer
-from minit2i.weights import mmjit_expected_shapes, nest, t5_expected_shapes
 
 from . import shapes
 from .evaluate import evaluate_scenes, evaluation_scenes

@@ -12,15 +12,11 @@
 // up to 128, any value (52 for L/16): loads and stores are predicated on d < head_dim.
 #include "common.cuh"
 
-#define WARPS 4
-#define ROWS_PER_WARP 8
-#define ROWS_PER_BLOCK (WARPS * ROWS_PER_WARP)
-#define KEY_TILE 32
-#define MAX_DIMS_PER_LANE 4  // head_dim <= 128
-// At least 3 resident blocks per SM lets ptxas give a thread up to 65536 / (3 * 128) = 170
-// registers: the 8 x 4 accumulators, 8 scores and the running max/sum need ~160. Without it
-// ptxas aims at 4 blocks (128 registers) and spills on sm_90 (tests/test_kernels_compile.py).
-#define MIN_BLOCKS_PER_SM 3
+// WARPS, ROWS_PER_WARP, ROWS_PER_BLOCK, KEY_TILE, MAX_DIMS_PER_LANE and MIN_BLOCKS_PER_SM are
+// #defined ahead of this text from KERNEL_CONSTANTS in accelerated/kernels.py, which the
+// launching wrapper reads too. MIN_BLOCKS_PER_SM = 3 lets ptxas give a thread up to
+// 65536 / (3 * 128) = 170 registers: the 8 x 4 accumulators, 8 scores and the running max/sum
+// need ~160; aiming at 4 blocks (128 registers) spills on sm_90.
 
 template <typename T>
 __device__ void attention_impl(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,

@@ -21,16 +21,10 @@
 
 using namespace nvcuda;
 
-#define TC_WARPS 4
-// 4 blocks of 48 KiB (Dh 64) fill an H100's 228 KiB of shared memory. Stating it also keeps
-// ptxas from capping the fp16 kernel at 40 registers and spilling on sm_80.
-#define TC_MIN_BLOCKS_PER_SM 4
-#define WMMA_TILE 16                             // the m = n = k of every fragment
-#define TC_ROWS (TC_WARPS * WMMA_TILE)            // query rows per block: one fragment row per warp
-#define TC_KEY_TILE 32                            // keys per step: two fragment columns
-#define SKEW 8                                    // 16-bit elements of padding per shared row
-#define SCORE_LD (TC_KEY_TILE + 4)                // fp32 score row stride (4 floats = 16 bytes of padding)
-#define PROB_LD (TC_KEY_TILE + SKEW)              // 16-bit probability row stride
+// TC_WARPS, TC_ROWS (query rows per block), TC_KEY_TILE (keys per step), WMMA_TILE (the m = n = k
+// of every fragment), SKEW, SCORE_LD, PROB_LD (padded shared row strides) and
+// TC_MIN_BLOCKS_PER_SM are #defined ahead of this text from KERNEL_CONSTANTS in
+// accelerated/kernels.py, which sizes the launch and its shared memory from the same table.
 
 // One attention logit in the reference's order (attention.cu's, per element): scale * q.k,
 // plus T5's position bias bias[h, row, key], plus the additive key mask (1 - mask) * LOWEST_FLOAT;

@@ -8,7 +8,8 @@
 // one pass instead of seven (T5 uses it with norm and RoPE off, as bias-free split_heads).
 #include "common.cuh"
 
-#define MAX_PAIRS_PER_LANE 2  // head_dim <= 128
+// MAX_PAIRS_PER_LANE (head_dim <= 64 * it) is #defined ahead of this text from KERNEL_CONSTANTS
+// in accelerated/kernels.py.
 
 template <typename T>
 __device__ void head_to_rows(const T* __restrict__ src, const T* __restrict__ bias, const T* __restrict__ norm,

@@ -30,6 +30,13 @@ def shown(value) -> str:
     return repr(value)
 
 
+
+def short_list(items: list[str], limit: int = 6) -> str:
+    """The first `limit` items, comma-separated, and how many more there are."""
+    text = ", ".join(items[:limit])
+    return text + (f" and {len(items) - limit} more" if len(items) > limit else "")
+
+
 @dataclass(frozen=True)
 class Range:
     """An allowed value: an int (`integer=True`, bools excluded) or a real number in [low, high];

@@ -1,0 +1,74 @@
+"""Safetensors files: one header reader, and float32 tensors read through a memory map.
+
+`safetensors.safe_open` validates each file (header JSON, offsets, sizes); the offsets it does
+not expose are then taken from the same header, which `read_header` parses once for both the
+checks (names, dtypes, shapes) and the memory map. float32 tensors are zero-copy read-only views
+of the file; float16 and bfloat16 are widened to float32 one tensor at a time, so loading never
+holds two float copies of a model.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from safetensors import SafetensorError, safe_open
+
+from .errors import MiniT2IError
+
+# Stored dtype -> the NumPy dtype its bytes are viewed as (bfloat16 as its raw 16 bits).
+SUPPORTED_DTYPES = {"F32": "<f4", "F16": "<f2", "BF16": "<u2"}
+
+
+@dataclass(frozen=True)
+class TensorEntry:
+    """One tensor of a safetensors header: stored dtype, shape, and byte range in the data part."""
+
+    dtype: str
+    shape: tuple[int, ...]
+    start: int
+    end: int
+
+
+def read_header(path: Path) -> dict[str, TensorEntry]:
+    """The tensors a safetensors file holds (validated by the safetensors library), by name."""
+    try:
+        with safe_open(str(path), framework="numpy"):
+            pass
+        with open(path, "rb") as f:
+            header_length = int.from_bytes(f.read(8), "little")
+            header = json.loads(f.read(header_length))
+    except (SafetensorError, OSError, ValueError) as err:
+        raise MiniT2IError(f"{path} is not a readable safetensors file ({err}); re-download or re-convert it") from None
+    return {name: TensorEntry(entry["dtype"], tuple(entry["shape"]), *entry["data_offsets"])
+            for name, entry in header.items() if name != "__metadata__"}
+
+
+def read_index(files: list[Path]) -> dict[str, tuple[str, tuple[int, ...], Path]]:
+    """Every tensor of the files, name -> (stored dtype, shape, file), from the headers alone."""
+    return {name: (entry.dtype, entry.shape, path)
+            for path in files for name, entry in read_header(path).items()}
+
+
+class MappedFile:
+    """A read-only memory map of one safetensors file."""
+
+    def __init__(self, path: Path):
+        self.header = read_header(path)
+        raw = np.memmap(path, dtype=np.uint8, mode="r")
+        self.data = raw[8 + int(raw[:8].view("<u8")[0]):]
+
+    def tensor(self, name: str) -> np.ndarray:
+        """The tensor as float32: a view for F32, a widened copy for F16 and BF16."""
+        entry = self.header[name]
+        raw = self.data[entry.start:entry.end].view(SUPPORTED_DTYPES[entry.dtype]).reshape(entry.shape)
+        if entry.dtype == "F32":
+            return raw
+        if entry.dtype == "F16":
+            return raw.astype(np.float32)
+        # bfloat16 is the top half of a float32: shift the 16 stored bits into place.
+        widened = raw.astype(np.uint32)
+        widened <<= 16
+        return widened.view(np.float32)

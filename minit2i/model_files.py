@@ -1,0 +1,267 @@
+"""Which files make up a model, in a folder, a file or a Hugging Face cache (model.md 1.3, 2.1, 6.3).
+
+Accepted places:
+  * a `.safetensors` file;
+  * a diffusers model folder (`transformer/` with `diffusion_pytorch_model.safetensors`);
+  * the MiniT2I pipeline repo (`minit2i-b-16/transformer/...`, variant picked by name);
+  * an HF snapshot folder (`snapshots/<rev>`) or an HF cache repo folder (`models--org--name`),
+    or the HF hub cache root itself (it holds `models--MiniT2I--MiniT2I`, ...).
+
+Which files of a folder or Hub repo make up a model is decided once, on a listing of relative
+names (`choose_mmjit`, `choose_t5`): for a local folder the listing is read from disk, for a
+repo id it is the Hub's file list (`minit2i.hub`), so both accept exactly the same layouts.
+`inspect_mmjit` / `inspect_t5` then check the files found from their headers alone
+(`minit2i.core.checkpoint`).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import posixpath
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from minit2i.core.checkpoint import Checkpoint, LoadedWeights, check_mmjit_header, check_t5_header
+from minit2i.core.checks import existing_path, read_json, read_json_object, short_list, shown
+from minit2i.core.errors import MiniT2IError
+from minit2i.core.mmjit_config import VARIANT_ALIASES
+from minit2i.core.safetensors_file import read_index
+
+HF_REPOS = {"mmjit": "models--MiniT2I--MiniT2I", "t5": "models--google--flan-t5-large"}
+
+log = logging.getLogger(__name__)
+
+MMJIT_WEIGHTS = "diffusion_pytorch_model.safetensors"
+T5_WEIGHTS = "model.safetensors"
+T5_INDEX = "model.safetensors.index.json"
+# Where tokenizer.json may sit, relative to the T5 weights' folder: a T5 repo, a pipeline's text_encoder/.
+TOKENIZER_PLACES = ("tokenizer.json", "../tokenizer/tokenizer.json", "../tokenizer.json")
+
+
+@dataclass
+class Choice:
+    """One model's files inside a folder or repo, as relative posix names."""
+
+    weights: list[str]
+    config: str | None
+    tokenizer: str | None = None
+    index: str | None = None  # the shard index the weights were read from, if sharded
+
+    @property
+    def files(self) -> list[str]:
+        """Every file to fetch: small ones (config, tokenizer, index) first, then the weights."""
+        return [f for f in (self.config, self.tokenizer, self.index) if f] + self.weights
+
+
+def choose_mmjit(names: set[str], variant: str, where: str) -> Choice:
+    """The transformer of a file listing: diffusers folder, its parent, a pipeline variant, or a lone file."""
+    variant = VARIANT_ALIASES.get(variant.lower(), variant)
+    for folder in ("", "transformer/", f"{variant}/transformer/"):
+        if folder + MMJIT_WEIGHTS in names:
+            return _choice(names, [folder + MMJIT_WEIGHTS])
+    variants = sorted(n.split("/")[0] for n in names if n.count("/") == 2 and n.endswith("/transformer/" + MMJIT_WEIGHTS))
+    if variants:
+        raise MiniT2IError(
+            f"{where} has no variant {variant!r}; it has {', '.join(variants)}: pass --variant with one of them"
+        )
+    return _choice(names, _lone_safetensors(names, where, "MiniT2I transformer", MMJIT_WEIGHTS))
+
+
+def choose_t5(names: set[str], where: str, read_shards) -> Choice:
+    """The T5 of a file listing: a shard index, model.safetensors (also under text_encoder/), or a lone file.
+
+    `read_shards(index_name)` returns the shard file names an index lists (it may have to fetch it).
+    """
+    for folder in ("", "text_encoder/"):
+        if folder + T5_INDEX in names:
+            shards = [folder + shard for shard in read_shards(folder + T5_INDEX)]
+            return _choice(names, shards, index=folder + T5_INDEX)
+        if folder + T5_WEIGHTS in names:
+            return _choice(names, [folder + T5_WEIGHTS])
+    return _choice(names, _lone_safetensors(names, where, "T5 encoder", T5_WEIGHTS))
+
+
+def read_shard_index(path: Path) -> list[str]:
+    """The shard files a `model.safetensors.index.json` lists, sorted, as names in its folder
+    (a damaged or hostile index must not send the loader elsewhere)."""
+    fix = "re-download it"
+    weight_map = read_json_object(path, "shard index").get("weight_map")
+    if not isinstance(weight_map, dict) or not weight_map:
+        raise MiniT2IError(f"{path}: expected a non-empty \"weight_map\" object, found {shown(weight_map)}; {fix}")
+    bad = [f"{k}: {shown(v)}" for k, v in weight_map.items()
+           if not isinstance(v, str) or Path(v).name != v or v in ("", ".", "..")]
+    if bad:
+        raise MiniT2IError(f"{path}: weight_map values must be file names in its folder, found "
+                           f"{short_list(bad, 3)}; {fix}")
+    return sorted(set(weight_map.values()))
+
+
+def _choice(names: set[str], weights: list[str], index: str | None = None) -> Choice:
+    """Add the config.json beside the weights and the tokenizer.json near them, when listed."""
+    folder = posixpath.dirname(weights[0])
+    config = posixpath.join(folder, "config.json")
+    tokenizers = [posixpath.normpath(posixpath.join(folder, place)) for place in TOKENIZER_PLACES]
+    return Choice(weights, config if config in names else None,
+                  next((t for t in tokenizers if t in names), None), index)
+
+
+def _lone_safetensors(names: set[str], where: str, what: str, usual: str) -> list[str]:
+    files = sorted(n for n in names if "/" not in n and n.endswith(".safetensors"))
+    if len(files) == 1:
+        return files
+    if files:
+        found, fix = f"{len(files)} .safetensors files", "pass the file itself"
+    else:
+        found, fix = "no .safetensors file", "check the path or download the weights into it"
+    raise MiniT2IError(f"{where}: expected the {what} weights ({usual}), found {found}; {fix}")
+
+
+def find_mmjit_files(path: str | Path, variant: str = "minit2i-b-16") -> tuple[list[Path], Path | None]:
+    """Resolve any accepted local MMJiT location to (safetensors files, config.json or None)."""
+    root = existing_path(path, "--model")
+    if root.is_file():
+        return [root], _sibling_config(root)
+    root = _hf_cache_snapshot(root, "mmjit")
+    return _local_files(root, choose_mmjit(local_listing(root), variant, str(root)))
+
+
+def find_t5_files(path: str | Path) -> tuple[list[Path], Path | None]:
+    """Resolve any accepted local T5 location to (safetensors files, config.json or None)."""
+    root = existing_path(path, "--t5")
+    if root.is_file():
+        return [root], _sibling_config(root)
+    root = _hf_cache_snapshot(root, "t5")
+    return _local_files(root, choose_t5(local_listing(root), str(root), lambda index: read_shard_index(root / index)))
+
+
+def find_tokenizer_json(t5_files: list[Path], explicit: str | Path | None = None) -> Path:
+    """tokenizer.json next to the T5 weights (or one folder up), unless given explicitly."""
+    if explicit is not None:
+        return existing_path(explicit, "--tokenizer")
+    folder = t5_files[0].parent
+    for place in TOKENIZER_PLACES:
+        candidate = Path(os.path.normpath(folder / place))
+        if candidate.is_file():
+            return candidate
+    raise MiniT2IError(
+        f"no tokenizer.json next to {t5_files[0]}; put google/flan-t5-large's tokenizer.json there "
+        "or pass --tokenizer PATH"
+    )
+
+
+def local_listing(root: Path) -> set[str]:
+    """Relative names of the non-folder entries a model folder can use (what `choose_*` look at).
+
+    Broken links are listed too, so that a chosen one is reported as broken, not as absent.
+    """
+    try:
+        os.listdir(root)
+    except OSError as err:
+        raise MiniT2IError(f"cannot read the folder {root}: {err.strerror}; check its permissions") from None
+    names = set()
+    for pattern in ("*", "*/*", "*/transformer/*"):
+        names.update(p.relative_to(root).as_posix() for p in root.glob(pattern) if not p.is_dir())
+    return names
+
+
+def _local_files(root: Path, choice: Choice) -> tuple[list[Path], Path | None]:
+    """The chosen weights as usable paths (a cache's broken link is named as such), and the config."""
+    flag = f"{root / choice.index} names the shard" if choice.index else "weights file"
+    weights = [existing_path(root / name, flag) for name in choice.weights]
+    return weights, root / choice.config if choice.config else None
+
+
+def _sibling_config(weights: Path) -> Path | None:
+    cfg = weights.parent / "config.json"
+    return cfg if cfg.is_file() else None
+
+
+def _hf_cache_snapshot(root: Path, kind: str) -> Path:
+    """Step from the hub cache root or a `models--org--name` folder down to one snapshot."""
+    if (root / HF_REPOS[kind]).is_dir():
+        root = root / HF_REPOS[kind]
+    if not (root / "snapshots").is_dir():
+        return root
+    snapshot = cached_snapshot(root)
+    if snapshot is None:
+        raise MiniT2IError(f"{root} is an HF cache folder with no snapshots; download the model into it first")
+    return snapshot
+
+
+def cached_snapshot(repo: Path) -> Path | None:
+    """The snapshot `refs/main` names in an HF cache repo folder, else the newest one (None if none).
+
+    huggingface_hub's own readers (`scan_cache_dir`, `try_to_load_from_cache`) raise on a non-UTF-8
+    `refs/main` and drop a whole repo for one broken link, so damaged caches are read here: links and
+    files in `snapshots/` that are not folders are skipped, and an unusable `refs/main` is reported
+    (one log line) and replaced by the newest snapshot.
+    """
+    folder = repo / "snapshots"
+    try:
+        snapshots = [p for p in folder.iterdir() if p.is_dir()]
+    except OSError as err:
+        raise MiniT2IError(f"cannot read the folder {folder}: {err.strerror}; check its permissions") from None
+    commit, problem = _read_ref(repo / "refs" / "main")
+    if commit is not None and (folder / commit).is_dir():
+        return folder / commit
+    if commit is not None:
+        problem = f"names {commit}, which is not in {folder}"
+    if not snapshots:
+        return None
+    newest = max(snapshots, key=lambda p: p.stat().st_mtime)
+    if problem:
+        log.warning(f"{repo / 'refs' / 'main'} {problem}; using the newest snapshot, {newest.name}")
+    return newest
+
+
+def _read_ref(ref: Path) -> tuple[str | None, str | None]:
+    """(commit named by a refs/ file, or None; why it is unusable, or None when fine or absent)."""
+    try:
+        raw = ref.read_bytes()
+    except FileNotFoundError:
+        return None, None
+    except OSError as err:
+        return None, f"cannot be read ({err.strerror})"
+    try:
+        commit = raw.decode("ascii").strip()
+    except UnicodeDecodeError:
+        return None, "is not a commit hash (it holds binary data)"
+    if not commit:
+        return None, "is empty"
+    if not re.fullmatch(r"[\w.-]+", commit) or commit in (".", ".."):
+        return None, f"is not a commit hash ({commit[:40]!r})"
+    return commit, None
+
+
+def inspect_mmjit(path: str | Path, variant: str = "minit2i-b-16") -> Checkpoint:
+    """Find and check a local MMJiT checkpoint from its headers and config.json alone."""
+    files, config_path = find_mmjit_files(path, variant)
+    checkpoint = check_mmjit_header(read_index(files), config_path, files)
+    checkpoint.text_encoder = named_text_encoder(config_path)
+    return checkpoint
+
+
+def inspect_t5(path: str | Path, expected_d_model: int | None = None) -> Checkpoint:
+    """Find and check a local T5 v1.1 encoder from its headers and config.json alone;
+    `expected_d_model` is the MMJiT's txt_input_size."""
+    files, config_path = find_t5_files(path)
+    return check_t5_header(read_index(files), config_path, files, expected_d_model)
+
+
+def load_mmjit(path: str | Path, variant: str = "minit2i-b-16") -> LoadedWeights:
+    """Load and check an MMJiT checkpoint; tensors keyed without the `model.net.` style prefix."""
+    return inspect_mmjit(path, variant).load()
+
+
+def load_t5(path: str | Path, expected_d_model: int | None = None) -> LoadedWeights:
+    """Load and check a T5 v1.1 encoder; `expected_d_model` is the MMJiT's txt_input_size."""
+    return inspect_t5(path, expected_d_model).load()
+
+
+def named_text_encoder(config_path: Path | None) -> str | None:
+    """The text encoder a diffusers MiniT2I config.json names in `llm` (google/flan-t5-large), if any."""
+    raw = read_json(config_path, "config") if config_path is not None else None
+    llm = raw.get("llm") if isinstance(raw, dict) else None
+    return llm if isinstance(llm, str) and llm else None
