@@ -1,4 +1,4 @@
-"""Tensor -> pixels -> PNG (spec 4.6), shared by both backends."""
+"""Tensor -> pixels -> PNG (model.md 4.6), shared by both backends."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Prompt tokenizer: the `tokenizers` library on a real T5 `tokenizer.json` (spec 5).
+"""Prompt tokenizer: the `tokenizers` library on a real T5 `tokenizer.json` (model.md 5).
 
 flan-t5 conventions, as the official pipelines call it (`padding="max_length", truncation=True,
 max_length=256`): `</s>` is appended, prompts longer than 255 pieces are cut to 255 + `</s>`,

@@ -1,7 +1,9 @@
 """MiniT2I: a readable NumPy reference and a fast CuPy twin of the MiniT2I text-to-image model.
 
-Shared pieces live here (config, weight loader, tokenizer, image I/O, CLI); the math lives in
-`reference/` (NumPy) and `accelerated/` (CuPy).
+One package in layers that only import downwards (README: Layout): `minit2i.core` (configs,
+weights, tokenizer, images; folder `core/`), `minit2i.reference` (NumPy), `minit2i.cudasim` (the
+CUDA kernels on a CPU), `minit2i.accelerated` (CuPy), then the application in this folder
+(pipeline, CLI, golden suite, trace, Hub), and `minit2i.training` on top.
 """
 
 __version__ = "0.1.0"

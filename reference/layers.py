@@ -41,7 +41,7 @@ def silu(x):
 
 
 def swiglu(x, w1, w2, w3):
-    """[..., D] -> [..., D]: W2 (SiLU(W1 x) * W3 x), no biases (spec 3.9)."""
+    """[..., D] -> [..., D]: W2 (SiLU(W1 x) * W3 x), no biases (model.md 3.9)."""
     return linear(silu(linear(x, w1)) * linear(x, w3), w2)
 
 
@@ -83,7 +83,7 @@ def attention(q, k, v, scale: float, bias=None):
 
 
 def apply_rope(x, cos, sin):
-    """Half-split ("rotate_half") rotary embedding (spec 3.6).
+    """Half-split ("rotate_half") rotary embedding (model.md 3.6).
 
     x [B, H, L, Dh], cos/sin [L, Dh/2] -> [B, H, L, Dh]; pairs are (j, j + Dh/2).
     """
@@ -99,7 +99,7 @@ def apply_rope(x, cos, sin):
 
 @lru_cache(maxsize=32)
 def sincos_2d_table(grid_h: int, grid_w: int, dim: int, dtype=np.float32):
-    """MAE-style 2-D sin/cos position table (spec 3.4) -> [grid_h*grid_w, dim].
+    """MAE-style 2-D sin/cos position table (model.md 3.4) -> [grid_h*grid_w, dim].
 
     Token n = r*grid_w + c gets [sin(c w), cos(c w), sin(r w), cos(r w)], w_k = 10000^(-k/(dim/4)):
     the column (x) coordinate fills the first half, the row (y) coordinate the second.
@@ -115,14 +115,14 @@ def sincos_2d_table(grid_h: int, grid_w: int, dim: int, dtype=np.float32):
 
 @lru_cache(maxsize=32)
 def text_rope_angles(length: int, head_dim: int):
-    """1-D RoPE angles (spec 3.6) -> [length, head_dim/2]: a[l, j] = l * 10000^(-2j/head_dim)."""
+    """1-D RoPE angles (model.md 3.6) -> [length, head_dim/2]: a[l, j] = l * 10000^(-2j/head_dim)."""
     freqs = 10000.0 ** (-2.0 * np.arange(head_dim // 2, dtype=np.float64) / head_dim)
     return _frozen(np.arange(length, dtype=np.float64)[:, None] * freqs, np.float64)
 
 
 @lru_cache(maxsize=32)
 def image_rope_angles(grid_h: int, grid_w: int, head_dim: int):
-    """2-D RoPE angles (spec 3.6) -> [grid_h*grid_w, head_dim/2]: [row angles | column angles].
+    """2-D RoPE angles (model.md 3.6) -> [grid_h*grid_w, head_dim/2]: [row angles | column angles].
 
     Rows (y) come first here, the opposite of the sin/cos table; g_k = 10000^(-2k/(head_dim/2)).
     """
@@ -174,7 +174,7 @@ def patchify(images, patch: int):
 def unpatchify(tokens, grid_h: int, grid_w: int, patch: int, channels: int):
     """[B, gh*gw, p*p*C] -> [B, C, gh*p, gw*p]; token features ordered (i, j, c), channel fastest.
 
-    Pixel (c, r*p + i, col*p + j) = tokens[r*gw + col, (i*p + j)*C + c] (spec 3.11).
+    Pixel (c, r*p + i, col*p + j) = tokens[r*gw + col, (i*p + j)*C + c] (model.md 3.11).
     """
     b = tokens.shape[0]
     x = tokens.reshape(b, grid_h, grid_w, patch, patch, channels)

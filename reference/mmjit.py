@@ -1,4 +1,4 @@
-"""MMJiT, the MiniT2I denoiser, in NumPy (spec section 3).
+"""MMJiT, the MiniT2I denoiser, in NumPy (model.md 3).
 
     image [B,3,H,W] --patch embed + sin/cos--> img tokens [B, N, D]
     T5 context [B,L,1024] --mask_token where mask=0--> txt_embedder --> txt tokens [B, L, D]
@@ -34,7 +34,7 @@ from .layers import (
 
 
 def embed_image(images, embedder, config: MMJiTConfig):
-    """Bottleneck patch embed + 2-D sin/cos table: [B, C, H, W] -> [B, N, D] (spec 3.3, 3.4).
+    """Bottleneck patch embed + 2-D sin/cos table: [B, C, H, W] -> [B, N, D] (model.md 3.3, 3.4).
 
     proj1 (conv k=p, s=p, no bias) is a matmul on channel-slowest flattened patches; proj2 is a
     1x1 conv, i.e. a linear layer. Nothing sits between them.
@@ -49,7 +49,7 @@ def embed_image(images, embedder, config: MMJiTConfig):
 
 
 def mask_text(context, mask, mask_token):
-    """[B, L, Dc], [B, L], [1, 1, Dc] -> [B, L, Dc]: padded positions become mask_token (spec 3.2).
+    """[B, L, Dc], [B, L], [1, 1, Dc] -> [B, L, Dc]: padded positions become mask_token (model.md 3.2).
 
     This is the only use of the mask in MMJiT: there is no attention mask anywhere.
     """
@@ -65,7 +65,7 @@ def project_qkv(h, qkv, q_norm, k_norm, num_heads: int):
 
 
 def preamble_block(txt, block, rope, config: MMJiTConfig):
-    """Text-only pre-norm block with 1-D RoPE (spec 3.8): [B, L, D] -> [B, L, D]."""
+    """Text-only pre-norm block with 1-D RoPE (model.md 3.8): [B, L, D] -> [B, L, D]."""
     cos, sin = rope
     q, k, v = project_qkv(rms_norm(txt, block["norm1"]["weight"]), block["qkv"],
                           block["q_norm"], block["k_norm"], config.num_heads)
@@ -75,7 +75,7 @@ def preamble_block(txt, block, rope, config: MMJiTConfig):
 
 
 def double_block(img, txt, block, rope, config: MMJiTConfig):
-    """Double-stream block with joint attention over [txt ; img] (spec 3.10).
+    """Double-stream block with joint attention over [txt ; img] (model.md 3.10).
 
     img [B, N, D], txt [B, L, D] -> (img, txt). Each stream has its own norms, qkv, output
     projection and MLP; one q_norm/k_norm pair is shared by both streams.
@@ -97,7 +97,7 @@ def double_block(img, txt, block, rope, config: MMJiTConfig):
 
 
 def final_layer(img, final):
-    """[B, N, D] -> [B, N, p*p*C]: RMSNorm then linear, image tokens only (spec 3.11)."""
+    """[B, N, D] -> [B, N, p*p*C]: RMSNorm then linear, image tokens only (model.md 3.11)."""
     return linear(rms_norm(img, final["norm_final"]["weight"]), final["linear"]["weight"], final["linear"]["bias"])
 
 

@@ -1,4 +1,4 @@
-"""x0 -> velocity Euler sampler with classifier-free guidance (spec section 4).
+"""x0 -> velocity Euler sampler with classifier-free guidance (model.md 4).
 
 t runs from 0 (noise) to 1 (data) on a uniform grid. At every step the network predicts x0 for
 the conditional and the unconditional branch in ONE batched forward ([cond ; uncond], the
@@ -17,7 +17,7 @@ from typing import Callable
 import numpy as np
 
 # The official Hugging Face pipeline (`custom_pipeline="MiniT2I/MiniT2I"`) uses 0.001; the JAX
-# B/16 eval config and the GitHub torch port use 0.05 (spec 4.4). For steps <= 100, 0.001 is the
+# B/16 eval config and the GitHub torch port use 0.05 (model.md 4.4). For steps <= 100, 0.001 is the
 # same as no floor: the last step lands on the guided x0.
 DEFAULT_A_MIN = 0.001
 NOISE_SCALE = 2.0
@@ -41,7 +41,7 @@ def step_factors(steps: int, a_min: float) -> np.ndarray:
     """[steps] scalars dt_i / max(1 - t_i, a_min): the Euler step is x + f_i * (x0_cfg - x).
 
     Computed in float64 so that, when a_min <= 1/steps, the last factor is exactly 1.0 and the
-    final state is the guided x0 up to one rounding of x + (x0 - x) (spec 7.1 item 13).
+    final state is the guided x0 up to one rounding of x + (x0 - x) (model.md 7.1 item 13).
     """
     t = time_grid(steps)
     return (t[1:] - t[:-1]) / np.maximum(1.0 - t[:-1], a_min)

@@ -1,4 +1,4 @@
-"""FLAN-T5 (v1.1) encoder in NumPy, spec section 6.
+"""FLAN-T5 (v1.1) encoder in NumPy, model.md 6.
 
 Differences from a textbook transformer, all deliberate (they are what T5 does):
 no sqrt(d) scaling of the embedding or of the attention scores, RMSNorm without mean or bias,
@@ -21,7 +21,7 @@ from .layers import attention, cast_tree, gelu_tanh, linear, merge_heads, rms_no
 
 @lru_cache(maxsize=16)
 def relative_position_buckets(length: int, num_buckets: int = 32, max_distance: int = 128) -> np.ndarray:
-    """Bidirectional T5 buckets (spec 6.2) -> int64 [length(query), length(key)].
+    """Bidirectional T5 buckets (model.md 6.2) -> int64 [length(query), length(key)].
 
     rel = key - query; half the buckets for rel > 0; exact buckets below max_exact, then
     logarithmic up to max_distance (computed in float32 and truncated, as HF does).

@@ -4,8 +4,8 @@ The first half generates bad inputs with hypothesis (safetensors headers and bod
 files, shard indexes, tokenizer files, argument values, library calls) and asserts the promise
 for every one: exit status 2 (or `MiniT2IError` from the library) with one line and no
 traceback, no new output file and an existing output unchanged; or, when the generated input
-happens to be valid, a normal run. The second half has one regression test per root cause of
-issue 10, in its order.
+happens to be valid, a normal run. The second half has one regression test per root cause
+found by such runs, grouped by the kind of failure.
 """
 
 from __future__ import annotations
@@ -350,7 +350,7 @@ def test_generated_save_png_inputs(shape, dtype):
 
 
 # ---------------------------------------------------------------------------------------------
-# 1. Config inferred from tensor shapes trusts the shapes
+# Config inferred from tensor shapes trusts the shapes
 
 
 @pytest.mark.parametrize("name, shape, found", [
@@ -359,13 +359,13 @@ def test_generated_save_png_inputs(shape, dtype):
     ("model.net.double_blocks.0.q_norm.weight", (0,),
      "double_blocks.0.q_norm.weight: expected 1 dimensions of size at least 1, found [0]"),
 ])
-def test_rc1_inference_checks_dimensions_first(tiny, tmp_path, name, shape, found):
+def test_inference_checks_dimensions_first(tiny, tmp_path, name, shape, found):
     model = transformer_copy(tiny, tmp_path / "m", {**tiny[2], name: np.ones(shape, np.float32)}, config=False)
     assert_one_line_error(*run_cli("info", model), found)
     assert_one_line_error(*run_cli("generate", *TINY_ARGS, "--model", model, "--t5", tiny[1]), found)
 
 
-def test_rc1_inferred_values_are_range_checked(tiny, tmp_path):
+def test_inferred_values_are_range_checked(tiny, tmp_path):
     tensors = {**tiny[2], "model.net.double_blocks.0.q_norm.weight": np.ones(3, np.float32)}
     model = transformer_copy(tiny, tmp_path / "m", tensors, config=False)
     line = assert_one_line_error(*run_cli("info", model), "the config inferred from the tensor shapes is invalid",
@@ -374,7 +374,7 @@ def test_rc1_inferred_values_are_range_checked(tiny, tmp_path):
 
 
 # ---------------------------------------------------------------------------------------------
-# 2. config.json is checked for type and range
+# config.json is checked for type and range
 
 
 @pytest.mark.parametrize("edit, words", [
@@ -385,7 +385,7 @@ def test_rc1_inferred_values_are_range_checked(tiny, tmp_path):
     ({"depth_double": -1}, ["depth_double", "found -1"]),
     ({"mlp_ratio": True}, ["mlp_ratio must be a number", "found True"]),
 ])
-def test_rc2_mmjit_config_fields(tiny, tmp_path, edit, words):
+def test_mmjit_config_fields(tiny, tmp_path, edit, words):
     model = transformer_copy(tiny, tmp_path / "m")
     (model / "config.json").write_text(json.dumps({**json.loads(to_json(MMJIT_TINY)), **edit}))
     generate_line = assert_one_line_error(*run_cli("generate", *TINY_ARGS, "--model", model, "--t5", tiny[1]), *words)
@@ -398,7 +398,7 @@ def test_rc2_mmjit_config_fields(tiny, tmp_path, edit, words):
     ({"relative_attention_max_distance": 8}, ["must exceed relative_attention_num_buckets/4 = 8, found 8"]),
     ({"layer_norm_epsilon": -1e-6}, ["layer_norm_epsilon must be a number in (0, 1]", "found -1e-06"]),
 ])
-def test_rc2_t5_config_fields(tiny, tmp_path, edit, words):
+def test_t5_config_fields(tiny, tmp_path, edit, words):
     t5 = t5_copy(tiny, tmp_path / "t5", config=False)
     (t5 / "config.json").write_text(json.dumps({**json.loads(to_json(T5_TINY)), **edit}))
     assert_one_line_error(*run_cli("info", t5), *words)
@@ -410,13 +410,13 @@ def test_rc2_t5_config_fields(tiny, tmp_path, edit, words):
     (b"null", ["must hold a JSON object", "found null"]),
     (b'{"hidden_size": "\xff"}', ["is not UTF-8 text", "byte 0xff"]),
 ])
-def test_rc2_config_documents(tiny, tmp_path, content, words):
+def test_config_documents(tiny, tmp_path, content, words):
     model = transformer_copy(tiny, tmp_path / "m")
     (model / "config.json").write_bytes(content)
     assert_one_line_error(*run_cli("info", model), "config.json", *words)
 
 
-def test_rc2_t5_without_config_json_says_what_was_assumed(tiny, tmp_path):
+def test_t5_without_config_json_says_what_was_assumed(tiny, tmp_path):
     t5 = t5_copy(tiny, tmp_path / "t5", config=False)
     code, out, err = run_cli("info", t5)
     assert code == 0 and "assumed (not in the shapes, no config.json): relative_attention_max_distance=128, " \
@@ -424,7 +424,7 @@ def test_rc2_t5_without_config_json_says_what_was_assumed(tiny, tmp_path):
 
 
 # ---------------------------------------------------------------------------------------------
-# 3. The shard index is validated
+# The shard index is validated
 
 
 @pytest.mark.parametrize("content, words", [
@@ -436,17 +436,17 @@ def test_rc2_t5_without_config_json_says_what_was_assumed(tiny, tmp_path):
     (b'{"weight_map": {"a": "gone.safetensors"}}', ["names the shard", "gone.safetensors", "no such file or folder"]),
     (b'{"weight_map": {"a": "\xfe"}}', ["not UTF-8 text", "byte 0xfe"]),
 ])
-def test_rc3_shard_index(tiny, tmp_path, content, words):
+def test_shard_index(tiny, tmp_path, content, words):
     t5 = t5_copy(tiny, tmp_path / "t5")
     (t5 / "model.safetensors.index.json").write_bytes(content)
     assert_one_line_error(*run_cli("generate", *TINY_ARGS, "--model", tiny[0], "--t5", t5), *words)
 
 
 # ---------------------------------------------------------------------------------------------
-# 4. Token ids are checked by value
+# Token ids are checked by value
 
 
-def test_rc4_token_ids_beyond_the_embedding(tiny, tmp_path):
+def test_token_ids_beyond_the_embedding(tiny, tmp_path):
     tokenizer = Tokenizer(models.WordLevel({"<pad>": 0, "</s>": 1, "<unk>": 2, "cat": 99999}, unk_token="<unk>"))
     tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
     tokenizer.save(str(tmp_path / "tokenizer.json"))
@@ -455,7 +455,7 @@ def test_rc4_token_ids_beyond_the_embedding(tiny, tmp_path):
                           "token ids up to 99999", "only 512 rows")
 
 
-def test_rc4_tokenizer_that_cannot_encode_the_prompt(tiny, tmp_path):
+def test_tokenizer_that_cannot_encode_the_prompt(tiny, tmp_path):
     """Found by the generated tokenizer files: <unk> sharing its id with <pad> breaks encoding."""
     tokenizer = Tokenizer(models.WordLevel({"<pad>": 1, "<unk>": 1, "</s>": 3}, unk_token="<unk>"))
     tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
@@ -464,11 +464,11 @@ def test_rc4_tokenizer_that_cannot_encode_the_prompt(tiny, tmp_path):
 
 
 # ---------------------------------------------------------------------------------------------
-# 5. Non-finite numbers: no PNG, no warnings
+# Non-finite numbers: no PNG, no warnings
 
 
 @pytest.mark.parametrize("value", [np.nan, np.inf])
-def test_rc5_non_finite_weight_is_named_at_load(tiny, tmp_path, value):
+def test_non_finite_weight_is_named_at_load(tiny, tmp_path, value):
     tensors = dict(tiny[2])
     tensors["model.net.final_layer.linear.bias"] = tensors["model.net.final_layer.linear.bias"].copy()
     tensors["model.net.final_layer.linear.bias"][5] = value
@@ -481,12 +481,12 @@ def test_rc5_non_finite_weight_is_named_at_load(tiny, tmp_path, value):
 
 @pytest.mark.parametrize("flag, value", [("--cfg-scale", "1e39"), ("--cfg-scale", "1e30"), ("--a-min", "inf"),
                                          ("--cfg-scale", "nan")])
-def test_rc5_non_finite_or_overflowing_arguments(tiny, flag, value):
+def test_non_finite_or_overflowing_arguments(tiny, flag, value):
     assert_one_line_error(*run_cli("generate", *TINY_ARGS, "--model", tiny[0], "--t5", tiny[1], flag, value), flag)
 
 
 @pytest.mark.filterwarnings("error::RuntimeWarning")  # a NumPy overflow warning fails the test
-def test_rc5_overflow_during_sampling_names_the_step(tiny, tmp_path, monkeypatch):
+def test_overflow_during_sampling_names_the_step(tiny, tmp_path, monkeypatch):
     real = NumpyRunner.denoise
     calls = []
 
@@ -506,7 +506,7 @@ def test_rc5_overflow_during_sampling_names_the_step(tiny, tmp_path, monkeypatch
 
 
 # ---------------------------------------------------------------------------------------------
-# 6. Argument ranges, and memory
+# Argument ranges, and memory
 
 
 @pytest.mark.parametrize("args, words", [
@@ -518,14 +518,14 @@ def test_rc5_overflow_during_sampling_names_the_step(tiny, tmp_path, monkeypatch
     (["-p", "\udcff"], ["the prompt is not valid UTF-8 text (byte 0xff at character 0)"]),
     (["--steps", "x"], ["argument --steps: invalid int value: 'x'"]),
 ])
-def test_rc6_argument_ranges(tiny, tmp_path, args, words):
+def test_argument_ranges(tiny, tmp_path, args, words):
     outputs = Outputs(tmp_path)
     assert_one_line_error(*run_cli("generate", *TINY_ARGS, "--model", tiny[0], "--t5", tiny[1], *outputs.args, *args),
                           *words)
     outputs.assert_untouched()
 
 
-def test_rc6_runs_that_do_not_fit_are_refused_with_the_estimate(tiny, monkeypatch):
+def test_runs_that_do_not_fit_are_refused_with_the_estimate(tiny, monkeypatch):
     monkeypatch.setattr(pipeline, "available_memory", lambda: 2 * 1024**3)
     line = assert_one_line_error(*run_cli("generate", *TINY_ARGS, "--model", tiny[0], "--t5", tiny[1],
                                           "-W", "4096", "-H", "4096"),
@@ -533,7 +533,7 @@ def test_rc6_runs_that_do_not_fit_are_refused_with_the_estimate(tiny, monkeypatc
     assert "TiB" in line or "GiB" in line
 
 
-def test_rc6_memory_estimate_scales_with_the_attention():
+def test_memory_estimate_scales_with_the_attention():
     files = pipeline.ModelFiles(checkpoint.Checkpoint(MMJIT_TINY, [], "", "", [], {}, {}, []),
                                 checkpoint.Checkpoint(T5_TINY, [], "", "", [], {}, {}, []), None)
     small = pipeline.estimate_memory(Request("a", width=1024, height=1024), files)
@@ -542,16 +542,16 @@ def test_rc6_memory_estimate_scales_with_the_attention():
 
 
 # ---------------------------------------------------------------------------------------------
-# 7. Filesystem errors are one line
+# Filesystem errors are one line
 
 
-def test_rc7_unreadable_model_folder(tiny, monkeypatch):
+def test_unreadable_model_folder(tiny, monkeypatch):
     real_access = os.access
     monkeypatch.setattr(os, "access", lambda p, mode: False if Path(p) == tiny[0] else real_access(p, mode))
     assert_one_line_error(*run_cli("info", tiny[0]), "permission denied (the folder is not readable)")
 
 
-def test_rc7_damaged_golden_files(tmp_path):
+def test_damaged_golden_files(tmp_path):
     manifest = json.loads((golden.GOLDEN_DIR / golden.MANIFEST_NAME).read_text())
     for name in (golden.MANIFEST_NAME, manifest["arrays_file"]):
         shutil.copy(golden.GOLDEN_DIR / name, tmp_path / name)
@@ -564,7 +564,7 @@ def test_rc7_damaged_golden_files(tmp_path):
         assert_one_line_error(*run_cli("golden", "check", "--dir", tmp_path), *words)
 
 
-def test_rc7_golden_array_of_another_shape_is_a_failed_check(tmp_path):
+def test_golden_array_of_another_shape_is_a_failed_check(tmp_path):
     manifest = json.loads((golden.GOLDEN_DIR / golden.MANIFEST_NAME).read_text())
     _, arrays = golden.load()
     arrays["t5.hidden"] = arrays["t5.hidden"][:1]
@@ -576,7 +576,7 @@ def test_rc7_golden_array_of_another_shape_is_a_failed_check(tmp_path):
     assert "output shape [2, 40, 64] differs from the recorded [1, 40, 64]" in outcomes[0].detail
 
 
-def test_rc7_golden_record_checks_the_folder_before_computing(tmp_path, monkeypatch):
+def test_golden_record_checks_the_folder_before_computing(tmp_path, monkeypatch):
     def computed(recipe, precision):
         pytest.fail("a recipe ran before the folder was checked")
 
@@ -590,7 +590,7 @@ def test_rc7_golden_record_checks_the_folder_before_computing(tmp_path, monkeypa
     assert_one_line_error(*run_cli("golden", "record", "--dir", tmp_path / "file" / "sub"), "cannot create --dir")
 
 
-def test_rc7_full_stdout(tiny, tmp_path):
+def test_full_stdout(tiny, tmp_path):
     result = subprocess.run([sys.executable, "-m", "minit2i.cli", "info", str(tiny[0])],
                             stdout=open("/dev/full", "w"), stderr=subprocess.PIPE, text=True)
     assert result.returncode == 2
@@ -598,10 +598,10 @@ def test_rc7_full_stdout(tiny, tmp_path):
 
 
 # ---------------------------------------------------------------------------------------------
-# 8. No partial or inconsistent output
+# No partial or inconsistent output
 
 
-def test_rc8_golden_record_failing_before_the_commit_keeps_the_old_recording(tmp_path, monkeypatch):
+def test_golden_record_failing_before_the_commit_keeps_the_old_recording(tmp_path, monkeypatch):
     manifest = json.loads((golden.GOLDEN_DIR / golden.MANIFEST_NAME).read_text())
     for name in (golden.MANIFEST_NAME, manifest["arrays_file"]):
         shutil.copy(golden.GOLDEN_DIR / name, tmp_path / name)
@@ -619,7 +619,7 @@ def test_rc8_golden_record_failing_before_the_commit_keeps_the_old_recording(tmp
     golden.load(tmp_path)  # still the old, consistent pair
 
 
-def test_rc8_batch_is_all_or_nothing(tiny, tmp_path, monkeypatch):
+def test_batch_is_all_or_nothing(tiny, tmp_path, monkeypatch):
     from PIL import Image
 
     real_save = Image.Image.save
@@ -640,10 +640,10 @@ def test_rc8_batch_is_all_or_nothing(tiny, tmp_path, monkeypatch):
 
 
 # ---------------------------------------------------------------------------------------------
-# 9. Precise messages
+# Precise messages
 
 
-def test_rc9_unreadable_file_is_not_reported_missing(tiny, tmp_path, monkeypatch):
+def test_unreadable_file_is_not_reported_missing(tiny, tmp_path, monkeypatch):
     real_access = os.access
     model = tiny[0] / "diffusion_pytorch_model.safetensors"
     monkeypatch.setattr(os, "access", lambda p, mode: False if Path(p) == model else real_access(p, mode))
@@ -651,7 +651,7 @@ def test_rc9_unreadable_file_is_not_reported_missing(tiny, tmp_path, monkeypatch
     assert "No such file" not in line
 
 
-def test_rc9_wrong_t5_message_names_what_is_needed(tiny, tmp_path):
+def test_wrong_t5_message_names_what_is_needed(tiny, tmp_path):
     big = dataclasses.replace(T5_TINY, d_model=1024, d_kv=4, num_heads=2, d_ff=4, num_layers=1)
     t5 = tmp_path / "t5"
     t5.mkdir()
@@ -668,12 +668,12 @@ def test_rc9_wrong_t5_message_names_what_is_needed(tiny, tmp_path):
     (["--rtol", "nan"], ["--rtol must be a number in [0, 1000000], found nan"]),
     (["--atol", "-1"], ["--atol", "found -1.0"]),
 ])
-def test_rc9_trace_flags(tiny, args, words):
+def test_trace_flags(tiny, args, words):
     line = assert_one_line_error(*run_cli("trace", "--model", tiny[0], "--t5", tiny[1], *args), *words)
     assert "--precision" not in line
 
 
-def test_rc9_preview_write_failure_does_not_blame_output(tiny, tmp_path, monkeypatch):
+def test_preview_write_failure_does_not_blame_output(tiny, tmp_path, monkeypatch):
     from PIL import Image
 
     def disk_full(self, fp, format=None, **params):
@@ -686,7 +686,7 @@ def test_rc9_preview_write_failure_does_not_blame_output(tiny, tmp_path, monkeyp
     assert "--output" not in line
 
 
-def test_rc9_fifo_devices_and_symlink_loops(tiny, tmp_path):
+def test_fifo_devices_and_symlink_loops(tiny, tmp_path):
     os.mkfifo(tmp_path / "fifo")
     assert_one_line_error(*run_cli("info", tmp_path / "fifo"), "expected a file or folder, found a FIFO")
     assert_one_line_error(*run_cli("generate", *TINY_ARGS, "--model", "/dev/null", "--t5", tiny[1],
@@ -701,7 +701,7 @@ def test_rc9_fifo_devices_and_symlink_loops(tiny, tmp_path):
 
 
 # ---------------------------------------------------------------------------------------------
-# 10. Cheap checks before expensive work
+# Cheap checks before expensive work
 
 
 @pytest.fixture
@@ -713,7 +713,7 @@ def no_tensor_reads(monkeypatch):
     monkeypatch.setattr(safetensors_file.MappedFile, "__init__", refuse)
 
 
-def test_rc10_bad_argument_returns_before_reading_a_large_model(tiny, tmp_path, no_tensor_reads):
+def test_bad_argument_returns_before_reading_a_large_model(tiny, tmp_path, no_tensor_reads):
     """A sparse checkpoint of over 4 GiB whose header is valid: bad arguments are refused at
     once, also one that needs the model's config (-W 24 is no multiple of its patch size 16),
     without one tensor byte read; `info` reads the header only."""
@@ -737,14 +737,14 @@ def test_rc10_bad_argument_returns_before_reading_a_large_model(tiny, tmp_path, 
     assert code == 0 and "hidden_size=8192" in out
 
 
-def test_rc10_t5_width_is_checked_before_any_tensor_is_read(tiny, tmp_path, no_tensor_reads):
+def test_t5_width_is_checked_before_any_tensor_is_read(tiny, tmp_path, no_tensor_reads):
     t5 = tmp_path / "t5"
     t5.mkdir()
     save_file(random_t5_weights(dataclasses.replace(T5_TINY, d_model=32, num_heads=2), 0), str(t5 / "model.safetensors"))
     assert_one_line_error(*run_cli("generate", *TINY_ARGS, "--model", tiny[0], "--t5", t5), "wrong T5 encoder")
 
 
-def test_rc10_trace_without_gpu_fails_before_side_a(tiny, monkeypatch):
+def test_trace_without_gpu_fails_before_side_a(tiny, monkeypatch):
     from minit2i.accelerated import kernels
 
     def no_gpu():
@@ -755,16 +755,16 @@ def test_rc10_trace_without_gpu_fails_before_side_a(tiny, monkeypatch):
     assert_one_line_error(*run_cli("trace", "--b", "cupy:bf16"), "needs CuPy and an NVIDIA GPU")
 
 
-def test_rc10_info_reads_headers_only(tiny, no_tensor_reads):
+def test_info_reads_headers_only(tiny, no_tensor_reads):
     assert run_cli("info", tiny[0])[0] == 0 and run_cli("info", tiny[1])[0] == 0
 
 
 # ---------------------------------------------------------------------------------------------
-# 11. Closed stderr
+# Closed stderr
 
 
 @pytest.mark.parametrize("args, status", [(["--steps", "1"], 0), (["--steps", "0"], 2)])
-def test_rc11_closed_stderr(tiny, tmp_path, args, status):
+def test_closed_stderr(tiny, tmp_path, args, status):
     command = [sys.executable, "-m", "minit2i.cli", "generate", "-p", "a cat", "-W", "16", "-H", "16",
                "--model", str(tiny[0]), "--t5", str(tiny[1]), "-o", str(tmp_path / "x.png"), *args]
     result = subprocess.run(command, stdout=subprocess.PIPE, text=True, preexec_fn=lambda: os.close(2))
@@ -774,10 +774,10 @@ def test_rc11_closed_stderr(tiny, tmp_path, args, status):
 
 
 # ---------------------------------------------------------------------------------------------
-# 12. Library functions check their inputs
+# Library functions check their inputs
 
 
-def test_rc12_library_inputs(tmp_path):
+def test_library_inputs(tmp_path):
     tokenizer = PromptTokenizer(make_t5_style_tokenizer([("\u2581cat", -1.0)]), 8)
     with pytest.raises(MiniT2IError, match="expected a list of prompts, found str"):
         tokenizer("a cat")

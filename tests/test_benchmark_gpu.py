@@ -48,7 +48,7 @@ def test_no_gpu_exits_2_with_one_line(bench, monkeypatch, capsys):
 
 
 def test_b16_forward_flops_match_the_spec_estimate(bench):
-    """Spec 4.9: ~0.4 TFLOP per one-sample B/16 forward at 512x512; CFG doubles it."""
+    """model.md 4.8: ~0.4 TFLOP per one-sample B/16 forward at 512x512; CFG doubles it."""
     assert bench.forward_flops(MMJIT_B16, 512, 1) == pytest.approx(0.4033e12, rel=1e-3)
     assert bench.forward_flops(MMJIT_B16, 512, 2) == 2 * bench.forward_flops(MMJIT_B16, 512, 1)
 

@@ -42,7 +42,7 @@ def _in_tmp(tmp_path, monkeypatch):
 
 
 def minit2i_files(tiny_model, llm: str | None = T5_REPO, folder: str = TRANSFORMER) -> dict[str, bytes]:
-    """The MiniT2I/MiniT2I layout (spec 1.3), its config.json naming the text encoder in `llm`."""
+    """The MiniT2I/MiniT2I layout (model.md 1.3), its config.json naming the text encoder in `llm`."""
     transformer, _ = tiny_model
     config = json.loads((transformer / "config.json").read_text())
     if llm:

@@ -1,4 +1,4 @@
-"""Closed forms of the MMJiT building blocks (spec 3.1-3.11, 7.1, 8.1), checked element by element."""
+"""Closed forms of the MMJiT building blocks (model.md 3.1-3.11, 7.1, 8.1), checked element by element."""
 
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ FEW = settings(max_examples=15, deadline=None)
 
 
 # ---------------------------------------------------------------------------------------------
-# 2-D sin/cos table (spec 3.4): [x-sin, x-cos, y-sin, y-cos]
+# 2-D sin/cos table (model.md 3.4): [x-sin, x-cos, y-sin, y-cos]
 
 
 def test_sincos_table_layout_on_non_square_grid():
@@ -63,7 +63,7 @@ def test_sincos_table_dtype_and_read_only():
 
 
 # ---------------------------------------------------------------------------------------------
-# RoPE (spec 3.6): pairs (j, j + Dh/2), text angles l*10000^(-2j/Dh), image [rows | cols]
+# RoPE (model.md 3.6): pairs (j, j + Dh/2), text angles l*10000^(-2j/Dh), image [rows | cols]
 
 
 def test_text_rope_angles():
@@ -150,7 +150,7 @@ def test_rope_preserves_norm_and_rotates_the_right_pair():
 
 
 # ---------------------------------------------------------------------------------------------
-# SwiGLU widths (spec 3.9)
+# SwiGLU widths (model.md 3.9)
 
 
 def test_swiglu_widths():
@@ -162,7 +162,7 @@ def test_swiglu_widths():
 
 
 # ---------------------------------------------------------------------------------------------
-# Patches (spec 3.3, 3.11): input flattening channel-slowest, output channel-fastest
+# Patches (model.md 3.3, 3.11): input flattening channel-slowest, output channel-fastest
 
 
 def _conv_stride_p(images, weight):

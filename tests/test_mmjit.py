@@ -1,9 +1,9 @@
 """`reference.mmjit.mmjit_forward` against an independent, deliberately plain float64 re-computation.
 
-The re-computation below reads the flat checkpoint dict by name and writes every op of spec
+The re-computation below reads the flat checkpoint dict by name and writes every op of model.md
 section 3 out by hand (explicit conv windows, per-token position tables, per-pair RoPE, per-head
 attention with a hand-written softmax). It shares no code with `reference.layers`.
-Configuration: spec 8.2 (hidden 64, 2 heads x 32, 2 double + 2 preamble blocks, patch 16,
+Configuration: model.md 8.2 (hidden 64, 2 heads x 32, 2 double + 2 preamble blocks, patch 16,
 8 text tokens, pca 8), on a non-square 48x64 image, with norm weights != 1 and three mask rows:
 full, partly masked, all zero.
 """
@@ -49,7 +49,7 @@ def expected(weights, inputs):
 
 
 # ---------------------------------------------------------------------------------------------
-# The plain float64 re-computation (spec 3.1-3.11)
+# The plain float64 re-computation (model.md 3.1-3.11)
 
 
 def plain_mmjit(w, images, context, mask):

@@ -1,4 +1,4 @@
-"""The Euler x0 -> v CFG sampler (spec 4.2-4.5, 7.1 item 13) driven by a stub network."""
+"""The Euler x0 -> v CFG sampler (model.md 4.2-4.5, 7.1 item 13) driven by a stub network."""
 
 from __future__ import annotations
 
@@ -39,7 +39,7 @@ def problem():
 
 
 def explicit_recursion(noise, context, mask, steps, cfg_scale, a_min):
-    """The spec 4.3-4.5 loop written out in float64: (final x, list of guided x0 per step)."""
+    """The model.md 4.3-4.5 loop written out in float64: (final x, list of guided x0 per step)."""
     x = noise.astype(np.float64)
     guided = []
     for i in range(steps):
@@ -115,7 +115,7 @@ def test_small_floor_lands_on_the_last_guided_x0(problem, steps, a_min):
 
 
 def test_floor_005_damps_the_last_step(problem):
-    """a_min = 0.05, N = 100: final = 0.8 x_99 + 0.2 x0_99 (spec 4.4), not x0_99."""
+    """a_min = 0.05, N = 100: final = 0.8 x_99 + 0.2 x0_99 (model.md 4.4), not x0_99."""
     noise, context, mask = problem
     seen = []
     final = sample(StubNet(), noise.astype(np.float64), context, mask, 100, 6.0, 0.05,

@@ -1,4 +1,4 @@
-"""The NumPy T5 v1.1 encoder against transformers' T5EncoderModel, and the bucket table (spec 6)."""
+"""The NumPy T5 v1.1 encoder against transformers' T5EncoderModel, and the bucket table (model.md 6)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from minit2i.reference.t5 import relative_position_buckets, t5_encode
 LENGTH = 48  # > 8 exact buckets and > 16: the logarithmic buckets are used
 VOCAB = 128
 
-# |rel| ranges and their bucket for rel <= 0 (spec 6.2); rel > 0 adds 16.
+# |rel| ranges and their bucket for rel <= 0 (model.md 6.2); rel > 0 adds 16.
 BUCKET_TABLE = [((0, 7), None), ((8, 11), 8), ((12, 15), 9), ((16, 22), 10), ((23, 31), 11), ((32, 45), 12),
                 ((46, 63), 13), ((64, 90), 14), ((91, 10_000), 15)]
 

@@ -1,4 +1,4 @@
-"""PromptTokenizer: flan-t5 call conventions (spec 5) on a tokenizer.json built in-process."""
+"""PromptTokenizer: flan-t5 call conventions (model.md 5) on a tokenizer.json built in-process."""
 
 from __future__ import annotations
 

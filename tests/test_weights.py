@@ -40,7 +40,7 @@ MMJIT_FIX = "pass an unmodified MiniT2I transformer checkpoint (and its config.j
 # so every field (mlp_ratio included) can be read back off the shapes.
 B16_LIKE = MMJiTConfig(txt_input_size=48, hidden_size=96, depth_double=2, num_heads=3, head_dim=32,
                        pca_channels=8, cond_vec_size=96)
-# Keys the official diffusers config.json carries besides the architecture (spec 1.2).
+# Keys the official diffusers config.json carries besides the architecture (model.md 1.2).
 DIFFUSERS_EXTRAS = {"_class_name": "MiniT2IMMJiTModel", "_diffusers_version": "0.35.1", "txt_hidden_size": 96,
                     "n_T": 100, "prediction": "x", "sampler": "euler", "cfg_channels": 3,
                     "cfg_interval": [0.0, 1.0], "llm": "google/flan-t5-large"}
@@ -92,7 +92,7 @@ def write_raw(path, tensors: dict[str, np.ndarray], dtype: str = "F32", dtypes: 
 
 
 def dead_shapes(cfg: MMJiTConfig) -> dict[str, tuple[int, ...]]:
-    """The unused t_embedder / pooled_embedder tensors every torch port writes (spec 2.4)."""
+    """The unused t_embedder / pooled_embedder tensors every torch port writes (model.md 2.4)."""
     c = cfg.cond_vec_size
     return {"t_embedder.mlp.0.weight": (c, 256), "t_embedder.mlp.0.bias": (c,),
             "t_embedder.mlp.2.weight": (c, c), "t_embedder.mlp.2.bias": (c,),
@@ -144,7 +144,7 @@ def error_of(fn, *args, **kwargs) -> str:
 
 
 # ---------------------------------------------------------------------------------------------
-# Published sizes (spec 2.2, 2.4, 6.3)
+# Published sizes (model.md 2.2, 2.4, 6.3)
 
 
 def test_b16_expected_shapes_are_the_370_live_tensors_of_the_released_model():
@@ -344,7 +344,7 @@ def test_diffusers_folder_and_its_parent_both_load(tmp_path):
 
 
 def make_pipeline_repo(root) -> dict[str, dict[str, np.ndarray]]:
-    """The hub layout of spec 1.3: one transformer folder per variant."""
+    """The hub layout of model.md 1.3: one transformer folder per variant."""
     b = write_transformer(root / "minit2i-b-16" / "transformer", seed=1)
     small_l = dataclasses.replace(MMJIT_TINY, mlp_ratio=2.7)
     l_weights = write_transformer(root / "minit2i-l-16" / "transformer", small_l, seed=2)

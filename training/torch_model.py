@@ -1,6 +1,6 @@
 """MMJiT and the T5 encoder in PyTorch: the reference's math in torch ops, written once.
 
-Written from the spec like reference/, with F.scaled_dot_product_attention for attention. Both
+Written from docs/model.md like reference/, with F.scaled_dot_product_attention for attention. Both
 networks are plain functions of a nested weight tree (the checkpoint's names, as
 `minit2i.core.checkpoint.nest` builds them), so the same code serves three uses: the demo model's
 training (training/train.py: leaves that require grad), the CPU benchmark (float32 tensors sharing

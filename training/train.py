@@ -4,7 +4,7 @@
     python -m training.train --steps 20 --tiny --run runs/smoke --export-dir /tmp/smoke
     python -m training.train --export-only         # re-export the last checkpoint
 
-The objective is MiniT2I's (spec 4.1, 7.4): x_t = t x + (1 - t) 2 eps with t ~ sigmoid(N(mu, s)),
+The objective is MiniT2I's (model.md 4.1, 7.4): x_t = t x + (1 - t) 2 eps with t ~ sigmoid(N(mu, s)),
 the network predicts x0 and the loss is the MSE between the implied velocity
 (x0_pred - x_t) / max(1 - t, a_min) and the true one (x - x_t) / max(1 - t, a_min); the whole
 caption is dropped (all-zero mask) with probability 0.1 so classifier-free guidance has an

@@ -1,4 +1,4 @@
-// One fused CFG + Euler step (spec 4): for every element of the B-sample state,
+// One fused CFG + Euler step (model.md 4): for every element of the B-sample state,
 //   g = u + s * (c - u)          (c, u: cond and uncond halves of the [2B, ...] x0 prediction)
 //   x = x + f * (g - x)          (f = dt / max(1 - t, a_min), read from device memory so a
 //                                 captured CUDA graph can be replayed with a new factor)
