@@ -62,7 +62,7 @@ HEAD_WARPS = 4  # qkv_heads: one warp per head vector, 4 per block
 
 # Tile sizes the CUDA sources and these wrappers share. `kernel_source` writes each entry of
 # KERNEL_CONSTANTS as a #define at the top of every source, so each exists once: the .cu files
-# use them and define none (tests/test_kernels.py checks both).
+# use them and define none (tests/test_kernel_sources.py checks both).
 ATTENTION_WARPS = 4  # attention.cu: 4 warps x 8 query rows per block
 ATTENTION_ROWS_PER_WARP = 8
 TC_WARPS = 4  # attention_tc.cu: one fragment row of 16 queries per warp
@@ -123,11 +123,16 @@ def device_cache(maxsize: int):
     return wrap
 
 
+def clear_device_caches() -> None:
+    """Forget every compiled module and cached device array (the next use builds them anew)."""
+    for cached in _device_caches:
+        cached.cache_clear()
+
+
 def use_array_module(module):
     """Point the twin at `module` (cupy or cudasim.standin); returns the seam object `cp`."""
     if cp.target is not module:
-        for cached in _device_caches:
-            cached.cache_clear()
+        clear_device_caches()
         cp.target = module
     return cp
 

@@ -2,7 +2,7 @@
 
     python benchmarks/performance_model.py            # the tables of docs/performance-model.md
 
-Counted from the code of `accelerated/` (CuPy twin) and `benchmarks/torch_peer.py` (PyTorch eager
+Counted from the code of `accelerated/` (CuPy twin) and `training/torch_model.py` (PyTorch eager
 with SDPA) for one batched [cond ; uncond] forward. A component is one kind of launch: its count
 per forward, FLOPs and DRAM bytes (inputs read once, outputs written once; L2 reuse ignored).
 Roofline time = max(FLOPs / peak, bytes / bandwidth); the predicted time divides it by an
@@ -105,7 +105,7 @@ def forward_components(config: MMJiTConfig, size: int, item: int, batch: int = 2
 
 
 def torch_components(config: MMJiTConfig, size: int, item: int, batch: int = 2) -> list[Component]:
-    """PyTorch eager (benchmarks/torch_peer.py): the same GEMMs, SDPA, and the elementwise work
+    """PyTorch eager (training/torch_model.py): the same GEMMs, SDPA, and the elementwise work
     unfused: an RMSNorm is 6 ops and ~8 passes over its tensor where ours is 1 op and 2, the
     per-head q/k norms + RoPE + concatenations ~9 passes where qkv_heads makes 2 (docs/kernels.md);
     the projection biases ride in cuBLAS (F.linear), so the GEMMs are the same."""

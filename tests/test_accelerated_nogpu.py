@@ -45,7 +45,7 @@ def test_runner_construction_fails_cleanly_without_cupy(without_cupy, tiny_model
 
 
 @needs_no_gpu
-@pytest.mark.skipif(kernels._cupy is None, reason="CuPy is not installed")
+@pytest.mark.skipif(kernels._cupy is None, reason="CuPy is not installed (the [compile] or [gpu] extra)")
 def test_require_gpu_without_driver_names_the_cuda_error():
     with pytest.raises(MiniT2IError, match=r"^--backend cupy needs CuPy and an NVIDIA GPU: no (usable CUDA driver|GPU)"):
         kernels.require_gpu()

@@ -70,7 +70,7 @@ def test_peak_table(bench, name, precision, peak):
 
 def test_torch_baseline_is_the_reference_math(bench):
     """The eager PyTorch baseline, run on the CPU here, reproduces the reference sampler."""
-    torch = pytest.importorskip("torch")
+    torch = pytest.importorskip("torch", reason="the PyTorch peer needs the [crosscheck] extra")
     config, steps, cfg_scale = MMJIT_TINY, 3, 4.0
     params = bench.random_params(config, seed=3)
     got = bench.torch_sampler(torch, params, config, 32, steps, "fp32", cfg_scale, dev="cpu")().numpy()

@@ -460,7 +460,7 @@ def _compatible(ours, theirs) -> bool:
 
 
 def _pairs():
-    cupy = pytest.importorskip("cupy")
+    cupy = pytest.importorskip("cupy", reason="comparing with CuPy needs the [compile] extra")
     import cupyx
 
     from minit2i.cudasim import standin

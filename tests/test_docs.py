@@ -118,3 +118,83 @@ def test_figure_script_draws_the_dataflow_and_the_steps(figures):
     assert np.abs(last_column[:32] - last_column[32:]).max() <= 1
     first_column = np.asarray(steps.crop((90, 40, 90 + 32, 40 + 2 * 32)), dtype=np.int16)
     assert np.abs(first_column[:32] - first_column[32:]).max() > 50
+
+
+# ---------------------------------------------------------------------------------------------
+# References in code, comments and docs resolve inside the repository
+
+MODEL_DOC = ROOT / "docs" / "model.md"
+SECTION_REF = re.compile(r"model\.md,? (?:section )?(\d+(?:\.\d+)?(?:(?:-|, )\d+(?:\.\d+)?)*)(?: item (\d+))?")
+TOP_FOLDERS = ("core", "reference", "accelerated", "cudasim", "minit2i", "training", "tests", "docs", "benchmarks",
+               "scripts", "golden", ".ci")
+PATH_REF = re.compile(r"(?<![\w./<-])((?:%s)/[\w./-]*\w)(?![\w<*-])" % "|".join(re.escape(f) for f in TOP_FOLDERS))
+# Where a clone cannot follow: our private notes, a developer's machine, a tracker.
+OUTSIDE = re.compile(r"\.\./shared|\bshared/(?:spec|notes|hooks)|/wor[k]/|\bissue[ #-]?\d+", re.I)
+TEXT_SUFFIXES = (".py", ".cu", ".cuh", ".h", ".cpp", ".md", ".toml", ".txt", ".cfg", ".json")
+
+
+def tracked_text_files() -> list[Path]:
+    """Every text file git tracks (every file below the root without git), and .ci/run."""
+    if shutil.which("git") and (ROOT / ".git").exists():
+        names = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True).stdout.split()
+        files = [ROOT / n for n in names]
+    else:
+        files = [p for p in ROOT.rglob("*") if ".venv" not in p.parts and p.is_file()]
+    return sorted(p for p in files if p.suffix in TEXT_SUFFIXES or p.name == "run")
+
+
+def model_sections(text: str) -> dict[str, str]:
+    """Section number -> its text, from the `## N.` / `### N.M` headings of docs/model.md."""
+    sections, current = {}, None
+    for line in text.splitlines():
+        heading = re.match(r"#{2,3} (\d+(?:\.\d+)?)\.? ", line)
+        if heading:
+            current = heading.group(1)
+            sections[current] = ""
+        elif current:
+            sections[current] += line + "\n"
+    return sections
+
+
+def dangling_section_refs(text: str, sections: dict[str, str]) -> list[str]:
+    """Each `model.md N.M` (lists, ranges and `item K` too) naming no section or list item."""
+    bad = []
+    for match in SECTION_REF.finditer(text):
+        numbers = re.split(r"-|, ", match.group(1))
+        bad += [f"model.md {n}" for n in numbers if n not in sections]
+        item = match.group(2)
+        if item and not re.search(rf"^{item}\. ", sections.get(numbers[-1], ""), re.M):
+            bad.append(f"model.md {numbers[-1]} item {item}")
+    return bad
+
+
+def missing_paths(text: str, folder: Path) -> list[str]:
+    """Each path into a top-level folder of the repository that does not exist."""
+    return [p for p in PATH_REF.findall(text) if not (ROOT / p).exists() and not (folder / p).exists()]
+
+
+@pytest.fixture(scope="module")
+def sections():
+    return model_sections(MODEL_DOC.read_text())
+
+
+def test_model_doc_has_numbered_sections(sections):
+    assert {"1", "1.1", "2.2", "3", "3.6", "3.10", "4.4", "5", "6.2", "7.1", "8.2"} <= set(sections)
+
+
+@pytest.mark.parametrize("path", tracked_text_files(), ids=lambda p: p.relative_to(ROOT).as_posix())
+def test_references_resolve_inside_the_repository(path, sections):
+    text = path.read_text(errors="replace")
+    assert dangling_section_refs(text, sections) == []
+    assert missing_paths(text, path.parent) == []
+    assert OUTSIDE.findall(text) == []
+
+
+def test_a_dangling_reference_would_be_caught(sections):
+    doc = "model" + ".md"  # spelled in pieces: this file is checked too
+    assert dangling_section_refs(f"see {doc} 9.9 and {doc} 3.6", sections) == [f"{doc} 9.9"]
+    assert dangling_section_refs(f"({doc} 3.1-3.99, 4.4)", sections) == [f"{doc} 3.99"]
+    assert dangling_section_refs(f"{doc} 7.1 item 999", sections) == [f"{doc} 7.1 item 999"]
+    nowhere = "reference/" + "nowhere.py"  # spelled in two pieces: this file is checked too
+    assert missing_paths(f"in `{nowhere}` and reference/mmjit.py", ROOT) == [nowhere]
+    assert OUTSIDE.findall("see ../sha" + "red/spec/x.md") and OUTSIDE.findall("fixed in iss" + "ue 12")

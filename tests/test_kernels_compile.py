@@ -17,6 +17,11 @@ from minit2i.accelerated import kernels
 from minit2i.accelerated.kernels import DTYPE_SUFFIXES, KERNEL_DIR, NVRTC_OPTIONS, SOURCES, kernel_source
 from minit2i.cudasim import nvrtc
 
+try:
+    nvrtc.version()
+except nvrtc.NvrtcError as err:
+    pytest.skip(f"compiling as CuPy does needs the [compile] extra: {err}", allow_module_level=True)
+
 ARCHS = ("80", "90")
 REGISTERS_PER_SM = 64 * 1024
 # Kernels (entry-point stems) each source must define, once per dtype suffix, and the block

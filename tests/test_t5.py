@@ -47,8 +47,8 @@ def test_bucket_matrix_is_the_closed_form_of_key_minus_query():
 
 @pytest.mark.parametrize("num_buckets, max_distance", [(32, 128), (16, 64), (64, 256)])
 def test_buckets_match_transformers(num_buckets, max_distance):
-    torch = pytest.importorskip("torch")
-    modeling_t5 = pytest.importorskip("transformers.models.t5.modeling_t5")
+    torch = pytest.importorskip("torch", reason="needs the [crosscheck] extra (torch, transformers)")
+    modeling_t5 = pytest.importorskip("transformers.models.t5.modeling_t5", reason="needs the [crosscheck] extra")
     length = 300
     positions = torch.arange(length)
     expected = modeling_t5.T5Attention._relative_position_bucket(
@@ -65,8 +65,8 @@ def test_buckets_match_transformers(num_buckets, max_distance):
 @pytest.fixture(scope="module")
 def hf_t5(tmp_path_factory):
     """A random tiny T5 v1.1 encoder (non-unit norms) saved as safetensors, and the torch module."""
-    torch = pytest.importorskip("torch")
-    transformers = pytest.importorskip("transformers")
+    torch = pytest.importorskip("torch", reason="needs the [crosscheck] extra (torch, transformers)")
+    transformers = pytest.importorskip("transformers", reason="needs the [crosscheck] extra (torch, transformers)")
     config = transformers.T5Config(
         vocab_size=VOCAB, d_model=64, d_kv=16, num_heads=4, d_ff=96, num_layers=3, feed_forward_proj="gated-gelu",
         relative_attention_num_buckets=32, relative_attention_max_distance=128, dropout_rate=0.0,

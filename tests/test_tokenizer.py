@@ -143,7 +143,7 @@ PARITY_PROMPTS = [
 
 
 def test_ids_and_masks_match_transformers_t5_tokenizer(tokenizer_file, tokenize):
-    transformers = pytest.importorskip("transformers")
+    transformers = pytest.importorskip("transformers", reason="needs the [crosscheck] extra (transformers)")
     hf = transformers.T5TokenizerFast(tokenizer_file=str(tokenizer_file))
     expected = hf(PARITY_PROMPTS, padding="max_length", truncation=True, max_length=LENGTH)
     ids, mask = tokenize(PARITY_PROMPTS)

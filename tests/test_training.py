@@ -18,7 +18,7 @@ from minit2i.reference.t5 import t5_encode
 from minit2i.training import shapes
 from minit2i.training.evaluate import ATTRIBUTES, accuracy_report, classify, evaluation_scenes
 
-torch = pytest.importorskip("torch")
+torch = pytest.importorskip("torch", reason="training needs the [train] extra (torch)")
 from minit2i.training import train  # noqa: E402  (needs torch
 from minit2i.training.torch_model import mmjit_forward as torch_mmjit_forward  # noqa: E402
 from minit2i.training.torch_model import position_tables, to_torch_tree  # noqa: E402

@@ -239,7 +239,7 @@ def test_bf16_file_equals_the_float32_values_rounded_to_bf16(tmp_path):
 
 
 def test_bf16_written_by_torch_loads_like_our_rounding(tmp_path):
-    torch = pytest.importorskip("torch")
+    torch = pytest.importorskip("torch", reason="needs the [crosscheck] extra (torch)")
     from safetensors.torch import save_file as save_torch
 
     weights = live(random_mmjit_weights(MMJIT_TINY, 5))

@@ -1,7 +1,7 @@
 """Judge the demo model like a user would: draw full captions, read back what was drawn.
 
-    python -m training.evaluate                    # the shipped model, 64 held-in + 32 held-out prompts x 2 seeds
-    python -m training.evaluate --prompts 8 --seeds 1 --model-dir DIR
+    python -m minit2i.training.evaluate                    # the shipped model, 64 held-in + 32 held-out prompts x 2 seeds
+    python -m minit2i.training.evaluate --prompts 8 --seeds 1 --model-dir DIR
 
 Images come from the ordinary `generate` path (NumPy backend, the model's default steps and
 guidance). A plain deterministic checker reads each image back:
