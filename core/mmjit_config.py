@@ -34,23 +34,24 @@ MMJIT_RANGES = {
     "cond_vec_size": Range(1, 65536),
 }
 
+
 @dataclass(frozen=True)
 class MMJiTConfig:
     """Hyper-parameters of the MMJiT denoiser (model.md 1.1, 1.2)."""
 
-    image_size: int = 512
+    image_size: int = 512  # the size it was trained at; any multiple of patch_size runs
     patch_size: int = 16
     in_channels: int = 3
-    txt_input_size: int = 1024
+    txt_input_size: int = 1024  # the T5's d_model
     hidden_size: int = 768
-    depth_double: int = 17
-    txt_preamble_depth: int = 2
+    depth_double: int = 17  # double-stream blocks
+    txt_preamble_depth: int = 2  # text-only blocks before them
     num_heads: int = 12
     head_dim: int = 64
-    mlp_ratio: float = 2.6666666666666665
-    pca_channels: int = 128
-    prompt_length: int = 256
-    cond_vec_size: int = 768
+    mlp_ratio: float = 2.6666666666666665  # SwiGLU width: see mlp_hidden
+    pca_channels: int = 128  # bottleneck of the patch embed
+    prompt_length: int = 256  # T5 tokens, </s> and padding included
+    cond_vec_size: int = 768  # width of the dead t/pooled embedders (model.md 2.4)
 
     def __post_init__(self):
         check_fields(self, MMJIT_RANGES)

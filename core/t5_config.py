@@ -27,16 +27,15 @@ T5_RANGES = {
 }
 
 
-
 @dataclass(frozen=True)
 class T5Config:
     """Hyper-parameters of a T5 v1.1 encoder (model.md 6)."""
 
     vocab_size: int = 32128
     d_model: int = 1024
-    d_kv: int = 64
+    d_kv: int = 64  # per-head width
     num_heads: int = 16
-    d_ff: int = 2816
+    d_ff: int = 2816  # gated-GELU width
     num_layers: int = 24
     relative_attention_num_buckets: int = 32
     relative_attention_max_distance: int = 128

@@ -19,10 +19,7 @@
 // need ~160; aiming at 4 blocks (128 registers) spills on sm_90.
 
 template <typename T>
-__device__ void attention_impl(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
-                               const float* __restrict__ bias, const float* __restrict__ key_mask,
-                               T* __restrict__ out, int heads, int lq, int lk, int head_dim, float scale,
-                               int has_bias, int has_mask) {
+__device__ void attention_impl(ATTENTION_PARAMS(T)) {
     extern __shared__ float smem[];
     float* q_tile = smem;                                   // [ROWS_PER_BLOCK][head_dim]
     float* k_tile = q_tile + ROWS_PER_BLOCK * head_dim;     // [KEY_TILE][head_dim + 1] (padded: no bank conflicts)
@@ -116,10 +113,7 @@ __device__ void attention_impl(const T* __restrict__ q, const T* __restrict__ k,
 
 #define DEFINE_ATTENTION(T, SUFFIX)                                                                 \
     extern "C" __global__ void __launch_bounds__(WARPS * 32, MIN_BLOCKS_PER_SM)                     \
-        flash_attention_##SUFFIX(const T* q, const T* k, const T* v, const float* bias,             \
-                                 const float* key_mask, T* out, int heads, int lq, int lk,          \
-                                 int head_dim, float scale, int has_bias, int has_mask) {           \
-        attention_impl<T>(q, k, v, bias, key_mask, out, heads, lq, lk, head_dim, scale, has_bias,   \
-                          has_mask);                                                                \
+        flash_attention_##SUFFIX(ATTENTION_PARAMS(T)) {                                              \
+        attention_impl<T>(ATTENTION_ARGS);                                                           \
     }
 DEFINE_ATTENTION(float, f32)  // fp16 and bf16 run on tensor cores: attention_tc.cu

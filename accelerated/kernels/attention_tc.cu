@@ -89,10 +89,7 @@ __device__ __forceinline__ void accumulate_pv(float* o, const T* p, const T* v_t
 }
 
 template <typename T>
-__device__ void attention_tc_impl(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
-                                  const float* __restrict__ bias, const float* __restrict__ key_mask,
-                                  T* __restrict__ out, int heads, int lq, int lk, int head_dim, float scale,
-                                  int has_bias, int has_mask) {
+__device__ void attention_tc_impl(ATTENTION_PARAMS(T)) {
     // The kernel has no static __shared__ variables, so this is the start of the block's shared
     // window (aligned far beyond WMMA's 32 bytes); every region below is a multiple of 32 bytes.
     extern __shared__ float tc_smem[];
@@ -170,11 +167,8 @@ __device__ void attention_tc_impl(const T* __restrict__ q, const T* __restrict__
 
 #define DEFINE_TC_ATTENTION(T, SUFFIX)                                                               \
     extern "C" __global__ void __launch_bounds__(TC_WARPS * 32, TC_MIN_BLOCKS_PER_SM)                \
-        flash_attention_tc_##SUFFIX(const T* q, const T* k, const T* v, const float* bias,          \
-                                    const float* key_mask, T* out, int heads, int lq, int lk,        \
-                                    int head_dim, float scale, int has_bias, int has_mask) {         \
-        attention_tc_impl<T>(q, k, v, bias, key_mask, out, heads, lq, lk, head_dim, scale, has_bias, \
-                             has_mask);                                                              \
+        flash_attention_tc_##SUFFIX(ATTENTION_PARAMS(T)) {                                            \
+        attention_tc_impl<T>(ATTENTION_ARGS);                                                         \
     }
 DEFINE_TC_ATTENTION(__half, f16)
 DEFINE_TC_ATTENTION(__nv_bfloat16, bf16)

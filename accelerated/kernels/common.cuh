@@ -8,6 +8,15 @@
 // emit every instantiation without extra explicit-instantiation lines.
 #define FOR_EACH_DTYPE(M) M(float, f32) M(__half, f16) M(__nv_bfloat16, bf16)
 
+// The entry-point arguments of both attention kernels (attention.cu on CUDA cores, attention_tc.cu
+// on tensor cores), which kernels.attention launches alike:
+//   q [B, H, Lq, Dh], k/v [B, H, Lk, Dh] -> out [B, Lq, H*Dh]; bias [H, Lq, Lk]; key_mask [B, Lk]
+#define ATTENTION_PARAMS(T)                                                                    \
+    const T *__restrict__ q, const T *__restrict__ k, const T *__restrict__ v,                 \
+        const float *__restrict__ bias, const float *__restrict__ key_mask, T *__restrict__ out, \
+        int heads, int lq, int lk, int head_dim, float scale, int has_bias, int has_mask
+#define ATTENTION_ARGS q, k, v, bias, key_mask, out, heads, lq, lk, head_dim, scale, has_bias, has_mask
+
 // np.finfo(np.float32).min: the reference's additive key-mask value.
 #define LOWEST_FLOAT (-3.4028234663852886e38f)
 
