@@ -56,8 +56,13 @@ uint32_t shuffle(ShuffleKind kind, int line, unsigned mask, uint32_t value, int 
 // mask) and the call's line, then the lanes go on.
 using CollectiveFn = void (*)(void* const* payloads, int line);
 void warp_collective(const char* name, int line, unsigned mask, void* payload, CollectiveFn complete);
+void syncwarp(int line, unsigned mask);
 // Report a fault found inside a collective (printf-style); the launch fails with it.
 void fault(const char* format, ...);
+// For the detectors: a collective's memory accesses count as those of `lane` of the warp
+// completing it (-1: the running thread's again); accesses inside an atomic_scope are atomic.
+void act_as_lane(int lane);
+void atomic_scope(bool enter);
 // Which scrambled WMMA element-to-lane layout the running launch uses (one per schedule; mma.h).
 extern int fragment_layout;
 
@@ -71,9 +76,7 @@ struct Barrier {
 
 struct SyncWarp {
     int line;
-    void operator()(unsigned mask = 0xffffffffu) const {
-        warp_collective("__syncwarp", line, mask, nullptr, [](void* const*, int) {});
-    }
+    void operator()(unsigned mask = 0xffffffffu) const { syncwarp(line, mask); }
 };
 
 struct Shuffle {
