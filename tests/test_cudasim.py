@@ -17,7 +17,7 @@ import pytest
 
 import cudasim
 from accelerated.kernels import NVRTC_OPTIONS, attention_shared_bytes, kernel_source
-from cudasim import KernelError, Module, RaceError, schedules
+from cudasim import KernelError, Module, RaceError, detectors, schedules
 from reference import layers as ref
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
@@ -28,6 +28,13 @@ def planted(source: str, old: str, new: str) -> Module:
     text = kernel_source(source)
     assert old in text, f"{old!r} not in {source}"
     return Module(text.replace(old, new), NVRTC_OPTIONS, name=source)
+
+
+def line_of(code: str, fragment: str) -> int:
+    """The line number of the one line of `code` that contains `fragment`."""
+    lines = [n for n, line in enumerate(code.splitlines(), 1) if fragment in line]
+    assert len(lines) == 1, f"{fragment!r} is on lines {lines}"
+    return lines[0]
 
 
 def module(code: str) -> Module:
@@ -114,23 +121,27 @@ def test_shuffles_follow_the_programming_guide():
 
 
 def test_shared_memory_is_poisoned_with_nan_and_fresh_per_block():
+    """With the detectors off (they report the read itself: test_cudasim_detectors.py)."""
     kernel = module("""
         extern "C" __global__ void peek(float* out) {
             __shared__ float tile[64];
             if (threadIdx.x == 0) { out[blockIdx.x] = tile[5]; tile[5] = 1.0f; }
         }""").get_function("peek")
     out = np.zeros(3, np.float32)
-    kernel((3,), (32,), (out,))
+    with detectors(False):
+        kernel((3,), (32,), (out,))
     assert np.isnan(out).all()  # no block sees the previous block's write
 
 
 def test_a_race_is_reported_with_the_first_differing_element():
+    """The schedules' comparison, which also catches what the detectors are blind to (off here:
+    they report the first write-write race itself)."""
     kernel = module("""
         extern "C" __global__ void last_writer_wins(int* out) { out[1] = threadIdx.x; }""").get_function(
         "last_writer_wins")
     with pytest.raises(RaceError, match=r"kernel last_writer_wins: race: int\* out \(2,\) differs between schedules "
                                         r"in-order and reverse at 1 elements, first at \(1,\): "):
-        with schedules():
+        with schedules(), detectors(False):
             kernel((1,), (64,), (np.zeros(2, np.int32),))
 
 
@@ -331,11 +342,18 @@ def test_planted_python_float_argument():
 
 def test_planted_missing_syncthreads_is_a_race():
     """Without the barrier after `partial[warp] = v`, lanes read partial sums other warps have
-    not written yet: poisoned NaN under one schedule, a number under another."""
+    not written yet: the detectors report the first such read (in order, lane 1 reads before
+    warp 1 has written anything); without them, it is poisoned NaN under one schedule and a
+    number under another."""
     kernel = planted("rmsnorm.cu", "if (lane == 0) partial[warp] = v;\n    __syncthreads();",
                      "if (lane == 0) partial[warp] = v;").get_function("rms_norm_f32")
+    read = line_of(kernel.module.code, "? partial[lane] :")
+    with pytest.raises(KernelError, match=rf"kernel rms_norm_f32, block \(0,0,0\): uninitialised shared memory read: "
+                                          rf"thread \(1,0,0\) reads 4 bytes at 0x[0-9a-f]+ \(static shared memory \+ 4 bytes\) "
+                                          rf"on line {read}, which no thread of this block has written"):
+        kernel((3,), (256,), rms_norm_args())
     with pytest.raises(RaceError, match=r"kernel rms_norm_f32: race: float\* out \(3, 300\) differs between schedules"):
-        with schedules():
+        with schedules(), detectors(False):
             kernel((3,), (256,), rms_norm_args())
 
 
