@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 import cudasim
-from accelerated.kernels import NVRTC_OPTIONS, attention_shared_bytes, kernel_source
+from accelerated.kernels import COMMON_HEADER, KERNEL_DIR, NVRTC_OPTIONS, attention_shared_bytes, kernel_source
 from cudasim import KernelError, Module, RaceError, detectors, schedules
 from reference import layers as ref
 
@@ -324,6 +324,204 @@ def test_argument_types_are_checked_against_the_c_signature(rms):
         rms((3,), (256,), (x, w, out, 300, eps))
     with pytest.raises(KernelError, match=r"argument 2 \(float\* out\) gets a non-contiguous array"):
         rms((3,), (256,), (x, w, np.empty((300, 3), np.float32).T, width, eps))
+
+
+# ---------------------------------------------------------------------------------------------
+# Detectors: races found by access (whatever the values) and uninitialised shared reads, in
+# kernels written to have them. Messages come from the first schedule (in order).
+
+
+def block_sum_source(kernel: str, old: str = "", new: str = "") -> str:
+    """common.cuh (with `old` replaced by `new`) followed by `kernel`."""
+    common = (KERNEL_DIR / COMMON_HEADER).read_text()
+    assert old in common
+    return common.replace(old, new) + textwrap.dedent(kernel)
+
+
+SUM_TWICE = """
+extern "C" __global__ void sum_twice(const float* x, float* out) {
+    const float v = x[blockIdx.x * blockDim.x + threadIdx.x];
+    const float total = block_sum(v);
+    const float again = block_sum(v);  // the same partial sums, written over themselves
+    if (threadIdx.x == 0) out[blockIdx.x] = total + again;
+}
+"""
+
+
+def test_a_write_after_read_of_the_same_value_is_a_race():
+    """block_sum without the barrier that keeps a second call from overwriting `partial` while
+    lanes still read the first call's sums. The second call writes the very values already
+    there (partial[0] = 496 = 0x43f80000), so every schedule leaves the same bytes; the detectors
+    report it from the accesses."""
+    code = block_sum_source(SUM_TWICE, "    __syncthreads();  // `partial` may still be read by a previous call\n")
+    kernel = Module(code, name="sum_twice.cu").get_function("sum_twice")
+    x, out = np.arange(256, dtype=np.float32), np.zeros(1, np.float32)
+    with detectors(False), schedules():
+        kernel((1,), (256,), (x, out))
+    assert out[0] == 2 * x.sum()
+    write, read = line_of(code, "if (lane == 0) partial[warp] = v;"), line_of(code, "? partial[lane] :")
+    with pytest.raises(RaceError, match=rf"kernel sum_twice, block \(0,0,0\): shared memory race \(write after read, same "
+                                        rf"value\): thread \(0,0,0\) writes 4 bytes at 0x[0-9a-f]+ \(static shared memory "
+                                        rf"\+ 0 bytes\) on line {write} \(0x43f80000 -> 0x43f80000\); thread \(224,0,0\) read "
+                                        rf"them on line {read}, no __syncthreads between them"):
+        kernel((1,), (256,), (x, out))
+
+
+CLAMP_AND_SMOOTH = """
+extern "C" __global__ void clamp_and_smooth(const float* x, float* out) {
+    __shared__ float s[128];
+    const int t = threadIdx.x;
+    s[t] = x[t];
+    __syncthreads();
+    s[t] = fminf(s[t], 1.0f);
+    out[t] = 0.5f * (s[t] + s[(t + 1) % 128]);  // a barrier is missing before this line
+}
+"""
+
+
+def test_a_missing_barrier_is_a_race_even_where_all_schedules_agree():
+    """Inputs below the clamp: the clamp stores what is there, so all four schedules agree
+    (the comparison is silent), but thread 0 reads s[1] while thread 1 writes it."""
+    kernel = module(CLAMP_AND_SMOOTH).get_function("clamp_and_smooth")
+    x, out = np.linspace(-1, 0.5, 128, dtype=np.float32), np.zeros(128, np.float32)
+    with detectors(False), schedules():
+        kernel((1,), (128,), (x, out))
+    assert np.array_equal(out, 0.5 * (x + np.roll(x, -1)))
+    code = textwrap.dedent(CLAMP_AND_SMOOTH)
+    with pytest.raises(RaceError, match=rf"kernel clamp_and_smooth, block \(0,0,0\): shared memory race \(write after read, "
+                                        rf"same value\): thread \(1,0,0\) writes 4 bytes at 0x[0-9a-f]+ \(static shared "
+                                        rf"memory \+ 4 bytes\) on line {line_of(code, 'fminf')} \(0xbf7cf9f4 -> 0xbf7cf9f4\); "
+                                        rf"thread \(0,0,0\) read them on line {line_of(code, 'out[t] =')}, no __syncwarp or "
+                                        rf"__syncthreads between them"):
+        with schedules():
+            kernel((1,), (128,), (x, out))
+
+
+ROW_SUMS = """
+extern "C" __global__ void row_sums(const float* x, float* sums, int width) {
+    if (threadIdx.x != 0) return;
+    float s = 0.0f;
+    for (int j = 0; j < width; ++j) s += x[blockIdx.x * width + j];
+    sums[blockIdx.x / 2] = s;  // two blocks per slot
+}
+"""
+
+
+def test_two_blocks_writing_one_global_element_is_a_race():
+    kernel = module(ROW_SUMS).get_function("row_sums")
+    x, sums = np.ones((4, 3), np.float32), np.zeros(4, np.float32)
+    line = line_of(textwrap.dedent(ROW_SUMS), "sums[blockIdx.x / 2] = s;")
+    with pytest.raises(RaceError, match=rf"kernel row_sums, block \(1,0,0\): global memory race \(write after write, same "
+                                        rf"value\): thread \(0,0,0\) writes 4 bytes at 0x[0-9a-f]+ \(float\* sums \+ 0 bytes\) "
+                                        rf"on line {line} \(0x40400000 -> 0x40400000\); thread \(0,0,0\) of block \(0,0,0\) "
+                                        rf"wrote them on line {line}, blocks of one launch are not ordered"):
+        kernel((4,), (32,), (x, sums, np.int32(3)))
+
+
+TILE_SUMS = """
+extern "C" __global__ void tile_sums(const float* x, float* sums, int n) {
+    __shared__ float tile[256];
+    const int i = blockIdx.x * 256 + threadIdx.x;
+    if (i < n) tile[threadIdx.x] = x[i];
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        float s = 0.0f;
+        for (int j = 0; j < 256; ++j) s += tile[j];  // past n in the last block: never written
+        sums[blockIdx.x] = s;
+    }
+}
+"""
+
+
+def test_an_uninitialised_shared_read_in_a_partial_last_block():
+    kernel = module(TILE_SUMS).get_function("tile_sums")
+    line = line_of(textwrap.dedent(TILE_SUMS), "s += tile[j]")
+    with pytest.raises(KernelError, match=rf"kernel tile_sums, block \(1,0,0\): uninitialised shared memory read: thread "
+                                          rf"\(0,0,0\) reads 4 bytes at 0x[0-9a-f]+ \(static shared memory \+ 176 bytes\) on "
+                                          rf"line {line}, which no thread of this block has written"):
+        kernel((2,), (256,), (np.ones(300, np.float32), np.zeros(2, np.float32), np.int32(300)))
+
+
+WARP_SYNCHRONOUS = """
+extern "C" __global__ void warp_sum_unsynced(const float* x, float* out) {
+    __shared__ float s[64];
+    const int t = threadIdx.x;
+    s[t] = x[t];
+    s[t + 32] = x[t + 32];
+    __syncwarp();
+    volatile float* v = s;  // the pre-Volta idiom: lanes in lockstep, no __syncwarp between steps
+    v[t] += v[t + 32];
+    v[t] += v[t + 16];
+    v[t] += v[t + 8];
+    v[t] += v[t + 4];
+    v[t] += v[t + 2];
+    v[t] += v[t + 1];
+    if (t == 0) *out = v[0];
+}
+"""
+
+
+def test_a_warp_synchronous_reduction_without_syncwarp_is_a_race():
+    kernel = module(WARP_SYNCHRONOUS).get_function("warp_sum_unsynced")
+    code = textwrap.dedent(WARP_SYNCHRONOUS)
+    with pytest.raises(RaceError, match=rf"kernel warp_sum_unsynced, block \(0,0,0\): shared memory race \(write after read\): "
+                                        rf"thread \(1,0,0\) writes 4 bytes at 0x[0-9a-f]+ \(static shared memory \+ 4 bytes\) "
+                                        rf"on line {line_of(code, 'v[t] += v[t + 32];')} \(0x[0-9a-f]{{8}} -> 0x[0-9a-f]{{8}}\); "
+                                        rf"thread \(0,0,0\) read them on line {line_of(code, 'v[t] += v[t + 1];')}, "
+                                        rf"no __syncwarp or __syncthreads between them"):
+        kernel((1,), (32,), (np.ones(64, np.float32), np.zeros(1, np.float32)))
+
+
+TREE_SUM = """
+extern "C" __global__ void tree_sum(const float* x, float* out, int n) {
+    __shared__ float s[256];
+    const int t = threadIdx.x, i = blockIdx.x * 256 + t;
+    s[t] = i < n ? x[i] : 0.0f;
+    __syncthreads();
+    for (int stride = 128; stride >= 32; stride >>= 1) {
+        if (t < stride) s[t] += s[t + stride];
+        __syncthreads();
+    }
+    if (t < 32) {  // the last warp: a __syncwarp between reading and writing, and after
+        float v = s[t];
+        for (int stride = 16; stride > 0; stride >>= 1) {
+            v += s[t + stride];
+            __syncwarp();
+            s[t] = v;
+            __syncwarp();
+        }
+    }
+    if (t == 0) out[blockIdx.x] = s[0];
+}
+"""
+
+
+def test_a_correct_tree_reduction_runs_clean():
+    kernel = module(TREE_SUM).get_function("tree_sum")
+    x, out = np.arange(300, dtype=np.float32), np.zeros(2, np.float32)
+    with schedules():
+        kernel((2,), (256,), (x, out, np.int32(300)))
+    assert list(out) == [x[:256].sum(), x[256:].sum()]
+
+
+def test_planted_missing_syncwarp_after_a_wmma_store():
+    """The tensor-core attention without the __syncwarp between storing the score tile
+    (wmma::store_matrix_sync: each lane writes its fragment's elements) and the softmax lanes
+    reading their rows of it: a race between the store's lanes and the readers."""
+    kernel = planted("attention_tc.cu", "__syncwarp();  // the scores other lanes stored are visible", "").get_function(
+        "flash_attention_tc_f16")
+    code = kernel.module.code
+    store, read = line_of(code, "wmma::store_matrix_sync(s + n, acc"), line_of(code, "s_row[j] = attention_logit(s_row[j]")
+    head_dim, length = 16, 32
+    q = device_array(np.ones((1, 1, length, head_dim), np.float16))
+    unused = np.zeros(1, np.float32)
+    args = (q, q, q, unused, unused, np.zeros((1, length, head_dim), np.float16), *map(np.int32, (1, length, length, head_dim)),
+            np.float32(0.25), np.int32(0), np.int32(0))
+    with pytest.raises(RaceError, match=rf"kernel flash_attention_tc_f16, block \(0,0,0\): shared memory race \(read after "
+                                        rf"write\): thread \(0,0,0\) reads 4 bytes at 0x[0-9a-f]+ \(dynamic shared memory "
+                                        rf"\+ \d+ bytes\) on line {read}; thread \(\d+,0,0\) wrote them on line {store} "
+                                        rf"\(0xffffffff -> 0x[0-9a-f]{{8}}\), no __syncwarp or __syncthreads between them"):
+        kernel((1, 1), (128,), args, shared_mem=attention_shared_bytes(head_dim, np.float16))
 
 
 # ---------------------------------------------------------------------------------------------
