@@ -10,6 +10,7 @@ import inspect
 import subprocess
 import sys
 import textwrap
+from fractions import Fraction
 
 import ml_dtypes
 import numpy as np
@@ -95,6 +96,216 @@ def test_float_to_half_and_bfloat16_round_to_nearest_even(dtype):
     with np.errstate(over="ignore"):  # 1e30 -> inf is the point
         theirs = x.astype(dtype)
     assert np.array_equal(ours.view(np.uint16), theirs.view(np.uint16))
+
+
+# ---------------------------------------------------------------------------------------------
+# Device builtins and intrinsics, against their definitions
+
+
+INT_EDGES = [0, 1, -1, 2, -2, 7, 2**31 - 1, -2**31, 0x0F0F0F0F, -0x10000]
+
+
+def int_inputs(n=200, seed=0):
+    rng = np.random.default_rng(seed)
+    return np.concatenate([INT_EDGES, rng.integers(-2**31, 2**31, n - len(INT_EDGES))]).astype(np.int32)
+
+
+INTEGER_BUILTINS = """
+extern "C" __global__ void integer_builtins(const int* a, const int* b, const long long* c, const long long* d, int* out32,
+                                            long long* out64, int n) {
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    const unsigned ua = a[i], ub = b[i];
+    const unsigned long long uc = c[i], ud = d[i];
+    int* o = out32 + 10 * i;
+    long long* p = out64 + 7 * i;
+    o[0] = min(a[i], b[i]);
+    o[1] = max(a[i], b[i]);
+    o[2] = (int)min(ua, ub);
+    o[3] = (int)max(ua, ub);
+    o[4] = (int)min(a[i], ub);  // mixed signedness: compared as unsigned
+    o[5] = (int)max(ua, b[i]);
+    o[6] = __popc(ua);
+    o[7] = __ffs(a[i]);
+    o[8] = __clz(a[i]);
+    o[9] = (int)__brev(ua);
+    p[0] = min(c[i], d[i]);
+    p[1] = max(c[i], d[i]);
+    p[2] = (long long)min(uc, ud);
+    p[3] = (long long)max(c[i], ud);
+    p[4] = __popcll(uc);
+    p[5] = __ffsll(c[i]);
+    p[6] = __clzll(c[i]);
+}
+"""
+
+
+def test_integer_min_max_and_bit_intrinsics():
+    a, b = int_inputs(seed=0), int_inputs(seed=1)[::-1].copy()
+    c = (a.astype(np.int64) << 32) ^ b.astype(np.int64) * 3
+    d = np.roll(c, 1)
+    out32, out64 = np.zeros((a.size, 10), np.int32), np.zeros((a.size, 7), np.int64)
+    module(INTEGER_BUILTINS).get_function("integer_builtins")((1,), (256,), (a, b, c, d, out32, out64, np.int32(a.size)))
+    ua, ub, uc, ud = a.view(np.uint32), b.view(np.uint32), c.view(np.uint64), d.view(np.uint64)
+    for column, expected in enumerate([np.minimum(a, b), np.maximum(a, b), np.minimum(ua, ub), np.maximum(ua, ub),
+                                       np.minimum(ua, ub), np.maximum(ua, ub)]):
+        assert np.array_equal(out32[:, column], expected.astype(np.uint32).view(np.int32)), column
+    bits32 = [int(u) for u in ua]
+    assert list(out32[:, 6]) == [bin(u).count("1") for u in bits32]
+    assert list(out32[:, 7]) == [(u & -u).bit_length() for u in bits32]  # 1 + index of the lowest set bit, 0 for 0
+    assert list(out32[:, 8]) == [32 - u.bit_length() for u in bits32]
+    assert list(out32[:, 9].view(np.uint32)) == [int(f"{u:032b}"[::-1], 2) for u in bits32]
+    for column, expected in enumerate([np.minimum(c, d), np.maximum(c, d), np.minimum(uc, ud), np.maximum(uc, ud)]):
+        assert np.array_equal(out64[:, column], expected.astype(np.uint64).view(np.int64)), column
+    bits64 = [int(u) for u in uc]
+    assert list(out64[:, 4]) == [bin(u).count("1") for u in bits64]
+    assert list(out64[:, 5]) == [(u & -u).bit_length() for u in bits64]
+    assert list(out64[:, 6]) == [64 - u.bit_length() for u in bits64]
+
+
+FLOAT_BUILTINS = """
+#include <cuda_fp16.h>
+#include <cuda_bf16.h>
+extern "C" __global__ void float_builtins(const float* x, const float* y, const float* z, const double* w, float* out,
+                                          double* out64, int* ints, __half* h, __nv_bfloat16* b, int n) {
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    float* o = out + 8 * i;
+    o[0] = min(x[i], y[i]);
+    o[1] = max(x[i], y[i]);
+    o[2] = rsqrtf(y[i]);
+    o[3] = __fdividef(x[i], y[i]);
+    o[4] = __expf(z[i]);
+    o[5] = __saturatef(x[i]);
+    o[6] = fmaf(x[i], y[i], z[i]);
+    o[7] = __uint_as_float(__float_as_uint(__ldg(x + i)));
+    out64[2 * i] = min(w[i], (double)x[i]);
+    out64[2 * i + 1] = max(w[i], (double)x[i]);
+    ints[2 * i] = __float2int_rn(x[i]);
+    ints[2 * i + 1] = __float2int_rz(x[i]);
+    h[i] = __float2half(x[i]);
+    b[i] = __float2bfloat16(x[i]);
+}
+"""
+
+
+def nearest_float32(exact: Fraction) -> np.float32:
+    """`exact` rounded to the nearest float32, ties to even."""
+    guess = np.float32(float(exact))
+    candidates = [np.nextafter(guess, np.float32(-np.inf)), guess, np.nextafter(guess, np.float32(np.inf))]
+    return min(candidates, key=lambda c: (abs(Fraction(float(c)) - exact), int(c.view(np.uint32)) & 1))
+
+
+def test_float_intrinsics():
+    rng = np.random.default_rng(0)
+    special = np.array([0.0, -0.0, 0.5, -0.5, 1.0, 1.5, 2.5, -2.5, 3e9, -3e9, np.nan, -np.nan, np.inf, -np.inf], np.float32)
+    x = np.concatenate([special, rng.standard_normal(186).astype(np.float32) * 4]).astype(np.float32)
+    y = np.concatenate([[1.0, np.nan, 2.0] * 4 + [3.0, 0.25], np.abs(rng.standard_normal(186)) + 0.1]).astype(np.float32)
+    z = (rng.standard_normal(x.size) * 10).astype(np.float32)
+    w = np.where(np.arange(x.size) % 3 == 0, np.nan, rng.standard_normal(x.size))
+    n = x.size
+    out, out64, ints = np.zeros((n, 8), np.float32), np.zeros((n, 2)), np.zeros((n, 2), np.int32)
+    h, b = np.zeros(n, np.float16), np.zeros(n, BF16)
+    module(FLOAT_BUILTINS).get_function("float_builtins")((1,), (256,), (x, y, z, w, out, out64, ints, h, b, np.int32(n)))
+    same = lambda ours, theirs: np.array_equal(ours, theirs, equal_nan=True)  # noqa: E731
+    assert same(out[:, 0], np.fmin(x, y)) and same(out[:, 1], np.fmax(x, y))  # a NaN loses to a number
+    with np.errstate(invalid="ignore", over="ignore"):
+        x64, y64 = x.astype(np.float64), y.astype(np.float64)
+        valid = ~np.isnan(y)
+        assert np.all(np.abs(out[valid, 2] - 1 / np.sqrt(y64[valid])) <= 2.0**-23 / np.sqrt(y64[valid]))
+        assert np.isnan(out[~valid, 2]).all()
+        assert same(out[:, 3], x / y)  # the correctly rounded quotient
+        assert np.all(np.abs(out[:, 4] - np.exp(z.astype(np.float64))) <= 2.0**-23 * np.exp(z.astype(np.float64)))
+    saturated = np.where(np.isnan(x), 0.0, np.clip(x, 0.0, 1.0)).astype(np.float32)
+    assert np.array_equal(out[:, 5].view(np.uint32), np.abs(saturated).view(np.uint32))  # +0, never -0
+    finite = np.isfinite(x) & np.isfinite(y) & (np.abs(x) < 1e9)
+    assert all(out[i, 6] == nearest_float32(Fraction(float(x[i])) * Fraction(float(y[i])) + Fraction(float(z[i])))
+               for i in np.flatnonzero(finite))
+    assert np.array_equal(out[:, 7].view(np.uint32), x.view(np.uint32))
+    assert same(out64[:, 0], np.fmin(w, x64)) and same(out64[:, 1], np.fmax(w, x64))
+    limits = np.iinfo(np.int32)
+    for column, rounded in enumerate([np.rint(x64), np.trunc(x64)]):  # rint: ties to even
+        expected = np.where(np.isnan(x64), 0, np.clip(np.nan_to_num(rounded), limits.min, limits.max)).astype(np.int32)
+        assert np.array_equal(ints[:, column], expected), column
+    number = ~np.isnan(x)
+    with np.errstate(over="ignore"):  # 3e9 -> inf in fp16 is the point
+        assert np.array_equal(h.view(np.uint16)[number], x.astype(np.float16).view(np.uint16)[number])
+    assert np.array_equal(b.view(np.uint16)[number], x.astype(BF16).view(np.uint16)[number])
+
+
+ATOMICS = """
+extern "C" __global__ void atomics(int* i, unsigned* u, long long* ll, unsigned long long* ull, float* f, double* d,
+                                   int* i_old, unsigned* u_old, unsigned long long* ull_old, float* f_old, int* tickets) {
+    const int t = blockIdx.x * blockDim.x + threadIdx.x;
+    const int v = (t * 37) % 101 - 50;
+    atomicAdd(i, v);
+    atomicSub(i + 1, v);
+    atomicMax(i + 2, v);
+    atomicMin(i + 3, v);
+    i_old[t] = atomicExch(i + 4, t);
+    atomicAdd(u, (unsigned)t);
+    atomicSub(u + 1, (unsigned)t);
+    atomicMax(u + 2, (unsigned)v);
+    atomicMin(u + 3, (unsigned)v);
+    u_old[t] = atomicExch(u + 4, (unsigned)t);
+    atomicMax(ll, (long long)v << 40);
+    atomicMin(ll + 1, (long long)v << 40);
+    atomicAdd(ull, (unsigned long long)t << 40);
+    atomicMax(ull + 1, (unsigned long long)v);
+    atomicMin(ull + 2, (unsigned long long)v);
+    ull_old[t] = atomicExch(ull + 3, (unsigned long long)t);
+    atomicAdd(f, 0.5f);  // exact in any order
+    f_old[t] = atomicExch(f + 1, (float)t);
+    atomicAdd(d, 0.25);
+    // a ticket from compare-and-swap: retry with the value seen until the swap succeeds
+    int expected = 0, seen;
+    while ((seen = atomicCAS(i + 5, expected, expected + 1)) != expected) expected = seen;
+    tickets[t] = expected;
+    unsigned u_expected = 0, u_seen;
+    while ((u_seen = atomicCAS(u + 5, u_expected, u_expected + 1)) != u_expected) u_expected = u_seen;
+    unsigned long long ull_expected = 0, ull_seen;
+    while ((ull_seen = atomicCAS(ull + 4, ull_expected, ull_expected + 1)) != ull_expected) ull_expected = ull_seen;
+}
+"""
+
+
+def test_atomics_against_their_definitions():
+    """512 threads in two blocks on one word per operation, under the detectors: atomics do not
+    race with each other. Each result is what the operations define in any order; the tickets
+    and exchanges differ between orders, so this runs one schedule."""
+    n = 512
+    t = np.arange(n)
+    v = (t * 37) % 101 - 50
+    i, u = np.array([7, 7, -1000, 1000, -1, 0], np.int32), np.array([7, 7, 0, 2**32 - 1, 2**32 - 1, 0], np.uint32)
+    ll, ull = np.array([-2**62, 2**62], np.int64), np.array([5, 0, 2**64 - 1, 2**64 - 1, 0], np.uint64)
+    f, d = np.array([1.0, -1.0], np.float32), np.array([1.0])
+    olds = np.zeros(n, np.int32), np.zeros(n, np.uint32), np.zeros(n, np.uint64), np.zeros(n, np.float32)
+    tickets = np.zeros(n, np.int32)
+    module(ATOMICS).get_function("atomics")((2,), (256,), (i, u, ll, ull, f, d, *olds, tickets))
+    assert list(i[:4]) == [7 + v.sum(), 7 - v.sum(), v.max(), v.min()] and i[5] == n
+    unsigned_v = v.astype(np.int64) % 2**32
+    assert list(u[:4]) == [(7 + t.sum()) % 2**32, (7 - t.sum()) % 2**32, unsigned_v.max(), unsigned_v.min()] and u[5] == n
+    assert list(ll) == [v.max() << 40, v.min() << 40]
+    unsigned_v64 = v.astype(np.int64).view(np.uint64)
+    assert list(ull[:3]) == [5 + (t << 40).sum(), unsigned_v64.max(), unsigned_v64.min()]
+    assert ull[4] == n and list(f[:1]) == [1 + 0.5 * n] and list(d) == [1 + 0.25 * n]
+    for old, final, start in zip(olds, (i[4], u[4], ull[3], f[1]), (-1, 2**32 - 1, 2**64 - 1, -1.0)):
+        assert sorted(list(old) + [final]) == sorted([start, *t.astype(old.dtype)])  # each value once, read by the next
+    assert sorted(tickets) == list(range(n))
+
+
+def test_an_atomic_racing_with_a_plain_write_is_reported():
+    code = textwrap.dedent("""
+        extern "C" __global__ void reset_while_counting(int* counter) {
+            if (threadIdx.x == 0) *counter = 0;
+            else atomicAdd(counter, 1);
+        }""")
+    with pytest.raises(RaceError, match=rf"kernel reset_while_counting, block \(0,0,0\): global memory race \(read after "
+                                        rf"write, same value\): thread \(1,0,0\) reads 4 bytes at 0x[0-9a-f]+ \(int\* counter "
+                                        rf"\+ 0 bytes\) on line {line_of(code, 'atomicAdd')}; thread \(0,0,0\) wrote them on "
+                                        rf"line {line_of(code, '*counter = 0')} \(0x00000000 -> 0x00000000\), "
+                                        r"no __syncwarp or __syncthreads between them"):
+        Module(code, name="test.cu").get_function("reset_while_counting")((1,), (32,), (np.zeros(1, np.int32),))
 
 
 # ---------------------------------------------------------------------------------------------
