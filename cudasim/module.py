@@ -87,7 +87,7 @@ class Module:
     def __init__(self, code: str, options=(), name: str = "kernel.cu", sanitize: bool = False):
         self.code, self.name, self.sanitize = code, name, sanitize
         self._builds: dict[bool, tuple[Library, ctypes.CDLL]] = {}
-        self.library, dll = self.build(self.detecting())
+        self.library, dll = self.library_for(self.detecting())
         dll.cudasim_static_shared_bytes.restype = ctypes.c_size_t
         self.static_shared_bytes = int(dll.cudasim_static_shared_bytes())
 
@@ -95,7 +95,7 @@ class Module:
         """Whether a launch now runs the build with detectors."""
         return _active["detectors"] and not self.sanitize
 
-    def build(self, detectors: bool) -> tuple[Library, ctypes.CDLL]:
+    def library_for(self, detectors: bool) -> tuple[Library, ctypes.CDLL]:
         """The library with or without detectors, compiled and loaded on first use."""
         if detectors not in self._builds:
             library = build(self.code, self.name, self.sanitize, detectors)
@@ -185,7 +185,7 @@ class Kernel:
     # -- running -----------------------------------------------------------------------------
 
     def _run(self, values, arrays, grid, block, shared_mem, schedule: str):
-        library, dll = self.module.build(self.module.detecting())
+        library, dll = self.module.library_for(self.module.detecting())
         pointers = (ctypes.c_void_p * max(1, len(values)))(*[ctypes.addressof(v) for v in values])
         count = max(1, len(arrays))
         bases = (ctypes.c_void_p * count)(*[a.ctypes.data for a in arrays.values()])

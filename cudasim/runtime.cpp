@@ -347,13 +347,19 @@ struct Region {
 constexpr size_t SHADOW_BYTES_PER_BYTE = 3 * sizeof(Access) + 1;
 
 // Zero pages on demand: only the shadow of bytes the kernel touches costs memory.
-void map_shadow(Region& r) {
-    auto* memory = static_cast<unsigned char*>(mmap(nullptr, r.size * SHADOW_BYTES_PER_BYTE, PROT_READ | PROT_WRITE,
-                                                    MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0));
-    r.writes = reinterpret_cast<Access*>(memory);
+bool map_shadow(Region& r) {
+    void* memory = mmap(nullptr, r.size * SHADOW_BYTES_PER_BYTE, PROT_READ | PROT_WRITE,
+                        MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (memory == MAP_FAILED) {
+        fail("the detectors cannot map %zu bytes of shadow memory for %zu bytes at %p", r.size * SHADOW_BYTES_PER_BYTE,
+             r.size, (void*)r.base);
+        return false;
+    }
+    r.writes = static_cast<Access*>(memory);
     r.reads = r.writes + r.size;
     r.other_reads = r.reads + r.size;
     r.before = reinterpret_cast<unsigned char*>(r.other_reads + r.size);
+    return true;
 }
 
 void unmap_shadow(Region& r) { munmap(r.writes, r.size * SHADOW_BYTES_PER_BYTE); }
@@ -559,11 +565,11 @@ void on_access(const void* address, size_t size, bool write, const void* pc) {
 void start_detecting(const TlsBlock& shared, const void* const* bases, const size_t* sizes, const char* const* names,
                      int count) {
     detecting = true;
-    if (!shared_region.base) {
+    if (!shared_region.writes) {
         shared_region.base = shared.base;
         shared_region.size = shared.size;
         shared_region.shared = true;
-        map_shadow(shared_region);
+        if (!map_shadow(shared_region)) shared_region = Region();
     }
     std::vector<Region> buffers;
     for (int i = 0; i < count; ++i) {
@@ -585,7 +591,8 @@ void start_detecting(const TlsBlock& shared, const void* const* bases, const siz
         r.stamp = launch_stamp;
         global_regions.push_back(r);
     }
-    for (Region& r : global_regions) map_shadow(r);
+    global_regions.erase(std::remove_if(global_regions.begin(), global_regions.end(), [](Region& r) { return !map_shadow(r); }),
+                         global_regions.end());
 }
 
 void stop_detecting() {
