@@ -196,6 +196,10 @@ def nearest_float32(exact: Fraction) -> np.float32:
     return min(candidates, key=lambda c: (abs(Fraction(float(c)) - exact), int(c.view(np.uint32)) & 1))
 
 
+def same(ours, theirs) -> bool:
+    return np.array_equal(ours, theirs, equal_nan=True)
+
+
 def test_float_intrinsics():
     rng = np.random.default_rng(0)
     special = np.array([0.0, -0.0, 0.5, -0.5, 1.0, 1.5, 2.5, -2.5, 3e9, -3e9, np.nan, -np.nan, np.inf, -np.inf], np.float32)
@@ -207,7 +211,6 @@ def test_float_intrinsics():
     out, out64, ints = np.zeros((n, 8), np.float32), np.zeros((n, 2)), np.zeros((n, 2), np.int32)
     h, b = np.zeros(n, np.float16), np.zeros(n, BF16)
     module(FLOAT_BUILTINS).get_function("float_builtins")((1,), (256,), (x, y, z, w, out, out64, ints, h, b, np.int32(n)))
-    same = lambda ours, theirs: np.array_equal(ours, theirs, equal_nan=True)  # noqa: E731
     assert same(out[:, 0], np.fmin(x, y)) and same(out[:, 1], np.fmax(x, y))  # a NaN loses to a number
     with np.errstate(invalid="ignore", over="ignore"):
         x64, y64 = x.astype(np.float64), y.astype(np.float64)
