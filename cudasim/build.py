@@ -8,6 +8,12 @@ From these a few lines are generated after the source: one `cudasim_kernel_<name
 entry per kernel (CUDA's kernelParams convention: args[i] points to the i-th argument) and the
 definition of the dynamic shared arrays.
 
+With detectors, the translation unit of the kernel (not the runtime) is compiled with
+-fsanitize=thread: g++ then calls a `__tsan_*` hook before every load and store, and the
+runtime defines those hooks itself (libtsan is not linked) to check each access for races and
+uninitialised shared reads. `source_lines` turns the instruction offsets in its reports into
+source lines.
+
 Libraries are cached under $CUDASIM_CACHE (default ~/.cache/cudasim) by a hash of the prelude,
 the runtime, the source, the flags and the compiler version, so only the first run builds.
 """
@@ -38,13 +44,18 @@ FLAGS = ("-std=c++17", "-O2", "-g", "-fPIC", "-shared", "-fvisibility=hidden", "
 SANITIZE_FLAGS = ("-std=c++17", "-O1", "-g", "-fPIC", "-shared", "-fvisibility=hidden", "-fno-extern-tls-init",
                   "-Wno-unknown-pragmas", "-fsanitize=address,undefined", "-fno-omit-frame-pointer", "-fno-sanitize-recover=undefined")
 
+# The detectors: only the kernel's unit is instrumented; -z defs turns a hook the runtime does
+# not define into a build error instead of a failed dlopen.
+DETECTOR_UNIT_FLAGS = ("-fsanitize=thread", "--param=tsan-instrument-func-entry-exit=0")
+DETECTOR_LINK_FLAGS = ("-DCUDASIM_DETECTORS=1", "-Wl,-z,defs")
+
 # C type of a parameter (qualifiers removed) -> NumPy dtype name.
 C_TYPES = {
     "float": "float32", "double": "float64", "__half": "float16", "__nv_bfloat16": "bfloat16",
     "int": "int32", "unsigned int": "uint32", "unsigned": "uint32", "long long": "int64",
     "long long int": "int64", "unsigned long long": "uint64", "bool": "bool",
 }
-QUALIFIERS = {"const", "volatile", "__restrict__", "__restrict", "restrict"}
+QUALIFIERS = {"const", "volatile"}
 
 
 class BuildError(Exception):
@@ -105,34 +116,81 @@ def _prelude_text() -> str:
     return "".join(p.read_text() for p in sorted(INCLUDE.iterdir())) + RUNTIME.read_text()
 
 
-def build(source: str, name: str = "kernel.cu", sanitize: bool = False) -> Library:
-    """Compile `source` (CUDA C text) into a cached shared library and describe its kernels."""
+def build(source: str, name: str = "kernel.cu", sanitize: bool = False, detectors: bool = False) -> Library:
+    """Compile `source` (CUDA C text) into a cached shared library and describe its kernels.
+
+    sanitize: AddressSanitizer and UBSan; detectors: race and initcheck hooks. g++ cannot
+    combine the two sanitizers, so a build has one or the other.
+    """
+    if sanitize and detectors:
+        raise BuildError("a build has AddressSanitizer or the detectors, not both (g++ cannot combine them)")
     flags = SANITIZE_FLAGS if sanitize else FLAGS
-    key = hashlib.sha256("\0".join([_prelude_text(), name, source, *flags, compiler_version()]).encode()).hexdigest()[:20]
+    unit_flags = DETECTOR_UNIT_FLAGS if detectors else ()
+    key = hashlib.sha256("\0".join([_prelude_text(), name, source, *flags, *unit_flags, compiler_version()]).encode()).hexdigest()[:20]
     folder = cache_dir() / key
     library = folder / "kernels.so"
     source_path = folder / name
     if not library.exists():
-        _compile(source, name, flags, folder)
+        _compile(source, name, flags, unit_flags, folder)
     return Library(library, source_path, scan(source, name))
 
 
-def _compile(source: str, name: str, flags, folder: Path) -> None:
+def _compile(source: str, name: str, flags, unit_flags, folder: Path) -> None:
     folder.parent.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(dir=folder.parent, prefix=f".{folder.name}-"))
     (work / name).write_text(source)
     kernels, shared = _scan_file(work / name)
     (work / "unit.cpp").write_text(translation_unit(name, kernels, shared))
     # the debug info names the final folder, so gdb finds the source after the rename below
-    command = ["g++", *flags, f"-fdebug-prefix-map={work}={folder}", f"-I{INCLUDE}", "-o", str(work / "kernels.so"), str(work / "unit.cpp"), str(RUNTIME)]
-    result = subprocess.run(command, capture_output=True, text=True)
-    if result.returncode != 0:
+    common = ["g++", *flags, f"-fdebug-prefix-map={work}={folder}", f"-I{INCLUDE}"]
+    unit, link_flags = work / "unit.cpp", ()
+    try:
+        if unit_flags:
+            unit, link_flags = work / "unit.o", DETECTOR_LINK_FLAGS
+            _gxx(name, [*common, *unit_flags, "-c", "-o", str(unit), str(work / "unit.cpp")])
+        _gxx(name, [*common, *link_flags, "-o", str(work / "kernels.so"), str(unit), str(RUNTIME)])
+    except BuildError:
         shutil.rmtree(work, ignore_errors=True)
-        raise BuildError(f"g++ could not compile {name} for cudasim:\n{result.stderr.strip()}")
+        raise
     try:
         work.rename(folder)  # atomic: a concurrent build of the same key simply loses the race
     except OSError:
         shutil.rmtree(work, ignore_errors=True)
+
+
+def _gxx(name: str, command: list[str]) -> None:
+    result = subprocess.run(command, capture_output=True, text=True)
+    if result.returncode != 0:
+        raise BuildError(f"g++ could not compile {name} for cudasim:\n{result.stderr.strip()}")
+
+
+PC = re.compile(r"<pc 0x([0-9a-f]+)>")
+
+
+def source_lines(library: Library, message: str) -> str:
+    """`message` with each `<pc 0x...>` (an instruction offset in the library, as the detectors
+    report it) replaced by its source line: the innermost inlined frame outside cudasim's
+    prelude, "line N" in the kernel source or "file:N" elsewhere."""
+    offsets = sorted(set(PC.findall(message)))
+    if not offsets:
+        return message
+    result = subprocess.run(["addr2line", "-e", str(library.path), "-i", "-a", *(f"0x{o}" for o in offsets)],
+                            capture_output=True, text=True)
+    frames: dict[str, list[str]] = {}
+    for line in result.stdout.splitlines():
+        if line.startswith("0x"):
+            current = frames.setdefault(format(int(line, 16), "x"), [])
+        else:
+            current.append(line.split(" (discriminator")[0])
+    return PC.sub(lambda m: _frame_name(library, frames.get(m.group(1), [])), message)
+
+
+def _frame_name(library: Library, frames: list[str]) -> str:
+    outside = [f for f in frames if not f.startswith(str(INCLUDE)) and not f.startswith("??")]
+    if not outside:
+        return "an unknown line"
+    path, _, line = outside[0].rpartition(":")
+    return f"line {line}" if Path(path).name == library.source_path.name else f"{Path(path).name}:{line}"
 
 
 def translation_unit(name: str, kernels: dict[str, KernelSignature], shared: list[tuple[str, str]]) -> str:
@@ -220,7 +278,9 @@ def _param(text: str) -> Param:
     match = re.fullmatch(r"(.*?[\s*&])(\w+)", text)
     if not match:
         raise BuildError(f"cannot read kernel parameter {text!r}")
-    ctype, name = " ".join(match.group(1).split()), match.group(2)
+    # restrict promises no aliasing inside the kernel; callers pass the same type without it
+    ctype = " ".join(re.sub(r"\b(__restrict__|__restrict|restrict)\b", " ", match.group(1)).split())
+    name = match.group(2)
     base = " ".join(word for word in ctype.replace("*", " ").split() if word not in QUALIFIERS)
     if base not in C_TYPES or ctype.count("*") > 1:
         raise BuildError(f"kernel parameter {text!r}: cudasim passes {', '.join(C_TYPES)} and pointers to them")

@@ -11,17 +11,24 @@ CuPy passes it as an 8-byte double). Arrays are any NumPy arrays (their buffer i
 Each launch runs under the current schedules (`SCHEDULES`, or `schedules(...)`): with more
 than one, every schedule starts from the same argument bytes and must leave bit-identical
 results, otherwise the launch raises a RaceError naming the first differing element.
+
+With the detectors on (the default; `detectors(False)` or CUDASIM_DETECTORS=0 turns them off)
+each launch runs a build whose every load and store is checked (build.py, runtime.cpp): a
+race between two threads on shared or global memory raises a RaceError even when all schedules
+agree, a read of shared memory no thread of the block wrote a KernelError, each naming the
+kernel, the threads, the source lines, the address and the values.
 """
 
 from __future__ import annotations
 
 import ctypes
+import os
 import threading
 from contextlib import contextmanager
 
 import numpy as np
 
-from .build import Library, build
+from .build import Library, build, source_lines
 
 SCHEDULES = ("in-order", "reverse", "random", "warp-greedy")
 DEFAULT_SHARED_LIMIT = 48 * 1024  # without the opt-in attribute
@@ -31,7 +38,7 @@ MAX_GRID_DIMS = (2**31 - 1, 65535, 65535)
 SCALAR_CTYPES = {"float32": ctypes.c_float, "float64": ctypes.c_double, "int32": ctypes.c_int32,
                  "uint32": ctypes.c_uint32, "int64": ctypes.c_int64, "uint64": ctypes.c_uint64, "bool": ctypes.c_bool}
 
-_active = {"schedules": ("in-order",), "seed": 0}
+_active = {"schedules": ("in-order",), "seed": 0, "detectors": os.environ.get("CUDASIM_DETECTORS", "1") != "0"}
 _lock = threading.Lock()  # the runtime keeps one launch's state in globals
 
 
@@ -57,20 +64,45 @@ def schedules(names=SCHEDULES, seed: int = 0):
         _active.update(saved)
 
 
+@contextmanager
+def detectors(enabled: bool = True):
+    """Run every launch inside the block with the race and initcheck detectors on (or off)."""
+    saved = _active["detectors"]
+    _active["detectors"] = enabled
+    try:
+        yield
+    finally:
+        _active["detectors"] = saved
+
+
 class Module:
     """cupy.RawModule's interface over a g++ build of the same source.
 
     `options` are CuPy's NVRTC options, accepted for the same call and not used: g++ gets
-    cudasim's flags. `name` names the source file as compiled (messages, gdb).
+    cudasim's flags. `name` names the source file as compiled (messages, gdb). A module has
+    two builds, with and without the detectors, each compiled when a launch first needs it;
+    `sanitize=True` builds with AddressSanitizer instead, and without the detectors.
     """
 
     def __init__(self, code: str, options=(), name: str = "kernel.cu", sanitize: bool = False):
-        self.library: Library = build(code, name, sanitize)
-        self.name = name
-        self._dll = ctypes.CDLL(str(self.library.path))
-        self._dll.cudasim_launch.restype = ctypes.c_int
-        self._dll.cudasim_static_shared_bytes.restype = ctypes.c_size_t
-        self.static_shared_bytes = int(self._dll.cudasim_static_shared_bytes())
+        self.code, self.name, self.sanitize = code, name, sanitize
+        self._builds: dict[bool, tuple[Library, ctypes.CDLL]] = {}
+        self.library, dll = self.library_for(self.detecting())
+        dll.cudasim_static_shared_bytes.restype = ctypes.c_size_t
+        self.static_shared_bytes = int(dll.cudasim_static_shared_bytes())
+
+    def detecting(self) -> bool:
+        """Whether a launch now runs the build with detectors."""
+        return _active["detectors"] and not self.sanitize
+
+    def library_for(self, detectors: bool) -> tuple[Library, ctypes.CDLL]:
+        """The library with or without detectors, compiled and loaded on first use."""
+        if detectors not in self._builds:
+            library = build(self.code, self.name, self.sanitize, detectors)
+            dll = ctypes.CDLL(str(library.path))
+            dll.cudasim_launch.restype = ctypes.c_int
+            self._builds[detectors] = library, dll
+        return self._builds[detectors]
 
     def get_function(self, name: str) -> "Kernel":
         if name not in self.library.kernels:
@@ -86,7 +118,6 @@ class Kernel:
         self.module, self.name = module, name
         self.signature = module.library.kernels[name]
         self.max_dynamic_shared_size_bytes = 0  # CuPy's attribute: raise it to go past 48 KiB
-        self._entry = ctypes.cast(getattr(module._dll, f"cudasim_kernel_{name}"), ctypes.c_void_p)
 
     def __call__(self, grid, block, args, shared_mem: int = 0):
         values = self.check(grid, block, args, shared_mem)
@@ -94,7 +125,7 @@ class Kernel:
         arrays = {str(p): np.asarray(a) for p, a in zip(self.signature.params, args) if p.pointer}
         with _lock:
             if len(_active["schedules"]) == 1:
-                self._run(values, grid, block, shared_mem, _active["schedules"][0])
+                self._run(values, arrays, grid, block, shared_mem, _active["schedules"][0])
             else:
                 self._run_all_schedules(values, arrays, grid, block, shared_mem)
 
@@ -153,16 +184,23 @@ class Kernel:
 
     # -- running -----------------------------------------------------------------------------
 
-    def _run(self, values, grid, block, shared_mem, schedule: str):
+    def _run(self, values, arrays, grid, block, shared_mem, schedule: str):
+        library, dll = self.module.library_for(self.module.detecting())
         pointers = (ctypes.c_void_p * max(1, len(values)))(*[ctypes.addressof(v) for v in values])
-        error = ctypes.create_string_buffer(2048)
-        status = self.module._dll.cudasim_launch(
-            self._entry, pointers, self.name.encode(), (ctypes.c_uint * 3)(*grid), (ctypes.c_uint * 3)(*block),
-            ctypes.c_size_t(shared_mem), SCHEDULES.index(schedule), ctypes.c_ulonglong(_active["seed"]),
+        count = max(1, len(arrays))
+        bases = (ctypes.c_void_p * count)(*[a.ctypes.data for a in arrays.values()])
+        sizes = (ctypes.c_size_t * count)(*[a.nbytes for a in arrays.values()])
+        names = (ctypes.c_char_p * count)(*[param.encode() for param in arrays])
+        error = ctypes.create_string_buffer(4096)
+        status = dll.cudasim_launch(
+            ctypes.cast(getattr(dll, f"cudasim_kernel_{self.name}"), ctypes.c_void_p), pointers, self.name.encode(),
+            (ctypes.c_uint * 3)(*grid), (ctypes.c_uint * 3)(*block), ctypes.c_size_t(shared_mem),
+            SCHEDULES.index(schedule), ctypes.c_ulonglong(_active["seed"]), bases, sizes, names, len(arrays),
             error, ctypes.c_size_t(len(error)))
         if status:
-            raise KernelError(f"kernel {self.name}, {error.value.decode()} (schedule {schedule}; line numbers "
-                              f"refer to {self.module.library.source_path})")
+            message = (f"kernel {self.name}, {source_lines(library, error.value.decode())} (schedule {schedule}; "
+                       f"line numbers refer to {library.source_path})")
+            raise (RaceError if status == 2 else KernelError)(message)
 
     def _run_all_schedules(self, values, arrays, grid, block, shared_mem):
         """Each schedule from the same starting bytes; keep the first schedule's results."""
@@ -171,7 +209,7 @@ class Kernel:
         for schedule in _active["schedules"]:
             for param, array in arrays.items():
                 np.copyto(array, start[param])
-            self._run(values, grid, block, shared_mem, schedule)
+            self._run(values, arrays, grid, block, shared_mem, schedule)
             results.append({param: a.copy() for param, a in arrays.items()})
         first, first_name = results[0], _active["schedules"][0]
         for name, result in zip(_active["schedules"][1:], results[1:]):

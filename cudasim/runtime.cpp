@@ -14,6 +14,10 @@
 // a value no thread wrote shows up. Dynamic shared memory is checked after every block: a byte
 // changed past the size the launch asked for is an error (and under AddressSanitizer the bytes
 // past it are poisoned, so the faulting access itself is reported).
+//
+// Detectors (a build with CUDASIM_DETECTORS): every load and store of the kernel is checked
+// against a shadow of shared and global memory for races and uninitialised shared reads (see
+// "Hazard detection" below).
 #include <dlfcn.h>
 #include <link.h>
 #include <sys/mman.h>
@@ -33,6 +37,11 @@
 #define CUDASIM_ASAN 1
 #else
 #define CUDASIM_ASAN 0
+#endif
+
+// build.py defines it for a build whose kernel unit is instrumented (the __tsan_* hooks are called)
+#ifndef CUDASIM_DETECTORS
+#define CUDASIM_DETECTORS 0
 #endif
 
 #if !defined(__x86_64__)
@@ -98,6 +107,7 @@ struct Fiber : ThreadState {
     const char* collective = nullptr;  // WARP_COLLECTIVE: its name, this lane's payload, the completion
     void* payload = nullptr;
     CollectiveFn complete = nullptr;
+    const void* collective_pc = nullptr;  // the call site, to which the collective's accesses belong
 };
 
 #if CUDASIM_ASAN
@@ -116,6 +126,7 @@ struct Launch {
     Schedule schedule = IN_ORDER;
     unsigned long long seed = 0;
     std::string error;
+    bool race = false;  // the error is a hazard between two threads
 };
 
 Launch launch;
@@ -126,6 +137,9 @@ void* scheduler_sp = nullptr;
 Fiber* running = nullptr;
 int barrier_arrivals = 0;
 int shuffle_arrivals[32];  // per warp: lanes waiting at a shuffle (checked in full only when enough)
+uint32_t block_number = 0;  // linear index of the running block
+uint32_t barriers = 0;      // __syncthreads the running block has passed
+uint32_t warp_syncs[32];    // __syncwarp each of its warps has passed
 thread_local unsigned char tls_anchor;  // locates this module's thread-local (= shared) block
 #if CUDASIM_ASAN
 const void* scheduler_stack_bottom = nullptr;
@@ -186,8 +200,11 @@ void switch_stacks(void** save, void* load, const void* bottom, size_t size) {
 #endif
 }
 
+void settle_write();
+
 // Back to the scheduler; returns when the scheduler resumes this fiber.
 void yield_to_scheduler() {
+    settle_write();
 #if CUDASIM_ASAN
     switch_stacks(&running->sp, scheduler_sp, scheduler_stack_bottom, scheduler_stack_size);
 #else
@@ -289,6 +306,305 @@ void asan_poison_dynamic_tail(void* const* bases, int count, bool poison) {
 }
 
 // ------------------------------------------------------------------------------------------
+// Hazard detection
+//
+// A build with detectors compiles the kernel's translation unit with -fsanitize=thread, so g++
+// calls the __tsan_* hooks at the end of this file before every load and store (libtsan is not
+// linked: these hooks are all there is, and they know fibers are not OS threads). Each byte of
+// shared memory and of the launch's argument buffers has a shadow: its last write, its last
+// read, and the last read by another thread than that one, each with the thread, its block,
+// the __syncthreads and __syncwarp intervals and the instruction. Two accesses of one byte,
+// at least one a write, by two threads that nothing orders (another block; the same block with
+// no __syncthreads between them and, within one warp, no __syncwarp either), not both atomic,
+// are a race whatever the values, as for compute-sanitizer's racecheck. A shared read of a
+// byte no thread of the block has written is uninitialised. Reports name instructions as
+// `<pc 0x...>` (offsets into this library); module.py turns them into source lines.
+
+struct Access {
+    uint32_t stamp = 0;      // the region's stamp when it happened: records of other blocks/launches are stale
+    uint32_t block = 0;      // linear block number
+    uint32_t barrier = 0;    // __syncthreads its block had passed
+    uint32_t warp_sync = 0;  // __syncwarp its warp had passed
+    uint32_t pc = 0;         // the instruction, as an offset into this library
+    uint16_t thread = 0;     // linear thread number in the block
+    bool atomic = false;
+};
+
+// Memory whose bytes are shadowed: the block's shared memory (stamped per block) or one
+// argument buffer of the launch (stamped per launch).
+struct Region {
+    unsigned char* base = nullptr;
+    size_t size = 0;
+    const char* name = "";  // the kernel parameter an argument buffer was passed as
+    bool shared = false;
+    uint32_t stamp = 0;
+    Access* writes = nullptr;
+    Access* reads = nullptr;
+    Access* other_reads = nullptr;
+    unsigned char* before = nullptr;  // each byte's value before its last write
+};
+
+constexpr size_t SHADOW_BYTES_PER_BYTE = 3 * sizeof(Access) + 1;
+
+// Zero pages on demand: only the shadow of bytes the kernel touches costs memory.
+bool map_shadow(Region& r) {
+    void* memory = mmap(nullptr, r.size * SHADOW_BYTES_PER_BYTE, PROT_READ | PROT_WRITE,
+                        MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (memory == MAP_FAILED) {
+        fail("the detectors cannot map %zu bytes of shadow memory for %zu bytes at %p", r.size * SHADOW_BYTES_PER_BYTE,
+             r.size, (void*)r.base);
+        return false;
+    }
+    r.writes = static_cast<Access*>(memory);
+    r.reads = r.writes + r.size;
+    r.other_reads = r.reads + r.size;
+    r.before = reinterpret_cast<unsigned char*>(r.other_reads + r.size);
+    return true;
+}
+
+void unmap_shadow(Region& r) { munmap(r.writes, r.size * SHADOW_BYTES_PER_BYTE); }
+
+bool detecting = false;     // a launch of a build with detectors is running
+Region shared_region;       // mapped on the first launch, kept (the block's shared memory is fixed)
+std::vector<Region> global_regions;
+uint32_t next_stamp = 0;
+Fiber* acting = nullptr;    // a warp collective's accesses are those of this lane (else: the running fiber)
+int atomic_depth = 0;       // inside an atomic function
+
+struct PendingWrite {  // a racing write, reported once its value is stored
+    bool active = false;
+    const Region* region = nullptr;
+    Access earlier, later;
+    bool after_write = false;  // else after a read
+    const unsigned char* address = nullptr;
+    size_t size = 0;
+    unsigned char old[16];
+};
+PendingWrite pending;
+
+uint32_t stamp() { return ++next_stamp ? next_stamp : ++next_stamp; }  // never 0, the stamp of "no access"
+
+uint32_t pc_offset(const void* pc) {
+    static const uintptr_t base = [] {
+        Dl_info info;
+        dladdr(reinterpret_cast<void*>(&map_shadow), &info);
+        return reinterpret_cast<uintptr_t>(info.dli_fbase);
+    }();
+    return static_cast<uint32_t>(reinterpret_cast<uintptr_t>(pc) - base - 1);  // -1: the call, not the return address
+}
+
+Region* region_of(const void* address) {
+    const auto* byte = static_cast<const unsigned char*>(address);
+    if (byte >= shared_region.base && byte < shared_region.base + shared_region.size) return &shared_region;
+    for (Region& r : global_regions)
+        if (byte >= r.base && byte < r.base + r.size) return &r;
+    return nullptr;
+}
+
+Access now(const Region& r, const void* pc) {
+    const Fiber& f = acting ? *acting : *running;
+    Access a;
+    a.stamp = r.stamp;
+    a.block = block_number;
+    a.barrier = barriers;
+    a.warp_sync = warp_syncs[f.linear >> 5];
+    a.pc = pc_offset(acting ? acting->collective_pc : pc);
+    a.thread = static_cast<uint16_t>(f.linear);
+    a.atomic = atomic_depth > 0;
+    return a;
+}
+
+bool same_thread(const Access& a, const Access& b) { return a.thread == b.thread && a.block == b.block; }
+bool same_warp(const Access& a, const Access& b) { return a.block == b.block && a.thread >> 5 == b.thread >> 5; }
+
+// Does a barrier (or, within a warp, a __syncwarp) separate `earlier` from `later`?
+bool ordered(const Access& earlier, const Access& later) {
+    if (earlier.block != later.block) return false;
+    return earlier.barrier != later.barrier || (same_warp(earlier, later) && earlier.warp_sync != later.warp_sync);
+}
+
+bool races(const Region& r, const Access& earlier, const Access& later) {
+    return earlier.stamp == r.stamp && !same_thread(earlier, later) && !(earlier.atomic && later.atomic) &&
+           !ordered(earlier, later);
+}
+
+std::string thread_name(const Access& a) {
+    char text[96];
+    const unsigned x = a.thread % block_dim.x, y = a.thread / block_dim.x % block_dim.y, z = a.thread / (block_dim.x * block_dim.y);
+    int n = snprintf(text, sizeof text, "thread (%u,%u,%u)", x, y, z);
+    if (a.block != block_number)
+        snprintf(text + n, sizeof text - n, " of block (%u,%u,%u)", a.block % grid_dim.x, a.block / grid_dim.x % grid_dim.y,
+                 a.block / (grid_dim.x * grid_dim.y));
+    return text;
+}
+
+std::string place(const Region& r, const unsigned char* address) {
+    char text[160];
+    if (!r.shared) {
+        snprintf(text, sizeof text, "%p (%s + %zu bytes)", (const void*)address, r.name, (size_t)(address - r.base));
+        return text;
+    }
+    void* bases[16];
+    const int arrays = dynamic_shared_arrays(bases);
+    for (int a = 0; a < arrays; ++a) {
+        const auto* base = static_cast<const unsigned char*>(bases[a]);
+        if (address >= base && address < base + dynamic_shared_capacity) {
+            snprintf(text, sizeof text, "%p (dynamic shared memory + %zu bytes)", (const void*)address, (size_t)(address - base));
+            return text;
+        }
+    }
+    snprintf(text, sizeof text, "%p (static shared memory + %zu bytes)", (const void*)address, (size_t)(address - r.base));
+    return text;
+}
+
+// The bytes as one little-endian number (the first 8 of a wider access).
+std::string hex(const unsigned char* bytes, size_t size) {
+    unsigned long long value = 0;
+    const size_t shown = std::min<size_t>(size, 8);
+    for (size_t i = 0; i < shown; ++i) value |= (unsigned long long)bytes[i] << (8 * i);
+    char text[40];
+    snprintf(text, sizeof text, "0x%0*llx%s", (int)(2 * shown), value, size > shown ? "..." : "");
+    return text;
+}
+
+// Why nothing orders the two accesses.
+const char* unordered(const Access& earlier, const Access& later) {
+    if (earlier.block != later.block) return "blocks of one launch are not ordered";
+    return same_warp(earlier, later) ? "no __syncwarp or __syncthreads between them" : "no __syncthreads between them";
+}
+
+// "shared memory race (write after read, same value): thread (1,0,0) writes 4 bytes at ..."
+std::string race_head(const char* kind, bool same_value, const Region& r, const Access& later, const char* verb,
+                      const unsigned char* address, size_t size) {
+    char text[512];
+    snprintf(text, sizeof text, "%s memory race (%s%s): %s %s %zu bytes at %s on <pc 0x%x>", r.shared ? "shared" : "global",
+             kind, same_value ? ", same value" : "", thread_name(later).c_str(), verb, size, place(r, address).c_str(),
+             later.pc);
+    return text;
+}
+
+void report_race(const std::string& message) {
+    fail("%s", message.c_str());
+    launch.race = true;
+}
+
+// A read by `later` of bytes `earlier` wrote: the values before and after that write.
+void report_read_after_write(const Region& r, const Access& earlier, const Access& later, const unsigned char* address,
+                             size_t size) {
+    unsigned char old[16];
+    const size_t first = address - r.base, shown = std::min<size_t>(size, sizeof old);
+    for (size_t i = 0; i < shown; ++i) {
+        const Access& w = r.writes[first + i];
+        old[i] = w.pc == earlier.pc && same_thread(w, earlier) ? r.before[first + i] : address[i];
+    }
+    char tail[256];
+    snprintf(tail, sizeof tail, "; %s wrote them on <pc 0x%x> (%s -> %s), %s", thread_name(earlier).c_str(), earlier.pc,
+             hex(old, shown).c_str(), hex(address, shown).c_str(), unordered(earlier, later));
+    report_race(race_head("read after write", memcmp(old, address, shown) == 0, r, later, "reads", address, size) + tail);
+}
+
+// A write racing with `earlier`: reported by settle_write once the new value is stored.
+void defer_write_report(const Region& r, const Access& earlier, const Access& later, bool after_write,
+                        const unsigned char* address, size_t size) {
+    pending.active = true;
+    pending.region = &r;
+    pending.earlier = earlier;
+    pending.later = later;
+    pending.after_write = after_write;
+    pending.address = address;
+    pending.size = std::min<size_t>(size, sizeof pending.old);
+    memcpy(pending.old, address, pending.size);
+}
+
+void settle_write() {
+    if (!pending.active) return;
+    pending.active = false;
+    const PendingWrite& p = pending;
+    char tail[320];
+    snprintf(tail, sizeof tail, " (%s -> %s); %s %s them on <pc 0x%x>, %s", hex(p.old, p.size).c_str(),
+             hex(p.address, p.size).c_str(), thread_name(p.earlier).c_str(), p.after_write ? "wrote" : "read", p.earlier.pc,
+             unordered(p.earlier, p.later));
+    report_race(race_head(p.after_write ? "write after write" : "write after read", memcmp(p.old, p.address, p.size) == 0,
+                          *p.region, p.later, "writes", p.address, p.size) + tail);
+}
+
+void uninitialised_read(const Region& r, const Access& reader, const unsigned char* address, size_t size) {
+    fail("uninitialised shared memory read: %s reads %zu bytes at %s on <pc 0x%x>, which no thread of this block has written",
+         thread_name(reader).c_str(), size, place(r, address).c_str(), reader.pc);
+}
+
+// Check one access against the shadow of its bytes, then record it there.
+void on_access(const void* address, size_t size, bool write, const void* pc) {
+    settle_write();
+    if (!detecting || !running || !launch.error.empty()) return;
+    Region* region = region_of(address);
+    if (!region) return;  // the stack, the runtime's own data
+    Region& r = *region;
+    const auto* bytes = static_cast<const unsigned char*>(address);
+    const size_t first = bytes - r.base, last = std::min(first + size, r.size);
+    const Access access = now(r, pc);
+    for (size_t i = first; i < last; ++i) {
+        Access &w = r.writes[i], &read = r.reads[i], &other = r.other_reads[i];
+        if (write) {
+            if (races(r, w, access)) return defer_write_report(r, w, access, true, bytes, size);
+            if (races(r, read, access)) return defer_write_report(r, read, access, false, bytes, size);
+            if (races(r, other, access)) return defer_write_report(r, other, access, false, bytes, size);
+            r.before[i] = r.base[i];
+            w = access;
+        } else {
+            if (races(r, w, access)) return report_read_after_write(r, w, access, bytes, size);
+            if (r.shared && w.stamp != r.stamp) return uninitialised_read(r, access, bytes, size);
+            if (read.stamp == r.stamp && !same_thread(read, access)) other = read;
+            read = access;
+        }
+    }
+}
+
+// Before a launch: shadow the shared memory (once) and the argument buffers (merged where
+// they overlap, so each byte has one shadow).
+void start_detecting(const TlsBlock& shared, const void* const* bases, const size_t* sizes, const char* const* names,
+                     int count) {
+    detecting = true;
+    if (!shared_region.writes) {
+        shared_region.base = shared.base;
+        shared_region.size = shared.size;
+        shared_region.shared = true;
+        if (!map_shadow(shared_region)) shared_region = Region();
+    }
+    std::vector<Region> buffers;
+    for (int i = 0; i < count; ++i) {
+        if (!sizes[i]) continue;
+        Region r;
+        r.base = static_cast<unsigned char*>(const_cast<void*>(bases[i]));
+        r.size = sizes[i];
+        r.name = names[i];
+        buffers.push_back(r);
+    }
+    std::sort(buffers.begin(), buffers.end(), [](const Region& a, const Region& b) { return a.base < b.base; });
+    const uint32_t launch_stamp = stamp();
+    for (Region& r : buffers) {
+        if (!global_regions.empty() && r.base < global_regions.back().base + global_regions.back().size) {
+            Region& last = global_regions.back();
+            last.size = std::max<size_t>(last.size, r.base + r.size - last.base);
+            continue;
+        }
+        r.stamp = launch_stamp;
+        global_regions.push_back(r);
+    }
+    global_regions.erase(std::remove_if(global_regions.begin(), global_regions.end(), [](Region& r) { return !map_shadow(r); }),
+                         global_regions.end());
+}
+
+void stop_detecting() {
+    for (Region& r : global_regions) unmap_shadow(r);
+    global_regions.clear();
+    detecting = false;
+    acting = nullptr;
+    atomic_depth = 0;
+    pending.active = false;
+}
+
+// ------------------------------------------------------------------------------------------
 // Rendezvous
 
 Fiber& lane_fiber(const Fiber& f, int lane) { return fibers[(f.linear & ~31) + lane]; }
@@ -360,6 +676,7 @@ void try_open_barrier(int threads) {
     }
     for (Fiber& f : fibers) f.wait = Wait::RUNNABLE;
     barrier_arrivals = 0;
+    ++barriers;
 }
 
 // No fiber can run but some have not exited: say which rendezvous can never complete.
@@ -445,7 +762,9 @@ void run_block(const uint3& block, int threads) {
         f.thread_idx = {t % block_dim.x, t / block_dim.x % block_dim.y, t / (block_dim.x * block_dim.y)};
         prepare(f);
     }
-    const unsigned long long block_number = (block.z * grid_dim.y + block.y) * grid_dim.x + block.x;
+    block_number = (block.z * grid_dim.y + block.y) * grid_dim.x + block.x;
+    barriers = 0;
+    std::fill(std::begin(warp_syncs), std::end(warp_syncs), 0);
     Scheduler scheduler(launch.seed * 0x9e3779b97f4a7c15ull + block_number);
     int exited = 0;
     while (exited < threads && launch.error.empty()) {
@@ -519,12 +838,25 @@ uint32_t shuffle(ShuffleKind kind, int line, unsigned mask, uint32_t value, int 
 
 void warp_collective(const char* name, int line, unsigned mask, void* payload, CollectiveFn complete) {
     Fiber& f = arrive(name, line, mask);
+    f.collective_pc = __builtin_return_address(0);
     f.kind = WARP_COLLECTIVE;
     f.collective = name;
     f.payload = payload;
     f.complete = complete;
     yield_to_scheduler();
 }
+
+void syncwarp(int line, unsigned mask) {
+    // completed by the last lane to arrive, which is of the same warp
+    warp_collective("__syncwarp", line, mask, nullptr, [](void* const*, int) { ++warp_syncs[running->linear >> 5]; });
+}
+
+void act_as_lane(int lane) {
+    settle_write();
+    acting = lane < 0 ? nullptr : &lane_fiber(*running, lane);
+}
+
+void atomic_scope(bool enter) { atomic_depth += enter ? 1 : -1; }
 
 void fault(const char* format, ...) {
     char text[1024];
@@ -541,9 +873,12 @@ using namespace cudasim;
 
 // Runs kernel(args) over the grid. Returns 0, or 1 with the fault in `error`
 // ("block (x,y,z): ..."). schedule: 0 in order, 1 reverse, 2 seeded random, 3 warp-greedy.
+// With detectors, the argument buffers are given as `buffers` (base, bytes, parameter name):
+// global memory whose accesses are checked. Returns 2 for a race between threads.
 EXPORT int cudasim_launch(void (*kernel)(void**), void** args, const char* name, const unsigned* grid,
                           const unsigned* block, size_t dynamic_bytes, int schedule, unsigned long long seed,
-                          char* error, size_t error_size) {
+                          const void* const* buffer_bases, const size_t* buffer_sizes, const char* const* buffer_names,
+                          int buffers, char* error, size_t error_size) {
     launch = Launch();
     launch.kernel = kernel;
     launch.args = args;
@@ -564,7 +899,9 @@ EXPORT int cudasim_launch(void (*kernel)(void**), void** args, const char* name,
     const TlsBlock shared = shared_block();
     void* bases[16];
     const int arrays = dynamic_shared_arrays(bases);
+    if (CUDASIM_DETECTORS) start_detecting(shared, buffer_bases, buffer_sizes, buffer_names, buffers);
     for (const uint3& b : block_order()) {
+        shared_region.stamp = stamp();  // the previous block's accesses are stale
         poison_shared(shared);
         asan_poison_dynamic_tail(bases, arrays, true);
         run_block(b, threads);
@@ -575,9 +912,10 @@ EXPORT int cudasim_launch(void (*kernel)(void**), void** args, const char* name,
             break;
         }
     }
+    stop_detecting();
     running = nullptr;
     current = nullptr;
-    return launch.error.empty() ? 0 : 1;
+    return launch.error.empty() ? 0 : launch.race ? 2 : 1;
 }
 
 // Bytes of static __shared__ variables (this module's thread-local block, less the dynamic
@@ -589,3 +927,19 @@ EXPORT size_t cudasim_static_shared_bytes() {
 }
 
 EXPORT size_t cudasim_dynamic_shared_capacity() { return dynamic_shared_capacity; }
+
+// The hooks g++ calls in a kernel unit built with -fsanitize=thread: one per load or store of
+// 1 to 16 bytes (aligned or not), and of a range (aggregate copies).
+#define CUDASIM_HOOKS(SIZE)                                                                                         \
+    extern "C" void __tsan_read##SIZE(void* p) { on_access(p, SIZE, false, __builtin_return_address(0)); }          \
+    extern "C" void __tsan_write##SIZE(void* p) { on_access(p, SIZE, true, __builtin_return_address(0)); }         \
+    extern "C" void __tsan_unaligned_read##SIZE(void* p) { on_access(p, SIZE, false, __builtin_return_address(0)); } \
+    extern "C" void __tsan_unaligned_write##SIZE(void* p) { on_access(p, SIZE, true, __builtin_return_address(0)); }
+CUDASIM_HOOKS(1)
+CUDASIM_HOOKS(2)
+CUDASIM_HOOKS(4)
+CUDASIM_HOOKS(8)
+CUDASIM_HOOKS(16)
+extern "C" void __tsan_read_range(void* p, size_t n) { on_access(p, n, false, __builtin_return_address(0)); }
+extern "C" void __tsan_write_range(void* p, size_t n) { on_access(p, n, true, __builtin_return_address(0)); }
+extern "C" void __tsan_init() {}  // called by the unit's constructor; nothing to set up

@@ -10,14 +10,15 @@ import inspect
 import subprocess
 import sys
 import textwrap
+from fractions import Fraction
 
 import ml_dtypes
 import numpy as np
 import pytest
 
 from minit2i import cudasim
-from minit2i.accelerated.kernels import NVRTC_OPTIONS, attention_shared_bytes, kernel_source
-from minit2i.cudasim import KernelError, Module, RaceError, schedules
+from minit2i.accelerated.kernels import COMMON_HEADER, KERNEL_DIR, NVRTC_OPTIONS, attention_shared_bytes, kernel_source
+from minit2i.cudasim import KernelError, Module, RaceError, detectors, schedules
 from minit2i.reference import layers as ref
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
@@ -28,6 +29,13 @@ def planted(source: str, old: str, new: str) -> Module:
     text = kernel_source(source)
     assert old in text, f"{old!r} not in {source}"
     return Module(text.replace(old, new), NVRTC_OPTIONS, name=source)
+
+
+def line_of(code: str, fragment: str) -> int:
+    """The line number of the one line of `code` that contains `fragment`."""
+    lines = [n for n, line in enumerate(code.splitlines(), 1) if fragment in line]
+    assert len(lines) == 1, f"{fragment!r} is on lines {lines}"
+    return lines[0]
 
 
 def module(code: str) -> Module:
@@ -91,6 +99,219 @@ def test_float_to_half_and_bfloat16_round_to_nearest_even(dtype):
 
 
 # ---------------------------------------------------------------------------------------------
+# Device builtins and intrinsics, against their definitions
+
+
+INT_EDGES = [0, 1, -1, 2, -2, 7, 2**31 - 1, -2**31, 0x0F0F0F0F, -0x10000]
+
+
+def int_inputs(n=200, seed=0):
+    rng = np.random.default_rng(seed)
+    return np.concatenate([INT_EDGES, rng.integers(-2**31, 2**31, n - len(INT_EDGES))]).astype(np.int32)
+
+
+INTEGER_BUILTINS = """
+extern "C" __global__ void integer_builtins(const int* a, const int* b, const long long* c, const long long* d, int* out32,
+                                            long long* out64, int n) {
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    const unsigned ua = a[i], ub = b[i];
+    const unsigned long long uc = c[i], ud = d[i];
+    int* o = out32 + 10 * i;
+    long long* p = out64 + 7 * i;
+    o[0] = min(a[i], b[i]);
+    o[1] = max(a[i], b[i]);
+    o[2] = (int)min(ua, ub);
+    o[3] = (int)max(ua, ub);
+    o[4] = (int)min(a[i], ub);  // mixed signedness: compared as unsigned
+    o[5] = (int)max(ua, b[i]);
+    o[6] = __popc(ua);
+    o[7] = __ffs(a[i]);
+    o[8] = __clz(a[i]);
+    o[9] = (int)__brev(ua);
+    p[0] = min(c[i], d[i]);
+    p[1] = max(c[i], d[i]);
+    p[2] = (long long)min(uc, ud);
+    p[3] = (long long)max(c[i], ud);
+    p[4] = __popcll(uc);
+    p[5] = __ffsll(c[i]);
+    p[6] = __clzll(c[i]);
+}
+"""
+
+
+def test_integer_min_max_and_bit_intrinsics():
+    a, b = int_inputs(seed=0), int_inputs(seed=1)[::-1].copy()
+    c = (a.astype(np.int64) << 32) ^ b.astype(np.int64) * 3
+    d = np.roll(c, 1)
+    out32, out64 = np.zeros((a.size, 10), np.int32), np.zeros((a.size, 7), np.int64)
+    module(INTEGER_BUILTINS).get_function("integer_builtins")((1,), (256,), (a, b, c, d, out32, out64, np.int32(a.size)))
+    ua, ub, uc, ud = a.view(np.uint32), b.view(np.uint32), c.view(np.uint64), d.view(np.uint64)
+    for column, expected in enumerate([np.minimum(a, b), np.maximum(a, b), np.minimum(ua, ub), np.maximum(ua, ub),
+                                       np.minimum(ua, ub), np.maximum(ua, ub)]):
+        assert np.array_equal(out32[:, column], expected.astype(np.uint32).view(np.int32)), column
+    bits32 = [int(u) for u in ua]
+    assert list(out32[:, 6]) == [bin(u).count("1") for u in bits32]
+    assert list(out32[:, 7]) == [(u & -u).bit_length() for u in bits32]  # 1 + index of the lowest set bit, 0 for 0
+    assert list(out32[:, 8]) == [32 - u.bit_length() for u in bits32]
+    assert list(out32[:, 9].view(np.uint32)) == [int(f"{u:032b}"[::-1], 2) for u in bits32]
+    for column, expected in enumerate([np.minimum(c, d), np.maximum(c, d), np.minimum(uc, ud), np.maximum(uc, ud)]):
+        assert np.array_equal(out64[:, column], expected.astype(np.uint64).view(np.int64)), column
+    bits64 = [int(u) for u in uc]
+    assert list(out64[:, 4]) == [bin(u).count("1") for u in bits64]
+    assert list(out64[:, 5]) == [(u & -u).bit_length() for u in bits64]
+    assert list(out64[:, 6]) == [64 - u.bit_length() for u in bits64]
+
+
+FLOAT_BUILTINS = """
+#include <cuda_fp16.h>
+#include <cuda_bf16.h>
+extern "C" __global__ void float_builtins(const float* x, const float* y, const float* z, const double* w, float* out,
+                                          double* out64, int* ints, __half* h, __nv_bfloat16* b, int n) {
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    float* o = out + 8 * i;
+    o[0] = min(x[i], y[i]);
+    o[1] = max(x[i], y[i]);
+    o[2] = rsqrtf(y[i]);
+    o[3] = __fdividef(x[i], y[i]);
+    o[4] = __expf(z[i]);
+    o[5] = __saturatef(x[i]);
+    o[6] = fmaf(x[i], y[i], z[i]);
+    o[7] = __uint_as_float(__float_as_uint(__ldg(x + i)));
+    out64[2 * i] = min(w[i], (double)x[i]);
+    out64[2 * i + 1] = max(w[i], (double)x[i]);
+    ints[2 * i] = __float2int_rn(x[i]);
+    ints[2 * i + 1] = __float2int_rz(x[i]);
+    h[i] = __float2half(x[i]);
+    b[i] = __float2bfloat16(x[i]);
+}
+"""
+
+
+def nearest_float32(exact: Fraction) -> np.float32:
+    """`exact` rounded to the nearest float32, ties to even."""
+    guess = np.float32(float(exact))
+    candidates = [np.nextafter(guess, np.float32(-np.inf)), guess, np.nextafter(guess, np.float32(np.inf))]
+    return min(candidates, key=lambda c: (abs(Fraction(float(c)) - exact), int(c.view(np.uint32)) & 1))
+
+
+def same(ours, theirs) -> bool:
+    return np.array_equal(ours, theirs, equal_nan=True)
+
+
+def test_float_intrinsics():
+    rng = np.random.default_rng(0)
+    special = np.array([0.0, -0.0, 0.5, -0.5, 1.0, 1.5, 2.5, -2.5, 3e9, -3e9, np.nan, -np.nan, np.inf, -np.inf], np.float32)
+    x = np.concatenate([special, rng.standard_normal(186).astype(np.float32) * 4]).astype(np.float32)
+    y = np.concatenate([[1.0, np.nan, 2.0] * 4 + [3.0, 0.25], np.abs(rng.standard_normal(186)) + 0.1]).astype(np.float32)
+    z = (rng.standard_normal(x.size) * 10).astype(np.float32)
+    w = np.where(np.arange(x.size) % 3 == 0, np.nan, rng.standard_normal(x.size))
+    n = x.size
+    out, out64, ints = np.zeros((n, 8), np.float32), np.zeros((n, 2)), np.zeros((n, 2), np.int32)
+    h, b = np.zeros(n, np.float16), np.zeros(n, BF16)
+    module(FLOAT_BUILTINS).get_function("float_builtins")((1,), (256,), (x, y, z, w, out, out64, ints, h, b, np.int32(n)))
+    assert same(out[:, 0], np.fmin(x, y)) and same(out[:, 1], np.fmax(x, y))  # a NaN loses to a number
+    with np.errstate(invalid="ignore", over="ignore"):
+        x64, y64 = x.astype(np.float64), y.astype(np.float64)
+        valid = ~np.isnan(y)
+        assert np.all(np.abs(out[valid, 2] - 1 / np.sqrt(y64[valid])) <= 2.0**-23 / np.sqrt(y64[valid]))
+        assert np.isnan(out[~valid, 2]).all()
+        assert same(out[:, 3], x / y)  # the correctly rounded quotient
+        assert np.all(np.abs(out[:, 4] - np.exp(z.astype(np.float64))) <= 2.0**-23 * np.exp(z.astype(np.float64)))
+    saturated = np.where(np.isnan(x), 0.0, np.clip(x, 0.0, 1.0)).astype(np.float32)
+    assert np.array_equal(out[:, 5].view(np.uint32), np.abs(saturated).view(np.uint32))  # +0, never -0
+    finite = np.isfinite(x) & np.isfinite(y) & (np.abs(x) < 1e9)
+    assert all(out[i, 6] == nearest_float32(Fraction(float(x[i])) * Fraction(float(y[i])) + Fraction(float(z[i])))
+               for i in np.flatnonzero(finite))
+    assert np.array_equal(out[:, 7].view(np.uint32), x.view(np.uint32))
+    assert same(out64[:, 0], np.fmin(w, x64)) and same(out64[:, 1], np.fmax(w, x64))
+    limits = np.iinfo(np.int32)
+    for column, rounded in enumerate([np.rint(x64), np.trunc(x64)]):  # rint: ties to even
+        expected = np.where(np.isnan(x64), 0, np.clip(np.nan_to_num(rounded), limits.min, limits.max)).astype(np.int32)
+        assert np.array_equal(ints[:, column], expected), column
+    number = ~np.isnan(x)
+    with np.errstate(over="ignore"):  # 3e9 -> inf in fp16 is the point
+        assert np.array_equal(h.view(np.uint16)[number], x.astype(np.float16).view(np.uint16)[number])
+    assert np.array_equal(b.view(np.uint16)[number], x.astype(BF16).view(np.uint16)[number])
+
+
+ATOMICS = """
+extern "C" __global__ void atomics(int* i, unsigned* u, long long* ll, unsigned long long* ull, float* f, double* d,
+                                   int* i_old, unsigned* u_old, unsigned long long* ull_old, float* f_old, int* tickets) {
+    const int t = blockIdx.x * blockDim.x + threadIdx.x;
+    const int v = (t * 37) % 101 - 50;
+    atomicAdd(i, v);
+    atomicSub(i + 1, v);
+    atomicMax(i + 2, v);
+    atomicMin(i + 3, v);
+    i_old[t] = atomicExch(i + 4, t);
+    atomicAdd(u, (unsigned)t);
+    atomicSub(u + 1, (unsigned)t);
+    atomicMax(u + 2, (unsigned)v);
+    atomicMin(u + 3, (unsigned)v);
+    u_old[t] = atomicExch(u + 4, (unsigned)t);
+    atomicMax(ll, (long long)v << 40);
+    atomicMin(ll + 1, (long long)v << 40);
+    atomicAdd(ull, (unsigned long long)t << 40);
+    atomicMax(ull + 1, (unsigned long long)v);
+    atomicMin(ull + 2, (unsigned long long)v);
+    ull_old[t] = atomicExch(ull + 3, (unsigned long long)t);
+    atomicAdd(f, 0.5f);  // exact in any order
+    f_old[t] = atomicExch(f + 1, (float)t);
+    atomicAdd(d, 0.25);
+    // a ticket from compare-and-swap: retry with the value seen until the swap succeeds
+    int expected = 0, seen;
+    while ((seen = atomicCAS(i + 5, expected, expected + 1)) != expected) expected = seen;
+    tickets[t] = expected;
+    unsigned u_expected = 0, u_seen;
+    while ((u_seen = atomicCAS(u + 5, u_expected, u_expected + 1)) != u_expected) u_expected = u_seen;
+    unsigned long long ull_expected = 0, ull_seen;
+    while ((ull_seen = atomicCAS(ull + 4, ull_expected, ull_expected + 1)) != ull_expected) ull_expected = ull_seen;
+}
+"""
+
+
+def test_atomics_against_their_definitions():
+    """512 threads in two blocks on one word per operation, under the detectors: atomics do not
+    race with each other. Each result is what the operations define in any order; the tickets
+    and exchanges differ between orders, so this runs one schedule."""
+    n = 512
+    t = np.arange(n)
+    v = (t * 37) % 101 - 50
+    i, u = np.array([7, 7, -1000, 1000, -1, 0], np.int32), np.array([7, 7, 0, 2**32 - 1, 2**32 - 1, 0], np.uint32)
+    ll, ull = np.array([-2**62, 2**62], np.int64), np.array([5, 0, 2**64 - 1, 2**64 - 1, 0], np.uint64)
+    f, d = np.array([1.0, -1.0], np.float32), np.array([1.0])
+    olds = np.zeros(n, np.int32), np.zeros(n, np.uint32), np.zeros(n, np.uint64), np.zeros(n, np.float32)
+    tickets = np.zeros(n, np.int32)
+    module(ATOMICS).get_function("atomics")((2,), (256,), (i, u, ll, ull, f, d, *olds, tickets))
+    assert list(i[:4]) == [7 + v.sum(), 7 - v.sum(), v.max(), v.min()] and i[5] == n
+    unsigned_v = v.astype(np.int64) % 2**32
+    assert list(u[:4]) == [(7 + t.sum()) % 2**32, (7 - t.sum()) % 2**32, unsigned_v.max(), unsigned_v.min()] and u[5] == n
+    assert list(ll) == [v.max() << 40, v.min() << 40]
+    unsigned_v64 = v.astype(np.int64).view(np.uint64)
+    assert list(ull[:3]) == [5 + (t << 40).sum(), unsigned_v64.max(), unsigned_v64.min()]
+    assert ull[4] == n and list(f[:1]) == [1 + 0.5 * n] and list(d) == [1 + 0.25 * n]
+    for old, final, start in zip(olds, (i[4], u[4], ull[3], f[1]), (-1, 2**32 - 1, 2**64 - 1, -1.0)):
+        assert sorted(list(old) + [final]) == sorted([start, *t.astype(old.dtype)])  # each value once, read by the next
+    assert sorted(tickets) == list(range(n))
+
+
+def test_an_atomic_racing_with_a_plain_write_is_reported():
+    code = textwrap.dedent("""
+        extern "C" __global__ void reset_while_counting(int* counter) {
+            if (threadIdx.x == 0) *counter = 0;
+            else atomicAdd(counter, 1);
+        }""")
+    with pytest.raises(RaceError, match=rf"kernel reset_while_counting, block \(0,0,0\): global memory race \(read after "
+                                        rf"write, same value\): thread \(1,0,0\) reads 4 bytes at 0x[0-9a-f]+ \(int\* counter "
+                                        rf"\+ 0 bytes\) on line {line_of(code, 'atomicAdd')}; thread \(0,0,0\) wrote them on "
+                                        rf"line {line_of(code, '*counter = 0')} \(0x00000000 -> 0x00000000\), "
+                                        r"no __syncwarp or __syncthreads between them"):
+        Module(code, name="test.cu").get_function("reset_while_counting")((1,), (32,), (np.zeros(1, np.int32),))
+
+
+# ---------------------------------------------------------------------------------------------
 # Execution model
 
 
@@ -114,23 +335,27 @@ def test_shuffles_follow_the_programming_guide():
 
 
 def test_shared_memory_is_poisoned_with_nan_and_fresh_per_block():
+    """With the detectors off (they report the read itself: test_cudasim_detectors.py)."""
     kernel = module("""
         extern "C" __global__ void peek(float* out) {
             __shared__ float tile[64];
             if (threadIdx.x == 0) { out[blockIdx.x] = tile[5]; tile[5] = 1.0f; }
         }""").get_function("peek")
     out = np.zeros(3, np.float32)
-    kernel((3,), (32,), (out,))
+    with detectors(False):
+        kernel((3,), (32,), (out,))
     assert np.isnan(out).all()  # no block sees the previous block's write
 
 
 def test_a_race_is_reported_with_the_first_differing_element():
+    """The schedules' comparison, which also catches what the detectors are blind to (off here:
+    they report the first write-write race itself)."""
     kernel = module("""
         extern "C" __global__ void last_writer_wins(int* out) { out[1] = threadIdx.x; }""").get_function(
         "last_writer_wins")
     with pytest.raises(RaceError, match=r"kernel last_writer_wins: race: int\* out \(2,\) differs between schedules "
                                         r"in-order and reverse at 1 elements, first at \(1,\): "):
-        with schedules():
+        with schedules(), detectors(False):
             kernel((1,), (64,), (np.zeros(2, np.int32),))
 
 
@@ -316,6 +541,204 @@ def test_argument_types_are_checked_against_the_c_signature(rms):
 
 
 # ---------------------------------------------------------------------------------------------
+# Detectors: races found by access (whatever the values) and uninitialised shared reads, in
+# kernels written to have them. Messages come from the first schedule (in order).
+
+
+def block_sum_source(kernel: str, old: str = "", new: str = "") -> str:
+    """common.cuh (with `old` replaced by `new`) followed by `kernel`."""
+    common = (KERNEL_DIR / COMMON_HEADER).read_text()
+    assert old in common
+    return common.replace(old, new) + textwrap.dedent(kernel)
+
+
+SUM_TWICE = """
+extern "C" __global__ void sum_twice(const float* x, float* out) {
+    const float v = x[blockIdx.x * blockDim.x + threadIdx.x];
+    const float total = block_sum(v);
+    const float again = block_sum(v);  // the same partial sums, written over themselves
+    if (threadIdx.x == 0) out[blockIdx.x] = total + again;
+}
+"""
+
+
+def test_a_write_after_read_of_the_same_value_is_a_race():
+    """block_sum without the barrier that keeps a second call from overwriting `partial` while
+    lanes still read the first call's sums. The second call writes the very values already
+    there (partial[0] = 496 = 0x43f80000), so every schedule leaves the same bytes; the detectors
+    report it from the accesses."""
+    code = block_sum_source(SUM_TWICE, "    __syncthreads();  // `partial` may still be read by a previous call\n")
+    kernel = Module(code, name="sum_twice.cu").get_function("sum_twice")
+    x, out = np.arange(256, dtype=np.float32), np.zeros(1, np.float32)
+    with detectors(False), schedules():
+        kernel((1,), (256,), (x, out))
+    assert out[0] == 2 * x.sum()
+    write, read = line_of(code, "if (lane == 0) partial[warp] = v;"), line_of(code, "? partial[lane] :")
+    with pytest.raises(RaceError, match=rf"kernel sum_twice, block \(0,0,0\): shared memory race \(write after read, same "
+                                        rf"value\): thread \(0,0,0\) writes 4 bytes at 0x[0-9a-f]+ \(static shared memory "
+                                        rf"\+ 0 bytes\) on line {write} \(0x43f80000 -> 0x43f80000\); thread \(224,0,0\) read "
+                                        rf"them on line {read}, no __syncthreads between them"):
+        kernel((1,), (256,), (x, out))
+
+
+CLAMP_AND_SMOOTH = """
+extern "C" __global__ void clamp_and_smooth(const float* x, float* out) {
+    __shared__ float s[128];
+    const int t = threadIdx.x;
+    s[t] = x[t];
+    __syncthreads();
+    s[t] = fminf(s[t], 1.0f);
+    out[t] = 0.5f * (s[t] + s[(t + 1) % 128]);  // a barrier is missing before this line
+}
+"""
+
+
+def test_a_missing_barrier_is_a_race_even_where_all_schedules_agree():
+    """Inputs below the clamp: the clamp stores what is there, so all four schedules agree
+    (the comparison is silent), but thread 0 reads s[1] while thread 1 writes it."""
+    kernel = module(CLAMP_AND_SMOOTH).get_function("clamp_and_smooth")
+    x, out = np.linspace(-1, 0.5, 128, dtype=np.float32), np.zeros(128, np.float32)
+    with detectors(False), schedules():
+        kernel((1,), (128,), (x, out))
+    assert np.array_equal(out, 0.5 * (x + np.roll(x, -1)))
+    code = textwrap.dedent(CLAMP_AND_SMOOTH)
+    with pytest.raises(RaceError, match=rf"kernel clamp_and_smooth, block \(0,0,0\): shared memory race \(write after read, "
+                                        rf"same value\): thread \(1,0,0\) writes 4 bytes at 0x[0-9a-f]+ \(static shared "
+                                        rf"memory \+ 4 bytes\) on line {line_of(code, 'fminf')} \(0xbf7cf9f4 -> 0xbf7cf9f4\); "
+                                        rf"thread \(0,0,0\) read them on line {line_of(code, 'out[t] =')}, no __syncwarp or "
+                                        rf"__syncthreads between them"):
+        with schedules():
+            kernel((1,), (128,), (x, out))
+
+
+ROW_SUMS = """
+extern "C" __global__ void row_sums(const float* x, float* sums, int width) {
+    if (threadIdx.x != 0) return;
+    float s = 0.0f;
+    for (int j = 0; j < width; ++j) s += x[blockIdx.x * width + j];
+    sums[blockIdx.x / 2] = s;  // two blocks per slot
+}
+"""
+
+
+def test_two_blocks_writing_one_global_element_is_a_race():
+    kernel = module(ROW_SUMS).get_function("row_sums")
+    x, sums = np.ones((4, 3), np.float32), np.zeros(4, np.float32)
+    line = line_of(textwrap.dedent(ROW_SUMS), "sums[blockIdx.x / 2] = s;")
+    with pytest.raises(RaceError, match=rf"kernel row_sums, block \(1,0,0\): global memory race \(write after write, same "
+                                        rf"value\): thread \(0,0,0\) writes 4 bytes at 0x[0-9a-f]+ \(float\* sums \+ 0 bytes\) "
+                                        rf"on line {line} \(0x40400000 -> 0x40400000\); thread \(0,0,0\) of block \(0,0,0\) "
+                                        rf"wrote them on line {line}, blocks of one launch are not ordered"):
+        kernel((4,), (32,), (x, sums, np.int32(3)))
+
+
+TILE_SUMS = """
+extern "C" __global__ void tile_sums(const float* x, float* sums, int n) {
+    __shared__ float tile[256];
+    const int i = blockIdx.x * 256 + threadIdx.x;
+    if (i < n) tile[threadIdx.x] = x[i];
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        float s = 0.0f;
+        for (int j = 0; j < 256; ++j) s += tile[j];  // past n in the last block: never written
+        sums[blockIdx.x] = s;
+    }
+}
+"""
+
+
+def test_an_uninitialised_shared_read_in_a_partial_last_block():
+    kernel = module(TILE_SUMS).get_function("tile_sums")
+    line = line_of(textwrap.dedent(TILE_SUMS), "s += tile[j]")
+    with pytest.raises(KernelError, match=rf"kernel tile_sums, block \(1,0,0\): uninitialised shared memory read: thread "
+                                          rf"\(0,0,0\) reads 4 bytes at 0x[0-9a-f]+ \(static shared memory \+ 176 bytes\) on "
+                                          rf"line {line}, which no thread of this block has written"):
+        kernel((2,), (256,), (np.ones(300, np.float32), np.zeros(2, np.float32), np.int32(300)))
+
+
+WARP_SYNCHRONOUS = """
+extern "C" __global__ void warp_sum_unsynced(const float* x, float* out) {
+    __shared__ float s[64];
+    const int t = threadIdx.x;
+    s[t] = x[t];
+    s[t + 32] = x[t + 32];
+    __syncwarp();
+    volatile float* v = s;  // the pre-Volta idiom: lanes in lockstep, no __syncwarp between steps
+    v[t] += v[t + 32];
+    v[t] += v[t + 16];
+    v[t] += v[t + 8];
+    v[t] += v[t + 4];
+    v[t] += v[t + 2];
+    v[t] += v[t + 1];
+    if (t == 0) *out = v[0];
+}
+"""
+
+
+def test_a_warp_synchronous_reduction_without_syncwarp_is_a_race():
+    kernel = module(WARP_SYNCHRONOUS).get_function("warp_sum_unsynced")
+    code = textwrap.dedent(WARP_SYNCHRONOUS)
+    with pytest.raises(RaceError, match=rf"kernel warp_sum_unsynced, block \(0,0,0\): shared memory race \(write after read\): "
+                                        rf"thread \(1,0,0\) writes 4 bytes at 0x[0-9a-f]+ \(static shared memory \+ 4 bytes\) "
+                                        rf"on line {line_of(code, 'v[t] += v[t + 32];')} \(0x[0-9a-f]{{8}} -> 0x[0-9a-f]{{8}}\); "
+                                        rf"thread \(0,0,0\) read them on line {line_of(code, 'v[t] += v[t + 1];')}, "
+                                        rf"no __syncwarp or __syncthreads between them"):
+        kernel((1,), (32,), (np.ones(64, np.float32), np.zeros(1, np.float32)))
+
+
+TREE_SUM = """
+extern "C" __global__ void tree_sum(const float* x, float* out, int n) {
+    __shared__ float s[256];
+    const int t = threadIdx.x, i = blockIdx.x * 256 + t;
+    s[t] = i < n ? x[i] : 0.0f;
+    __syncthreads();
+    for (int stride = 128; stride >= 32; stride >>= 1) {
+        if (t < stride) s[t] += s[t + stride];
+        __syncthreads();
+    }
+    if (t < 32) {  // the last warp: a __syncwarp between reading and writing, and after
+        float v = s[t];
+        for (int stride = 16; stride > 0; stride >>= 1) {
+            v += s[t + stride];
+            __syncwarp();
+            s[t] = v;
+            __syncwarp();
+        }
+    }
+    if (t == 0) out[blockIdx.x] = s[0];
+}
+"""
+
+
+def test_a_correct_tree_reduction_runs_clean():
+    kernel = module(TREE_SUM).get_function("tree_sum")
+    x, out = np.arange(300, dtype=np.float32), np.zeros(2, np.float32)
+    with schedules():
+        kernel((2,), (256,), (x, out, np.int32(300)))
+    assert list(out) == [x[:256].sum(), x[256:].sum()]
+
+
+def test_planted_missing_syncwarp_after_a_wmma_store():
+    """The tensor-core attention without the __syncwarp between storing the score tile
+    (wmma::store_matrix_sync: each lane writes its fragment's elements) and the softmax lanes
+    reading their rows of it: a race between the store's lanes and the readers."""
+    kernel = planted("attention_tc.cu", "__syncwarp();  // the scores other lanes stored are visible", "").get_function(
+        "flash_attention_tc_f16")
+    code = kernel.module.code
+    store, read = line_of(code, "wmma::store_matrix_sync(s + n, acc"), line_of(code, "s_row[j] = attention_logit(s_row[j]")
+    head_dim, length = 16, 32
+    q = device_array(np.ones((1, 1, length, head_dim), np.float16))
+    unused = np.zeros(1, np.float32)
+    args = (q, q, q, unused, unused, np.zeros((1, length, head_dim), np.float16), *map(np.int32, (1, length, length, head_dim)),
+            np.float32(0.25), np.int32(0), np.int32(0))
+    with pytest.raises(RaceError, match=rf"kernel flash_attention_tc_f16, block \(0,0,0\): shared memory race \(read after "
+                                        rf"write\): thread \(0,0,0\) reads 4 bytes at 0x[0-9a-f]+ \(dynamic shared memory "
+                                        rf"\+ \d+ bytes\) on line {read}; thread \(\d+,0,0\) wrote them on line {store} "
+                                        rf"\(0xffffffff -> 0x[0-9a-f]{{8}}\), no __syncwarp or __syncthreads between them"):
+        kernel((1, 1), (128,), args, shared_mem=attention_shared_bytes(head_dim, np.float16))
+
+
+# ---------------------------------------------------------------------------------------------
 # Planted bugs in copies of the shipped kernels
 
 
@@ -331,11 +754,18 @@ def test_planted_python_float_argument():
 
 def test_planted_missing_syncthreads_is_a_race():
     """Without the barrier after `partial[warp] = v`, lanes read partial sums other warps have
-    not written yet: poisoned NaN under one schedule, a number under another."""
+    not written yet: the detectors report the first such read (in order, lane 1 reads before
+    warp 1 has written anything); without them, it is poisoned NaN under one schedule and a
+    number under another."""
     kernel = planted("rmsnorm.cu", "if (lane == 0) partial[warp] = v;\n    __syncthreads();",
                      "if (lane == 0) partial[warp] = v;").get_function("rms_norm_f32")
+    read = line_of(kernel.module.code, "? partial[lane] :")
+    with pytest.raises(KernelError, match=rf"kernel rms_norm_f32, block \(0,0,0\): uninitialised shared memory read: "
+                                          rf"thread \(1,0,0\) reads 4 bytes at 0x[0-9a-f]+ \(static shared memory \+ 4 bytes\) "
+                                          rf"on line {read}, which no thread of this block has written"):
+        kernel((3,), (256,), rms_norm_args())
     with pytest.raises(RaceError, match=r"kernel rms_norm_f32: race: float\* out \(3, 300\) differs between schedules"):
-        with schedules():
+        with schedules(), detectors(False):
             kernel((3,), (256,), rms_norm_args())
 
 

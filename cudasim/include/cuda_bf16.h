@@ -1,5 +1,5 @@
 // cudasim stand-in for CUDA's <cuda_bf16.h>: __nv_bfloat16 (the top 16 bits of a float) and
-// its two conversions, rounding to nearest even as CUDA documents.
+// its conversions from and to float, rounding to nearest even as CUDA documents.
 #pragma once
 #include "cudasim.h"
 
@@ -17,3 +17,5 @@ __device__ __forceinline__ __nv_bfloat16 __float2bfloat16_rn(float f) {
     const uint32_t odd = (x >> 16) & 1u;
     return {(uint16_t)((x + 0x7fffu + odd) >> 16)};
 }
+
+__device__ __forceinline__ __nv_bfloat16 __float2bfloat16(float f) { return __float2bfloat16_rn(f); }  // CUDA's default rounding

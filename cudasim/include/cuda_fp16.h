@@ -1,5 +1,5 @@
-// cudasim stand-in for CUDA's <cuda_fp16.h>: the __half storage type and the two conversions
-// our kernels use, with the rounding CUDA documents (round to nearest, ties to even).
+// cudasim stand-in for CUDA's <cuda_fp16.h>: the __half storage type and its conversions from
+// and to float, with the rounding CUDA documents (round to nearest, ties to even).
 #pragma once
 #include "cudasim.h"
 
@@ -39,3 +39,5 @@ __device__ __forceinline__ __half __float2half_rn(float f) {
     const uint32_t rounded = (magnitude + 0xfffu + odd) >> 13;
     return {(uint16_t)(sign | (rounded - (112u << 10)))};
 }
+
+__device__ __forceinline__ __half __float2half(float f) { return __float2half_rn(f); }  // CUDA's default rounding

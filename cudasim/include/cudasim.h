@@ -56,8 +56,13 @@ uint32_t shuffle(ShuffleKind kind, int line, unsigned mask, uint32_t value, int 
 // mask) and the call's line, then the lanes go on.
 using CollectiveFn = void (*)(void* const* payloads, int line);
 void warp_collective(const char* name, int line, unsigned mask, void* payload, CollectiveFn complete);
+void syncwarp(int line, unsigned mask);
 // Report a fault found inside a collective (printf-style); the launch fails with it.
 void fault(const char* format, ...);
+// For the detectors: a collective's memory accesses count as those of `lane` of the warp
+// completing it (-1: the running thread's again); accesses inside an atomic_scope are atomic.
+void act_as_lane(int lane);
+void atomic_scope(bool enter);
 // Which scrambled WMMA element-to-lane layout the running launch uses (one per schedule; mma.h).
 extern int fragment_layout;
 
@@ -71,9 +76,7 @@ struct Barrier {
 
 struct SyncWarp {
     int line;
-    void operator()(unsigned mask = 0xffffffffu) const {
-        warp_collective("__syncwarp", line, mask, nullptr, [](void* const*, int) {});
-    }
+    void operator()(unsigned mask = 0xffffffffu) const { syncwarp(line, mask); }
 };
 
 struct Shuffle {
@@ -99,10 +102,111 @@ struct Shuffle {
 #define __shfl_down_sync cudasim::Shuffle{cudasim::SHFL_DOWN, __LINE__}
 #define __shfl_up_sync cudasim::Shuffle{cudasim::SHFL_UP, __LINE__}
 
-// Math: expf, sqrtf, tanhf, fmaxf come from libm (their results may differ from the GPU's by an
-// ulp); the intrinsics below are computed exactly, where the GPU's fast versions approximate.
+// Math: expf, sqrtf, tanhf, fmaxf, fmaf come from libm (their results may differ from the
+// GPU's by an ulp); the intrinsics below are computed exactly, where the GPU's fast versions
+// approximate.
 __device__ __forceinline__ float rsqrtf(float x) { return 1.0f / sqrtf(x); }
 __device__ __forceinline__ float __expf(float x) { return expf(x); }
 __device__ __forceinline__ float __fdividef(float a, float b) { return a / b; }
+// Clamped to [+0, 1]; NaN gives +0, as the GPU's saturating conversion does.
+__device__ __forceinline__ float __saturatef(float x) { return x >= 1.0f ? 1.0f : x > 0.0f ? x : 0.0f; }
 __device__ __forceinline__ float __int_as_float(int x) { return cudasim::bit_cast<float>(x); }
 __device__ __forceinline__ int __float_as_int(float f) { return cudasim::bit_cast<int>(f); }
+__device__ __forceinline__ float __uint_as_float(unsigned x) { return cudasim::bit_cast<float>(x); }
+__device__ __forceinline__ unsigned __float_as_uint(float f) { return cudasim::bit_cast<unsigned>(f); }
+
+// float -> int as the GPU converts (cvt.rni / cvt.rzi): out-of-range values saturate, NaN is 0.
+namespace cudasim {
+inline int saturated_int(float rounded) {
+    if (rounded != rounded) return 0;
+    if (rounded >= 2147483648.0f) return 2147483647;
+    if (rounded < -2147483648.0f) return -2147483647 - 1;
+    return (int)rounded;
+}
+}  // namespace cudasim
+__device__ __forceinline__ int __float2int_rn(float x) { return cudasim::saturated_int(rintf(x)); }  // ties to even
+__device__ __forceinline__ int __float2int_rz(float x) { return cudasim::saturated_int(truncf(x)); }
+__device__ __forceinline__ float __int2float_rn(int x) { return (float)x; }  // the C conversion rounds to nearest even
+
+// Bit operations.
+__device__ __forceinline__ int __popc(unsigned x) { return __builtin_popcount(x); }
+__device__ __forceinline__ int __popcll(unsigned long long x) { return __builtin_popcountll(x); }
+__device__ __forceinline__ int __ffs(int x) { return __builtin_ffs(x); }  // 1 + index of the lowest set bit; 0 for 0
+__device__ __forceinline__ int __ffsll(long long x) { return __builtin_ffsll(x); }
+__device__ __forceinline__ int __clz(int x) { return x ? __builtin_clz((unsigned)x) : 32; }
+__device__ __forceinline__ int __clzll(long long x) { return x ? __builtin_clzll((unsigned long long)x) : 64; }
+__device__ __forceinline__ unsigned __brev(unsigned x) {
+    unsigned reversed = 0;
+    for (int bit = 0; bit < 32; ++bit) reversed |= (x >> bit & 1u) << (31 - bit);
+    return reversed;
+}
+
+// CUDA's min and max: integers of mixed signedness compare as the unsigned type (C's usual
+// conversions, as CUDA's overloads do); floating point is fminf / fmaxf (a NaN loses to a number).
+#define CUDASIM_MIN_MAX(A, B, R)                                                                         \
+    __device__ __forceinline__ R min(A a, B b) { return (R)a < (R)b ? (R)a : (R)b; }                     \
+    __device__ __forceinline__ R max(A a, B b) { return (R)a > (R)b ? (R)a : (R)b; }
+CUDASIM_MIN_MAX(int, int, int)
+CUDASIM_MIN_MAX(unsigned, unsigned, unsigned)
+CUDASIM_MIN_MAX(int, unsigned, unsigned)
+CUDASIM_MIN_MAX(unsigned, int, unsigned)
+CUDASIM_MIN_MAX(long long, long long, long long)
+CUDASIM_MIN_MAX(unsigned long long, unsigned long long, unsigned long long)
+CUDASIM_MIN_MAX(long long, unsigned long long, unsigned long long)
+CUDASIM_MIN_MAX(unsigned long long, long long, unsigned long long)
+#undef CUDASIM_MIN_MAX
+__device__ __forceinline__ float min(float a, float b) { return fminf(a, b); }
+__device__ __forceinline__ float max(float a, float b) { return fmaxf(a, b); }
+__device__ __forceinline__ double min(double a, double b) { return fmin(a, b); }
+__device__ __forceinline__ double max(double a, double b) { return fmax(a, b); }
+
+// A read through the read-only data cache: on a CPU, a read.
+template <typename T>
+__device__ __forceinline__ T __ldg(const T* address) { return *address; }
+
+// Atomics. One fiber runs at a time, so a plain read-modify-write is atomic here; the scope
+// tells the detectors, for which two atomic accesses never race.
+namespace cudasim {
+template <typename T, typename Update>
+__forceinline__ T atomic_update(T* address, Update update) {
+    atomic_scope(true);
+    const T old = *address;
+    *address = update(old);
+    atomic_scope(false);
+    return old;
+}
+}  // namespace cudasim
+
+#define CUDASIM_ATOMIC(NAME, T, NEW)                                                                     \
+    __device__ __forceinline__ T NAME(T* address, T value) {                                             \
+        return cudasim::atomic_update(address, [value](T old) -> T { return NEW; });                     \
+    }
+// Signed add and subtract wrap around, as the GPU's do (computed unsigned: no C overflow).
+CUDASIM_ATOMIC(atomicAdd, int, (int)((unsigned)old + (unsigned)value))
+CUDASIM_ATOMIC(atomicAdd, unsigned, old + value)
+CUDASIM_ATOMIC(atomicAdd, unsigned long long, old + value)
+CUDASIM_ATOMIC(atomicAdd, float, old + value)
+CUDASIM_ATOMIC(atomicAdd, double, old + value)
+CUDASIM_ATOMIC(atomicSub, int, (int)((unsigned)old - (unsigned)value))
+CUDASIM_ATOMIC(atomicSub, unsigned, old - value)
+CUDASIM_ATOMIC(atomicMax, int, max(old, value))
+CUDASIM_ATOMIC(atomicMax, unsigned, max(old, value))
+CUDASIM_ATOMIC(atomicMax, long long, max(old, value))
+CUDASIM_ATOMIC(atomicMax, unsigned long long, max(old, value))
+CUDASIM_ATOMIC(atomicMin, int, min(old, value))
+CUDASIM_ATOMIC(atomicMin, unsigned, min(old, value))
+CUDASIM_ATOMIC(atomicMin, long long, min(old, value))
+CUDASIM_ATOMIC(atomicMin, unsigned long long, min(old, value))
+CUDASIM_ATOMIC(atomicExch, int, value)
+CUDASIM_ATOMIC(atomicExch, unsigned, value)
+CUDASIM_ATOMIC(atomicExch, unsigned long long, value)
+CUDASIM_ATOMIC(atomicExch, float, value)
+#define CUDASIM_ATOMIC_CAS(T)                                                                            \
+    __device__ __forceinline__ T atomicCAS(T* address, T compare, T value) {                             \
+        return cudasim::atomic_update(address, [compare, value](T old) { return old == compare ? value : old; }); \
+    }
+CUDASIM_ATOMIC_CAS(int)
+CUDASIM_ATOMIC_CAS(unsigned)
+CUDASIM_ATOMIC_CAS(unsigned long long)
+#undef CUDASIM_ATOMIC
+#undef CUDASIM_ATOMIC_CAS

@@ -104,6 +104,7 @@ void transfer(void* const* payloads, int line) {
     if (!valid_transfer<F, M>(name, payloads, line)) return;
     for (int lane = 0; lane < 32; ++lane) {
         const auto* t = static_cast<const Transfer<F, M>*>(payloads[lane]);
+        cudasim::act_as_lane(lane);  // each lane loads or stores its own elements
         for (int i = 0; i < F::num_elements; ++i) {
             const int position = cudasim::fragment_position(USE, lane, i), row = position >> 4, col = position & 15;
             M& cell = t->memory[t->column_major ? col * t->ldm + row : row * t->ldm + col];
@@ -111,6 +112,7 @@ void transfer(void* const* payloads, int line) {
             else cell = t->fragment->x[i];
         }
     }
+    cudasim::act_as_lane(-1);
 }
 
 template <typename D, typename A, typename B, typename C>
@@ -154,7 +156,7 @@ inline void fill_fragment(fragment<Use, 16, 16, 16, T, Layout>& f, const V& valu
 }
 
 template <typename Use, typename T, typename Layout>
-inline void load_matrix_sync_at(int line, fragment<Use, 16, 16, 16, T, Layout>& f, const T* memory, unsigned ldm) {
+__forceinline__ void load_matrix_sync_at(int line, fragment<Use, 16, 16, 16, T, Layout>& f, const T* memory, unsigned ldm) {
     using F = fragment<Use, 16, 16, 16, T, Layout>;
     detail::Transfer<F, const T> payload{&f, memory, ldm, detail::column_major<Layout>::value != 0};
     cudasim::warp_collective("wmma::load_matrix_sync", line, 0xffffffffu, &payload,
@@ -162,7 +164,7 @@ inline void load_matrix_sync_at(int line, fragment<Use, 16, 16, 16, T, Layout>& 
 }
 
 template <typename T>
-inline void load_matrix_sync_at(int line, fragment<accumulator, 16, 16, 16, T>& f, const T* memory, unsigned ldm,
+__forceinline__ void load_matrix_sync_at(int line, fragment<accumulator, 16, 16, 16, T>& f, const T* memory, unsigned ldm,
                                 layout_t layout) {
     using F = fragment<accumulator, 16, 16, 16, T>;
     detail::Transfer<F, const T> payload{&f, memory, ldm, layout == mem_col_major};
@@ -170,7 +172,7 @@ inline void load_matrix_sync_at(int line, fragment<accumulator, 16, 16, 16, T>& 
 }
 
 template <typename T>
-inline void store_matrix_sync_at(int line, T* memory, const fragment<accumulator, 16, 16, 16, T>& f, unsigned ldm,
+__forceinline__ void store_matrix_sync_at(int line, T* memory, const fragment<accumulator, 16, 16, 16, T>& f, unsigned ldm,
                                  layout_t layout) {
     using F = fragment<accumulator, 16, 16, 16, T>;
     detail::Transfer<F, T> payload{const_cast<F*>(&f), memory, ldm, layout == mem_col_major};
@@ -178,7 +180,7 @@ inline void store_matrix_sync_at(int line, T* memory, const fragment<accumulator
 }
 
 template <typename Tc, typename Tab, typename La, typename Lb, typename Td>
-inline void mma_sync_at(int line, fragment<accumulator, 16, 16, 16, Td>& d,
+__forceinline__ void mma_sync_at(int line, fragment<accumulator, 16, 16, 16, Td>& d,
                         const fragment<matrix_a, 16, 16, 16, Tab, La>& a, const fragment<matrix_b, 16, 16, 16, Tab, Lb>& b,
                         const fragment<accumulator, 16, 16, 16, Tc>& c, bool satf = false) {
     static_assert(sizeof(Tab) == 2, "cudasim's mma_sync takes __half or __nv_bfloat16 inputs");
@@ -193,7 +195,8 @@ inline void mma_sync_at(int line, fragment<accumulator, 16, 16, 16, Td>& d,
 }  // namespace wmma
 }  // namespace nvcuda
 
-// The warp-wide calls carry their source line (as __syncthreads does), for the messages.
+// The warp-wide calls carry their source line (as __syncthreads does), for the messages. They
+// are inlined, so the detectors place a collective's accesses at its call in the kernel.
 #define load_matrix_sync(...) load_matrix_sync_at(__LINE__, __VA_ARGS__)
 #define store_matrix_sync(...) store_matrix_sync_at(__LINE__, __VA_ARGS__)
 #define mma_sync(...) mma_sync_at(__LINE__, __VA_ARGS__)
