@@ -396,10 +396,19 @@ def graph_replay_error(tiny) -> float:
     return float(np.max(np.abs(eager - replayed)) / np.max(np.abs(eager)))
 
 
-def test_graph_replay_matches_eager(tiny):
+def test_graph_replay_matches_eager(tiny, caplog):
     """Same kernels on the same values: on cudasim bit for bit; on a GPU within 1e-6, because
-    cuBLAS may pick another algorithm inside a capture (no workspace allocation there)."""
-    assert graph_replay_error(tiny) == 0 if BACKEND == "cudasim" else graph_replay_error(tiny) <= 1e-6
+    cuBLAS may pick another algorithm inside a capture (no workspace allocation there).
+
+    CuPy 14 refuses every cuBLAS call during a capture (cupy#6290; cudasim's stand-in refuses it
+    the same way), and a step runs its GEMMs through cuBLAS, so today the capture fails, says so
+    in one warning and the steps run eagerly: the comparison holds either way."""
+    with caplog.at_level("WARNING", logger="minit2i.accelerated"):
+        error = graph_replay_error(tiny)
+    assert error == 0 if BACKEND == "cudasim" else error <= 1e-6
+    assert [record.getMessage() for record in caplog.records] == [
+        "CUDA graph capture failed (calling cuBLAS API during stream capture is currently unsupported); "
+        "running the sampler steps eagerly"]
 
 
 def test_a_failed_capture_warns_once_and_runs_eagerly(tiny, monkeypatch, caplog):
@@ -424,6 +433,7 @@ def test_a_failed_capture_warns_once_and_runs_eagerly(tiny, monkeypatch, caplog)
     assert np.array_equal(fallback, eager)
 
 
+@pytest.mark.xfail(strict=True, reason="no step is replayed while CuPy refuses cuBLAS during a capture (cupy#6290)")
 def test_a_factor_baked_in_at_capture_makes_replay_differ(tiny, monkeypatch):
     """The sampler refills a device scalar before each replay. Passing the step factor as a value
     created at capture time (cp.full: a captured fill with the value as a kernel parameter)
