@@ -160,6 +160,7 @@ def kernel_cases(cp, config: MMJiTConfig, size: int, precision: str) -> dict:
         "rms_norm": (lambda: kernels.rms_norm(x, w), memory("rms_norm", 2 * x.size * item)),
         "add_rms_norm": (lambda: kernels.add_rms_norm(x, zeros, bias, w), memory("add_rms_norm", 4 * x.size * item)),
         "swiglu": (lambda: kernels.gated_activation(packed, "swiglu"), memory("swiglu", 1.5 * packed.size * item)),
+        "geglu": (lambda: kernels.gated_activation(packed, "geglu"), memory("geglu", 1.5 * packed.size * item)),
         "qkv_heads (img)": (lambda: kernels.qkv_heads(qkv, cp.zeros(3 * d, dtype), heads, q, k, v, length, (w[:dh], w[:dh]), (cos, sin)),
                             memory("qkv_heads", 2 * qkv.size * item)),
         "attention": (lambda: kernels.attention(q, k, v, dh**-0.5),

@@ -86,6 +86,6 @@ def test_smoke_run_on_cudasim_runs_every_component(bench, capsys):
     assert bench.main(["--smoke", "--precisions", "bf16"]) == 0
     out = capsys.readouterr().out
     assert "sampler, bf16: 2 steps ran" in out
-    for name in ("rms_norm", "add_rms_norm", "swiglu", "qkv_heads (img)", "attention", "cfg_euler", "GEMM qkv (cuBLAS)"):
+    for name in ("rms_norm", "add_rms_norm", "swiglu", "geglu", "qkv_heads (img)", "attention", "cfg_euler", "GEMM qkv (cuBLAS)"):
         assert any(line.split()[:len(name.split())] == name.split() and line.rstrip().endswith("-")
                    for line in out.splitlines()), name
