@@ -42,18 +42,16 @@ COMMON_HEADER = "common.cuh"
 def _wmma_include() -> tuple[str, ...]:
     """NVRTC's -I for crt/mma.h, which <mma.h> includes (attention_tc.cu).
 
-    A CUDA toolkit has it in the include folder CuPy already passes; a pip-only install has it
-    only in the nvidia-cuda-nvcc-cu12 wheel, whose include folder is then added.
+    A CUDA toolkit has it in the include folder CuPy already passes; a pip-only install (CUDA 12
+    or 13 wheels) has it only in the nvcc wheel's include folder, which is then added. Found with
+    cuda.pathfinder, as CuPy 14 finds its own headers.
     """
     try:
-        import nvidia
-    except ImportError:
+        from cuda import pathfinder
+    except ImportError:  # no CuPy: nothing compiles through NVRTC here
         return ()
-    for root in nvidia.__path__:
-        include = Path(root, "cuda_nvcc", "include")
-        if (include / "crt" / "mma.h").exists():
-            return (f"-I{include}",)
-    return ()
+    include = pathfinder.find_nvidia_header_directory("nvcc")
+    return (f"-I{include}",) if include and (Path(include) / "crt" / "mma.h").exists() else ()
 
 
 NVRTC_OPTIONS = ("-std=c++17", *_wmma_include())
@@ -136,7 +134,8 @@ def use_array_module(module):
         cp.target = module
     return cp
 
-_FIX = "pip install -e '.[gpu]' on a machine with an NVIDIA GPU, or use --backend numpy"
+_FIX = ("pip install -e '.[gpu-cuda12]' (or '.[gpu-cuda13]' for a CUDA 13 driver) on a machine with an "
+        "NVIDIA GPU, or use --backend numpy")
 
 
 def require_gpu():

@@ -1,8 +1,9 @@
 """Compile CUDA sources as CuPy does, without a GPU: NVRTC to PTX, then ptxas for resource usage.
 
-NVRTC comes from the `nvidia-cuda-nvrtc-cu12` wheel (the library CuPy calls), the CUDA headers
-(cuda_fp16.h, cuda_bf16.h) from `nvidia-cuda-runtime-cu12`, ptxas from `nvidia-cuda-nvcc-cu12`.
-None of them needs a GPU or a driver. `resources()` reports per kernel what `ptxas -v` prints:
+NVRTC (the library CuPy calls), the CUDA headers (cuda_fp16.h, cuda_bf16.h) and ptxas are found
+the way CuPy 14 finds them, with `cuda.pathfinder`: pip wheels for CUDA 12 (`nvidia-cuda-*-cu12`)
+or 13 (`nvidia-cuda-*`), a conda environment, or a toolkit under CUDA_PATH / CUDA_HOME. None of
+them needs a GPU or a driver. `resources()` reports per kernel what `ptxas -v` prints:
 registers, spill stores/loads and static shared memory.
 """
 
@@ -21,24 +22,34 @@ class NvrtcError(Exception):
     """NVRTC or ptxas is missing, or the source does not compile."""
 
 
-def _nvidia_path(*parts: str) -> Path:
+def _pathfinder():
     try:
-        import nvidia
+        from cuda import pathfinder
     except ImportError:
-        raise NvrtcError("the NVIDIA CUDA wheels are not installed: pip install nvidia-cuda-nvrtc-cu12 "
-                         "nvidia-cuda-runtime-cu12 nvidia-cuda-nvcc-cu12") from None
-    for root in nvidia.__path__:
-        path = Path(root, *parts)
-        if path.exists():
-            return path
-    raise NvrtcError(f"nvidia/{'/'.join(parts)} not found; pip install the matching nvidia-cuda-*-cu12 wheel")
+        raise NvrtcError("cuda.pathfinder is not installed (it comes with CuPy 14): pip install -e '.[compile]'") from None
+    return pathfinder
+
+
+def _found(what: str, path) -> Path:
+    if path is None:
+        raise NvrtcError(f"{what} not found: install the [compile] extra, or set CUDA_PATH to a CUDA toolkit")
+    return Path(path)
 
 
 @lru_cache(maxsize=None)
 def _library():
-    nvrtc = ctypes.CDLL(str(_nvidia_path("cuda_nvrtc", "lib", "libnvrtc.so.12")))
+    pathfinder = _pathfinder()
+    try:
+        nvrtc = ctypes.CDLL(pathfinder.load_nvidia_dynamic_lib("nvrtc").abs_path)
+    except (pathfinder.DynamicLibNotFoundError, pathfinder.DynamicLibNotAvailableError) as err:
+        raise NvrtcError(f"NVRTC not found ({err}): install the [compile] extra, or set CUDA_PATH") from None
     nvrtc.nvrtcGetErrorString.restype = ctypes.c_char_p
     return nvrtc
+
+
+def cuda_include() -> Path:
+    """The folder of cuda_runtime.h (and cuda_fp16.h, cuda_bf16.h), as CuPy passes it to NVRTC."""
+    return _found("the CUDA headers", _pathfinder().find_nvidia_header_directory("cudart"))
 
 
 def _call(function, *args):
@@ -59,7 +70,7 @@ def compile_ptx(source: str, name: str, arch: str, options=()) -> str:
     program = ctypes.c_void_p()
     _call(nvrtc.nvrtcCreateProgram, ctypes.byref(program), source.encode(), name.encode(), 0, None, None)
     try:
-        flags = [*options, f"--gpu-architecture={arch}", f"-I{_nvidia_path('cuda_runtime', 'include')}"]
+        flags = [*options, f"--gpu-architecture={arch}", f"-I{cuda_include()}"]
         argv = (ctypes.c_char_p * len(flags))(*[f.encode() for f in flags])
         status = nvrtc.nvrtcCompileProgram(program, len(flags), argv)
         if status != 0:
@@ -91,7 +102,7 @@ class Resources:
 
 def resources(ptx: str, arch: str) -> dict[str, Resources]:
     """Assemble `ptx` for `arch` (e.g. "sm_90") with `ptxas -v`; {kernel: Resources}."""
-    ptxas = _nvidia_path("cuda_nvcc", "bin", "ptxas")
+    ptxas = _found("ptxas", _pathfinder().find_nvidia_binary_utility("ptxas"))
     with tempfile.TemporaryDirectory() as folder:
         path = Path(folder) / "kernels.ptx"
         path.write_text(ptx)

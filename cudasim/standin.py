@@ -13,6 +13,8 @@ against the real `cupy` by tests/test_cudasim.py), so code that runs here runs o
   (NaN), as a captured GPU op has not run yet. `Graph.launch()` re-runs the recorded
   operations on the same buffers, reading their values at replay time; kernel scalars stay
   those given at capture, as in a real graph.
+* What CuPy 14 refuses during a capture, the stand-in refuses the same way (`Capture` lists
+  each rule with its CuPy source), so a capture that works here works on a GPU.
 """
 
 from __future__ import annotations
@@ -31,23 +33,65 @@ __all__ = ["float16", "float32", "float64", "int32", "int64", "ndarray", "asarra
 
 float16, float32, float64, int32, int64 = np.float16, np.float32, np.float64, np.int32, np.int64
 
+class CUDARuntimeError(RuntimeError):
+    pass
+
+
+class Capture:
+    """The operations recorded by the stream being captured, and what CuPy refuses meanwhile.
+
+    Each refusal raises what CuPy 14.2 raises, with its message:
+    * a device-to-host copy (`get`, `asnumpy`): RuntimeError, cupy/cuda/memory.pyx
+      (MemoryPointer.copy_to_host_async: "the current stream is capturing, so D2H transfers are
+      disallowed");
+    * a host-to-device copy (`asarray` of host data): RuntimeError, same file (copy_from_host_async);
+    * a cuBLAS call (`matmul`): NotImplementedError, cupy_backends/cuda/libs/cublas.pyx
+      (setStream, run before every cuBLAS routine: "calling cuBLAS API during stream capture is
+      currently unsupported"; cupy#6290 tracks lifting it);
+    * a stream or device synchronisation: the CUDA runtime's cudaErrorStreamCaptureUnsupported,
+      which also invalidates the capture, so `end_capture` then fails with
+      cudaErrorStreamCaptureInvalidated (CUDA Programming Guide, "Prohibited and Unhandled
+      Operations"; CuPy passes both on as CUDARuntimeError);
+    * capturing on the legacy default stream: RuntimeError, cupy/cuda/stream.pyx (begin_capture).
+    Allocations are allowed: CuPy captures in relaxed mode so that its pool may grow
+    (cupy/cuda/stream.pyx, begin_capture); what they hold stays at the captured addresses (cupy#9655).
+    """
+
+    def __init__(self):
+        self.operations, self.invalidated = [], False
+
+    def refuse_transfer(self, direction: str):
+        raise RuntimeError(f"the current stream is capturing, so {direction} transfers are disallowed")
+
+    def refuse_cublas(self):
+        raise NotImplementedError("calling cuBLAS API during stream capture is currently unsupported")
+
+    def refuse_synchronize(self):
+        self.invalidated = True
+        raise CUDARuntimeError("cudaErrorStreamCaptureUnsupported: operation not permitted when stream is capturing")
+
+
 _state = {"capture": None, "synchronize_allowed": True}
+
+
+def _capturing() -> Capture | None:
+    return _state["capture"]
 
 
 def _run_or_record(operation) -> None:
     """Run `operation()` now, or record it when a stream is capturing a graph."""
-    if _state["capture"] is None:
+    if _capturing() is None:
         operation()
     else:
-        _state["capture"].append(operation)
+        _capturing().operations.append(operation)
 
 
 def _fresh(compute):
     """A new device array holding compute() (a NumPy array), recomputed on every graph replay."""
     result = np.asarray(compute()).view(ndarray)
-    if _state["capture"] is not None:
+    if _capturing() is not None:
         result.view(np.ndarray)[...] = np.nan if result.dtype.kind in "fc" else -1  # not computed yet
-        _state["capture"].append(lambda: np.copyto(result.view(np.ndarray), compute(), casting="unsafe"))
+        _capturing().operations.append(lambda: np.copyto(result.view(np.ndarray), compute(), casting="unsafe"))
     return result
 
 
@@ -61,8 +105,8 @@ def _host(value):
 
 
 def _to_host(array):
-    if _state["capture"] is not None:
-        raise RuntimeError("device-to-host copy during stream capture (CuPy: cudaErrorStreamCaptureUnsupported)")
+    if _capturing() is not None:
+        _capturing().refuse_transfer("D2H")
     if not _state["synchronize_allowed"]:
         raise RuntimeError("synchronization disallowed by cupyx.allow_synchronize(False)")
     return np.array(array.view(np.ndarray))
@@ -123,6 +167,8 @@ class ndarray(np.ndarray):
 def asarray(a, dtype=None, order=None, *, blocking=False):
     if isinstance(a, ndarray):
         return a if dtype is None or a.dtype == np.dtype(dtype) else a.astype(dtype)
+    if _capturing() is not None:
+        _capturing().refuse_transfer("H2D")
     return np.array(a, dtype=dtype, order=order or "K").view(ndarray)  # a host-to-device copy
 
 
@@ -178,6 +224,8 @@ def where(condition, x=None, y=None):
 
 def matmul(x1, x2, /, out=None):
     """cuBLAS-like: float32 accumulation, one rounding to the input dtype."""
+    if _capturing() is not None:
+        _capturing().refuse_cublas()
     a, b = _host(x1), _host(x2)
     return _fresh(lambda: (a.astype(np.float32) @ b.astype(np.float32)).astype(a.dtype))
 
@@ -217,10 +265,6 @@ class RawKernel:
 # cupy.cuda: one device, streams, graphs
 
 
-class CUDARuntimeError(RuntimeError):
-    pass
-
-
 class Graph:
     """A captured sequence of operations; launch() replays it on the same buffers."""
 
@@ -239,7 +283,7 @@ class Stream:
     """Work runs in order on the CPU, so a stream only matters for graph capture."""
 
     def __init__(self, null=False, non_blocking=False, ptds=False, priority=None):
-        self._previous = []
+        self.null = null
 
     def __enter__(self):
         return self
@@ -247,18 +291,23 @@ class Stream:
     def __exit__(self, *exc):
         return False
 
-    def synchronize(self):
-        if not _state["synchronize_allowed"]:
-            raise RuntimeError("synchronization disallowed by cupyx.allow_synchronize(False)")
+    def synchronize(self):  # not seen by cupyx.allow_synchronize (cupy/_core/syncdetect.py)
+        if _capturing() is not None:
+            _capturing().refuse_synchronize()
 
     def begin_capture(self, mode=None):
-        if _state["capture"] is not None:
+        if self.null:
+            raise RuntimeError("cannot capture on the default (legacy) stream")
+        if _capturing() is not None:
             raise RuntimeError("a stream is already capturing")
-        _state["capture"] = []
+        _state["capture"] = Capture()
 
     def end_capture(self):
-        operations, _state["capture"] = _state["capture"], None
-        return Graph(operations)
+        capture, _state["capture"] = _capturing(), None
+        if capture.invalidated:
+            raise CUDARuntimeError("cudaErrorStreamCaptureInvalidated: operation failed due to a previous error "
+                                   "during capture")
+        return Graph(capture.operations)
 
 
 class Device:
@@ -266,7 +315,10 @@ class Device:
         pass
 
     def synchronize(self):
-        pass
+        if _capturing() is not None:
+            _capturing().refuse_synchronize()
+        if not _state["synchronize_allowed"]:  # cupy/cuda/device.pyx: Device.synchronize declares it
+            raise RuntimeError("synchronization disallowed by cupyx.allow_synchronize(False)")
 
 
 class MemoryPool:

@@ -30,7 +30,6 @@ from minit2i.core.images import to_pixels
 from minit2i.core.tokenizer import PromptTokenizer
 from minit2i.reference.sampler import initial_noise
 
-from .hub import resolve_model, resolve_t5
 from .model_files import find_tokenizer_json, inspect_mmjit, inspect_t5
 
 BACKENDS = {"numpy": ("minit2i.reference.pipeline", "NumpyRunner"), "cupy": ("minit2i.accelerated.pipeline", "CupyRunner"),
@@ -117,6 +116,10 @@ def open_model(model, t5=None, tokenizer_path=None, variant: str = "minit2i-b-16
     refused from its header first). Without `t5`, the encoder the transformer's config.json names
     (`llm`, google/flan-t5-large) is used.
     """
+    # Imported here: the GPU parity run (scripts/gpu-check) uses this module on machines whose
+    # huggingface_hub predates the 2.x line hub.py needs, and only repo ids need the Hub.
+    from .hub import resolve_model, resolve_t5
+
     mmjit = inspect_mmjit(resolve_model(model, variant), variant)
     t5 = t5 if t5 is not None else mmjit.text_encoder
     if t5 is None:

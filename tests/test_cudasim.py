@@ -919,3 +919,73 @@ def test_every_standin_name_exists_in_cupy_with_a_compatible_signature():
                         assert _compatible(function, getattr(theirs, method)), f"{name}.{method}"
         checked += 1
     assert checked >= 25
+
+
+# ---------------------------------------------------------------------------------------------
+# The stand-in refuses during a graph capture what CuPy 14.2 refuses (standin.Capture cites each rule)
+
+
+@pytest.fixture
+def capturing():
+    """A non-blocking stream capturing a graph; the capture is ended whatever the test did."""
+    from minit2i.cudasim import standin
+
+    stream = standin.cuda.Stream(non_blocking=True)
+    stream.begin_capture()
+    try:
+        yield stream
+    finally:
+        if standin._capturing() is not None:
+            standin._state["capture"] = None
+
+
+def test_device_to_host_copy_inside_a_captured_step_fails_as_in_cupy(capturing):
+    from minit2i.cudasim import standin
+
+    x = standin.ones(4, np.float32)
+    with pytest.raises(RuntimeError, match="^the current stream is capturing, so D2H transfers are disallowed$"):
+        standin.asnumpy(x * 2)
+    with pytest.raises(RuntimeError, match="D2H transfers are disallowed"):
+        x.get()
+
+
+@pytest.mark.parametrize("call, error, message", [
+    (lambda sa, s: sa.asarray(np.ones(3)), RuntimeError, "so H2D transfers are disallowed"),
+    (lambda sa, s: sa.matmul(sa.ones((2, 2), np.float32), sa.ones((2, 2), np.float32)), NotImplementedError,
+     "calling cuBLAS API during stream capture is currently unsupported"),
+])
+def test_transfers_and_cublas_are_refused_during_capture(capturing, call, error, message):
+    from minit2i.cudasim import standin
+
+    with pytest.raises(error, match=message):
+        call(standin, capturing)
+    assert isinstance(capturing.end_capture(), standin.Graph)  # refused before CUDA saw it: capture intact
+
+
+@pytest.mark.parametrize("synchronize", [lambda sa, s: s.synchronize(), lambda sa, s: sa.cuda.Device().synchronize()])
+def test_synchronising_during_capture_fails_and_invalidates_it(capturing, synchronize):
+    from minit2i.cudasim import standin
+
+    with pytest.raises(standin.CUDARuntimeError, match="^cudaErrorStreamCaptureUnsupported"):
+        synchronize(standin, capturing)
+    with pytest.raises(standin.CUDARuntimeError, match="^cudaErrorStreamCaptureInvalidated"):
+        capturing.end_capture()
+
+
+def test_the_legacy_default_stream_cannot_capture():
+    from minit2i.cudasim import standin
+
+    with pytest.raises(RuntimeError, match=r"^cannot capture on the default \(legacy\) stream$"):
+        standin.cuda.get_current_stream().begin_capture()
+
+
+def test_kernels_and_allocations_are_recorded_during_capture(capturing):
+    """Allowed in CuPy (relaxed capture mode): computed on replay, NaN until then."""
+    from minit2i.cudasim import standin
+
+    x = standin.ones(3, np.float32)
+    y = x + 1
+    graph = capturing.end_capture()
+    assert np.isnan(y.view(np.ndarray)).all()
+    graph.launch()
+    assert (y.view(np.ndarray) == 2).all()

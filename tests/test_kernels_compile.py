@@ -1,7 +1,13 @@
-"""Every CUDA source compiles as CuPy compiles it (NVRTC, kernels.py's options) for compute_80
-and compute_90, emits every dtype entry point, and fits its launch on sm_80 and sm_90: ptxas
-reports no spills, and registers x block threads fit the 64 K registers of an SM. No GPU needed
-(NVRTC, the CUDA headers and ptxas come from pip wheels; see cudasim/nvrtc.py).
+"""Every CUDA source compiles for compute_80 and compute_90, emits every dtype entry point, and
+fits its launch on sm_80 and sm_90: ptxas reports no spills, and registers x block threads fit
+the 64 K registers of an SM. No GPU needed (NVRTC, the CUDA headers and ptxas come from pip
+wheels; see cudasim/nvrtc.py).
+
+Compiled twice: with NVRTC directly and kernels.py's options (PTX, for ptxas's resource report),
+and through CuPy's own RawModule path (`test_cupy_compiles_*`), which adds its options and
+include folders: its bundled CCCL and fp16 headers, `-ftz=true`,
+`--device-as-default-execution-space`, `-arch=sm_XX` for a cubin. Only the two steps that need a
+GPU are stubbed there: the device query (which arch) and loading the cubin.
 
 What is compiled is `kernel_source(...)`, the exact text CuPy hands to NVRTC (header inlined)."""
 
@@ -9,6 +15,7 @@ from __future__ import annotations
 
 import re
 from concurrent.futures import ThreadPoolExecutor
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -120,3 +127,77 @@ def test_occupancy_follows_the_limits():
     assert nvrtc.blocks_per_sm(nvrtc.Resources("k", "sm_90", 168, 0, 0, 0), 128) == 3  # 168 -> 5376 per warp, 12 warps
     assert nvrtc.blocks_per_sm(usage, 128, 49152) == 4  # (48 + 1) KiB of 228 KiB
     assert nvrtc.blocks_per_sm(nvrtc.Resources("k", "sm_80", 32, 0, 0, 0), 128, 49152) == 3  # of 164 KiB
+
+
+# ---------------------------------------------------------------------------------------------
+# CuPy's own compile path
+
+
+class LoadedCubin:
+    """Stands for cupy.cuda.function.Module: keeps the cubin CuPy would load onto the device."""
+
+    def load(self, cubin):
+        self.cubin = cubin
+
+    def _set_mapping(self, mapping):  # CuPy's name-expression lookup; our kernels are extern "C"
+        pass
+
+
+@pytest.fixture(scope="module")
+def cupy_compiled():
+    """{(source, arch): (the options NVRTC got, cubin)} compiled as `cupy.RawModule(code=...,
+    options=NVRTC_OPTIONS)` compiles on a device of that compute capability.
+
+    RawModule calls `cupy._core.core.compile_with_cache` (cupy/_core/raw.pyx: _get_raw_module),
+    which assembles CuPy's options (`assemble_cupy_compiler_options`) and hands the source to
+    `cupy.cuda.compiler._compile_module_with_cache`; that is called here the same way, with the
+    cubin load replaced (its return type is a Cython Module, so the call is made one level down).
+    """
+    pytest.importorskip("cupy", reason="CuPy's compile path needs the [compile] extra")
+    from cupy._core import core
+    from cupy.cuda import compiler
+
+    seen_options = {}
+    real_compile = compiler._NVRTCProgram.compile
+
+    def recording_compile(program, options=(), log_stream=None):
+        seen_options[program.src] = tuple(options)
+        return real_compile(program, options, log_stream)
+
+    compiled = {}
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("CUPY_CACHE_IN_MEMORY", "1")  # never a stale cubin from the on-disk cache
+        patch.setattr(compiler, "function", SimpleNamespace(Module=LoadedCubin))
+        patch.setattr(compiler._NVRTCProgram, "compile", recording_compile)
+        # memoized per device (it needs a device id); the rule itself is CuPy's
+        patch.setattr(compiler, "_get_arch_for_options_for_nvrtc", compiler._get_arch_for_options_for_nvrtc.__wrapped__)
+        for arch in ARCHS:
+            patch.setattr(compiler, "_get_arch", lambda arch=arch: arch)  # device.Device().compute_capability
+            for source in SOURCES:
+                text = kernel_source(source)
+                module = compiler._compile_module_with_cache(
+                    text, core.assemble_cupy_compiler_options(NVRTC_OPTIONS), extra_source=core._get_header_source(),
+                    backend="nvrtc")
+                compiled[source, arch] = seen_options[text], module.cubin
+    return compiled
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("source", SOURCES)
+def test_cupy_compiles_every_entry_point(cupy_compiled, source, arch):
+    """The cubin's symbol table (NUL-separated names) holds every dtype's entry point."""
+    options, cubin = cupy_compiled[source, arch]
+    assert cubin[:4] == b"\x7fELF"
+    for stem in EXPECTED_KERNELS[source]:
+        for suffix in suffixes(stem):
+            assert f"\0{stem}_{suffix}\0".encode() in cubin, f"{stem}_{suffix}"
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_cupy_path_adds_its_own_options(cupy_compiled, arch):
+    """What makes this path differ from compile_ptx above, so what the test above covers."""
+    from cupy._core import core
+
+    options, _ = cupy_compiled["attention_tc.cu", arch]
+    assert {f"-arch=sm_{arch}", "-ftz=true", "--device-as-default-execution-space",
+            f"-I{core._get_header_dir_path()}", *NVRTC_OPTIONS} <= set(options)
