@@ -33,6 +33,7 @@ import dataclasses
 import hashlib
 import io
 import json
+import math
 import os
 import platform
 import tempfile
@@ -45,7 +46,7 @@ from typing import Callable
 import numpy as np
 
 from minit2i.core.checkpoint import LoadedWeights, nest
-from minit2i.core.checks import read_json_object, shown, writable_folder
+from minit2i.core.checks import human_size, open_checked, read_json_object, shown, writable_folder
 from minit2i.core.errors import MiniT2IError
 from minit2i.core.images import to_pixels
 from minit2i.core.mmjit_config import MMJIT_TINY, MMJiTConfig
@@ -63,6 +64,7 @@ GOLDEN_DIR = Path(__file__).resolve().parent.parent / "golden"
 MANIFEST_NAME = "manifest.json"
 FORMAT_VERSION = 2
 RECORD_PRECISION = "fp64"
+ARRAYS_LIMIT = 256 * 2**20  # the golden arrays file, and each array in it (the recording is ~100 kB)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -367,12 +369,38 @@ def load(folder: Path = GOLDEN_DIR) -> tuple[dict, dict[str, np.ndarray]]:
     _check_manifest(manifest, manifest_path)
     arrays_path = folder / _arrays_file(manifest, manifest_path)
     try:
-        with np.load(arrays_path, allow_pickle=False) as data:
-            arrays = {name: data[name] for name in data.files}
+        with open_checked(arrays_path, "golden arrays", ARRAYS_LIMIT) as f:
+            arrays = _read_npz(f)
     except (OSError, ValueError, EOFError, KeyError, zipfile.BadZipFile, zlib.error) as err:
         raise MiniT2IError(f"cannot read the golden arrays {arrays_path} ({type(err).__name__}: {err}); "
                            "restore the golden folder from git") from None
     return manifest, arrays
+
+
+NPY_HEADER_READERS = {(1, 0): np.lib.format.read_array_header_1_0, (2, 0): np.lib.format.read_array_header_2_0}
+
+
+def _read_npz(f) -> dict[str, np.ndarray]:
+    """The arrays of an .npz file, each checked against what it declares before it is read: an
+    array header can declare any shape, and NumPy allocates it before reading the data."""
+    arrays = {}
+    with zipfile.ZipFile(f) as archive:
+        for info in archive.infolist():
+            if info.file_size > ARRAYS_LIMIT:
+                raise ValueError(f"member {info.filename} unpacks to {human_size(info.file_size)}, more than "
+                                 f"{human_size(ARRAYS_LIMIT)}")
+            with archive.open(info) as member:
+                version = np.lib.format.read_magic(member)
+                if version not in NPY_HEADER_READERS:
+                    raise ValueError(f"member {info.filename} is .npy format {version}, not 1.0 or 2.0")
+                shape, _, dtype = NPY_HEADER_READERS[version](member)
+                declared = math.prod(shape) * dtype.itemsize
+                if declared > info.file_size:
+                    raise ValueError(f"member {info.filename} declares {human_size(declared)} of data but holds "
+                                     f"{human_size(info.file_size)}")
+            with archive.open(info) as member:
+                arrays[info.filename.removesuffix(".npy")] = np.lib.format.read_array(member, allow_pickle=False)
+    return arrays
 
 
 def _arrays_file(manifest: dict, manifest_path: Path) -> str:

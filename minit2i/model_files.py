@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from minit2i.core.checkpoint import Checkpoint, LoadedWeights, check_mmjit_header, check_t5_header
-from minit2i.core.checks import existing_path, read_json, read_json_object, short_list, shown
+from minit2i.core.checks import existing_path, read_json, read_json_object, read_limited, short_list, shown
 from minit2i.core.errors import MiniT2IError
 from minit2i.core.mmjit_config import VARIANT_ALIASES
 from minit2i.core.safetensors_file import read_index
@@ -36,6 +36,7 @@ log = logging.getLogger(__name__)
 MMJIT_WEIGHTS = "diffusion_pytorch_model.safetensors"
 T5_WEIGHTS = "model.safetensors"
 T5_INDEX = "model.safetensors.index.json"
+REF_LIMIT = 4096  # refs/main holds a 40-character commit hash
 # Where tokenizer.json may sit, relative to the T5 weights' folder: a T5 repo, a pipeline's text_encoder/.
 TOKENIZER_PLACES = ("tokenizer.json", "../tokenizer/tokenizer.json", "../tokenizer.json")
 
@@ -203,35 +204,36 @@ def cached_snapshot(repo: Path) -> Path | None:
         snapshots = [p for p in folder.iterdir() if p.is_dir()]
     except OSError as err:
         raise MiniT2IError(f"cannot read the folder {folder}: {err.strerror}; check its permissions") from None
-    commit, problem = _read_ref(repo / "refs" / "main")
+    ref = repo / "refs" / "main"
+    commit, problem = _read_ref(ref)
     if commit is not None and (folder / commit).is_dir():
         return folder / commit
     if commit is not None:
-        problem = f"names {commit}, which is not in {folder}"
+        problem = f"{ref} names {commit}, which is not in {folder}"
     if not snapshots:
         return None
     newest = max(snapshots, key=lambda p: p.stat().st_mtime)
     if problem:
-        log.warning(f"{repo / 'refs' / 'main'} {problem}; using the newest snapshot, {newest.name}")
+        log.warning(f"{problem}; using the newest snapshot, {newest.name}")
     return newest
 
 
 def _read_ref(ref: Path) -> tuple[str | None, str | None]:
     """(commit named by a refs/ file, or None; why it is unusable, or None when fine or absent)."""
-    try:
-        raw = ref.read_bytes()
-    except FileNotFoundError:
+    if not os.path.lexists(ref):
         return None, None
-    except OSError as err:
-        return None, f"cannot be read ({err.strerror})"
+    try:
+        raw = read_limited(ref, "refs/main", REF_LIMIT)
+    except MiniT2IError as err:
+        return None, str(err).split("; ")[0]  # the problem without its fix: the fix here is the fallback
     try:
         commit = raw.decode("ascii").strip()
     except UnicodeDecodeError:
-        return None, "is not a commit hash (it holds binary data)"
+        return None, f"{ref} is not a commit hash (it holds binary data)"
     if not commit:
-        return None, "is empty"
+        return None, f"{ref} is empty"
     if not re.fullmatch(r"[\w.-]+", commit) or commit in (".", ".."):
-        return None, f"is not a commit hash ({commit[:40]!r})"
+        return None, f"{ref} is not a commit hash ({commit[:40]!r})"
     return commit, None
 
 
