@@ -11,6 +11,7 @@ import math
 import os
 import re
 import stat
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
@@ -134,7 +135,7 @@ def _check_kind_and_size(info: os.stat_result, path: Path, what: str, limit: int
     if stat.S_ISDIR(info.st_mode):
         raise MiniT2IError(f"{what} {path} is a folder, not a file; check the path")
     if not stat.S_ISREG(info.st_mode):
-        raise MiniT2IError(f"{what} {path}: expected a file, found a {_kind(info.st_mode)}; check the path")
+        raise MiniT2IError(f"{what} {path}: expected a file, found a {file_kind(info.st_mode)}; check the path")
     if info.st_size > limit:
         raise MiniT2IError(f"{what} {path} is {human_size(info.st_size)}, more than the {human_size(limit)} "
                            f"such a file can be; check that it is the right file")
@@ -201,7 +202,7 @@ def existing_path(path, flag: str = "") -> Path:
     except OSError as err:
         raise MiniT2IError(f"{label}: {_unusable(p, err)}") from None
     if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
-        raise MiniT2IError(f"{label}: expected a file or folder, found a {_kind(mode)}")
+        raise MiniT2IError(f"{label}: expected a file or folder, found a {file_kind(mode)}")
     needed = os.R_OK | (os.X_OK if stat.S_ISDIR(mode) else 0)
     if not os.access(p, needed):
         what = "folder" if stat.S_ISDIR(mode) else "file"
@@ -221,7 +222,7 @@ def _unusable(p: Path, err: OSError) -> str:
     return reason.get(err.errno, err.strerror)
 
 
-def _kind(mode: int) -> str:
+def file_kind(mode: int) -> str:
     for test, name in ((stat.S_ISFIFO, "FIFO"), (stat.S_ISCHR, "character device"),
                        (stat.S_ISBLK, "block device"), (stat.S_ISSOCK, "socket")):
         if test(mode):
@@ -238,6 +239,62 @@ def writable_folder(folder: Path, flag: str) -> Path:
     if not os.access(folder, os.W_OK | os.X_OK):
         raise MiniT2IError(f"{flag} folder {folder} is not writable; choose another {flag}")
     return folder
+
+
+# A file is written as a temporary file beside it, `.NAME.XXXXXXXX.part`, then renamed: its name
+# is this many bytes longer than NAME, and both must fit the file system's limit (255 bytes).
+TEMPORARY_EXTRA = len("..XXXXXXXX.part")
+
+
+def temporary_beside(path: Path) -> tuple[int, str]:
+    """(fd, name) of a new temporary file in `path`'s folder, to be renamed to `path`."""
+    return tempfile.mkstemp(prefix=f".{path.name}.", suffix=".part", dir=path.parent)
+
+
+def check_output_file(path: Path, flag: str) -> Path:
+    """`path` can be written, checked before any work: its folder exists and is writable, it is
+    not a folder, and its name and its temporary file's both fit the file system's limit."""
+    path = Path(path).expanduser()
+    if not path.name:
+        raise MiniT2IError(f"{flag} {str(path)!r} names no file; pass a file name")
+    writable_folder(path.parent, flag)
+    if path.is_dir():
+        raise MiniT2IError(f"{flag} {path} is a folder; pass a file name")
+    length = len(os.fsencode(path.name))
+    limit = _name_max(path.parent)
+    if length + TEMPORARY_EXTRA > limit:
+        raise MiniT2IError(f"{flag} file name {path.name[:40]}... is {length} bytes; with the {TEMPORARY_EXTRA} bytes "
+                           f"of the temporary file written first, it exceeds the {limit}-byte limit on file "
+                           "names; choose a shorter name")
+    return path
+
+
+def _name_max(folder: Path) -> int:
+    try:
+        return os.pathconf(folder, "PC_NAME_MAX")
+    except (OSError, ValueError):
+        return 255
+
+
+def write_atomically(path: Path, data: bytes) -> None:
+    """`data` into `path` through a temporary file beside it and one rename: `path` is either
+    left as it was or replaced whole. The file gets the mode a plain open() would give."""
+    fd, tmp = temporary_beside(path)
+    try:
+        os.chmod(tmp, 0o666 & ~current_umask())  # mkstemp makes the file private (0600)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def current_umask() -> int:
+    """The process umask (reading it means setting it, so it is put straight back)."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
 
 
 def check_prompt(prompt) -> str:

@@ -23,27 +23,48 @@ SUBCOMMAND_MODULES = ["minit2i.golden", "minit2i.trace"]
 
 def main(argv: list[str] | None = None) -> int:
     """Run one command; user errors are one line on stderr and exit status 2."""
+
+    def command() -> int:
+        args = build_parser().parse_args(argv)
+        _show_notes(getattr(args, "quiet", False))
+        return args.run(args)
+
+    return guarded("minit2i", command)
+
+
+def guarded(prog: str, command) -> int:
+    """`command()`'s exit status, with every failure that is not a bug as one line: user and
+    environment errors `PROG: error: ...` and status 2, Ctrl-C status 130. A reader closing
+    the pipe on stdout (`| head -1`) is its choice, not an error: a quiet exit 0. Shared by the
+    `minit2i` CLI and the training scripts."""
     if sys.stderr is None:  # started with stderr closed (`2>&-`): messages go nowhere, not to stdout
         sys.stderr = open(os.devnull, "w")
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    _show_notes(getattr(args, "quiet", False))
     try:
-        status = args.run(args) or 0
+        if sys.stdout is None:  # started with stdout closed (`>&-`): results could not be shown
+            raise MiniT2IError("stdout is closed; redirect it (e.g. >/dev/null) instead of closing it")
+        return command() or 0
     except MiniT2IError as err:
-        return _fail(f"minit2i: error: {err}", 2)
+        return _fail(f"{prog}: error: {err}", 2)
+    except BrokenPipeError:
+        _silence(sys.stdout)
+        return 0
     except OSError as err:  # the environment, not a bug: a file that vanished, a full disk, ...
         where = f"{err.filename}: " if err.filename is not None else ""
-        return _fail(f"minit2i: error: {where}{err.strerror or err}", 2)
+        return _fail(f"{prog}: error: {where}{err.strerror or err}", 2)
+    except MemoryError:
+        return _fail(f"{prog}: error: out of memory (the process may run under a memory or address-space "
+                     "limit, `ulimit -v`); raise the limit or use a smaller model or run", 2)
     except KeyboardInterrupt:
-        return _fail("minit2i: interrupted", 130)
-    return status
+        return _fail(f"{prog}: interrupted", 130)
 
 
 def emit(text: str) -> None:
-    """Print a result line to stdout; a full or closed stdout is a one-line user error."""
+    """Print a result line to stdout; a full stdout is a one-line user error (a closed pipe is
+    left to `guarded`)."""
     try:
         print(text, flush=True)
+    except BrokenPipeError:
+        raise
     except OSError as err:
         raise MiniT2IError(f"cannot write to stdout: {err.strerror or err}") from None
 
@@ -74,11 +95,12 @@ def _silence(stream) -> None:
         pass
 
 
-class _Parser(argparse.ArgumentParser):
-    """argparse with the CLI's one-line errors (argparse's own put the usage text first)."""
+class OneLineParser(argparse.ArgumentParser):
+    """argparse with one-line errors (argparse's own put the usage text first), named by the
+    program (`minit2i`, `train`), not the subcommand."""
 
     def error(self, message):
-        self.exit(_fail(f"minit2i: error: {message} (see `{self.prog} --help`)", 2))
+        self.exit(_fail(f"{self.prog.split()[0]}: error: {message} (see `{self.prog} --help`)", 2))
 
 
 def _show_notes(quiet: bool) -> None:
@@ -101,7 +123,7 @@ def _show_notes(quiet: bool) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="minit2i", description=__doc__.splitlines()[0])
+    parser = OneLineParser(prog="minit2i", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     add_generate_parser(sub)
     add_info_parser(sub)

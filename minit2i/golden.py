@@ -46,7 +46,7 @@ from typing import Callable
 import numpy as np
 
 from minit2i.core.checkpoint import LoadedWeights, nest
-from minit2i.core.checks import human_size, open_checked, read_json_object, shown, writable_folder
+from minit2i.core.checks import human_size, open_checked, read_json_object, shown, writable_folder, write_atomically
 from minit2i.core.errors import MiniT2IError
 from minit2i.core.images import to_pixels
 from minit2i.core.mmjit_config import MMJIT_TINY, MMJiTConfig
@@ -297,9 +297,9 @@ def record(folder: Path = GOLDEN_DIR, force: bool = False) -> list[str]:
                    for name, a in arrays.items()},
     }
     previous = _previous_arrays_file(manifest_path)
-    _write_atomically(folder / arrays_file, buffer.getvalue())
+    write_atomically(folder / arrays_file, buffer.getvalue())
     try:
-        _write_atomically(manifest_path, json.dumps(manifest, indent=1).encode())  # the commit
+        write_atomically(manifest_path, json.dumps(manifest, indent=1).encode())  # the commit
     except BaseException:
         (folder / arrays_file).unlink(missing_ok=True)
         raise
@@ -453,19 +453,6 @@ def _sha256(array: np.ndarray) -> str:
 
 def _check_json(chk) -> dict:
     return {"kind": type(chk).__name__, **dataclasses.asdict(chk)}
-
-
-def _write_atomically(path: Path, data: bytes) -> None:
-    """`data` into `path` through a temporary file and one rename."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".part", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.chmod(tmp, 0o644)  # mkstemp makes it private; these are ordinary repository files
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 # ---------------------------------------------------------------------------------------------

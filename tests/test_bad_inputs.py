@@ -606,14 +606,14 @@ def test_golden_record_failing_before_the_commit_keeps_the_old_recording(tmp_pat
     for name in (golden.MANIFEST_NAME, manifest["arrays_file"]):
         shutil.copy(golden.GOLDEN_DIR / name, tmp_path / name)
     monkeypatch.setattr(golden, "ITEMS", golden.ITEMS[:1])
-    real = golden._write_atomically
+    real = golden.write_atomically
 
     def fail_on_manifest(path, data):
         if path.name == golden.MANIFEST_NAME:
             raise OSError(28, "No space left on device", str(path))
         real(path, data)
 
-    monkeypatch.setattr(golden, "_write_atomically", fail_on_manifest)
+    monkeypatch.setattr(golden, "write_atomically", fail_on_manifest)
     assert_one_line_error(*run_cli("golden", "record", "--force", "--dir", tmp_path), "No space left on device")
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted([golden.MANIFEST_NAME, manifest["arrays_file"]])
     golden.load(tmp_path)  # still the old, consistent pair
