@@ -311,4 +311,7 @@ def check_prompt(prompt) -> str:
                            "pass the prompt in UTF-8") from None
     if not prompt.strip():
         raise MiniT2IError("the prompt is empty; pass some text with --prompt")
+    if not any(c.isalnum() for c in prompt):  # the tokenizer would find no word: an unconditional image
+        raise MiniT2IError(f"the prompt {shown(prompt)} has no word, only punctuation or symbols; "
+                           "describe the image in words")
     return prompt

@@ -220,7 +220,7 @@ def run_generate(args) -> int:
     files = open_model(model_path, t5_path, args.tokenizer, args.variant)
     settings = sampling_defaults(files) | given
     request = Request(args.prompt, seed=args.seed, batch_count=args.batch_count, a_min=args.a_min, **settings)
-    validate(request, files)
+    validate(request, files, given)
     _warn_unknown_words(files.tokenizer, args.prompt)
     if args.backend == "numpy":  # the GPU backends' activations live in device memory
         check_memory(request, files)
@@ -376,12 +376,22 @@ def describe(path, variant: str = "minit2i-b-16") -> str:
     from minit2i.core.checks import existing_path
     from minit2i.core.safetensors_file import read_index
 
-    from .model_files import find_mmjit_files, find_t5_files, inspect_mmjit, inspect_t5
+    from .model_files import (
+        find_mmjit_files,
+        find_t5_files,
+        inspect_mmjit,
+        inspect_t5,
+        local_listing,
+        looks_like_t5,
+    )
 
-    existing_path(path)
-    files, _ = _try_find(path, variant, find_mmjit_files, find_t5_files)
-    names = read_index(files)
-    is_t5 = any(k in names for k in ("shared.weight", "encoder.embed_tokens.weight"))
+    root = existing_path(path)
+    if root.is_dir() and looks_like_t5(local_listing(root)):  # by its files, so a damaged one is blamed as a T5
+        is_t5 = True
+    else:
+        files, _ = _try_find(path, variant, find_mmjit_files, find_t5_files)
+        names = read_index(files)
+        is_t5 = any(k in names for k in ("shared.weight", "encoder.embed_tokens.weight"))
     checkpoint = inspect_t5(path) if is_t5 else inspect_mmjit(path, variant)
     kind = "T5 encoder" if is_t5 else "MiniT2I MMJiT transformer"
     fields = ", ".join(f"{k}={v}" for k, v in dataclasses.asdict(checkpoint.config).items())

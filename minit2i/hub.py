@@ -49,13 +49,13 @@ from minit2i.core.mmjit_config import VARIANT_ALIASES
 
 from .model_files import (
     MMJIT_WEIGHTS,
-    T5_INDEX,
     T5_WEIGHTS,
     Choice,
     cached_snapshot,
     choose_mmjit,
     choose_t5,
     local_listing,
+    looks_like_t5,
     read_shard_index,
 )
 
@@ -175,8 +175,7 @@ def check_repo_id(repo_id: str) -> str:
 
 def local_snapshot(model: HubModel) -> Path:
     """The cached snapshot if it holds the model's files; otherwise download them (unless offline)."""
-    check_repo_id(model.repo_id)
-    snapshot, _, missing = cached_files(model)
+    snapshot, _, missing = cached_files(model, _snapshot(check_repo_id(model.repo_id)))
     if not missing:
         return snapshot
     if constants.is_offline_mode():
@@ -184,12 +183,11 @@ def local_snapshot(model: HubModel) -> Path:
     return download(model, missing)
 
 
-def cached_files(model: HubModel) -> tuple[Path | None, list[str], list[str]]:
-    """(cached snapshot or None, the files the model needs, those the snapshot lacks).
+def cached_files(model: HubModel, snapshot: Path | None) -> tuple[Path | None, list[str], list[str]]:
+    """(the cached `snapshot` or None, the files the model needs, those the snapshot lacks).
 
     The needed files are `model.usual` when nothing usable is cached.
     """
-    snapshot = _snapshot(model.repo_id)
     if snapshot is None:
         return None, model.usual, model.usual
     try:
@@ -262,7 +260,7 @@ def describe_repo(repo_id: str, variant: str = "minit2i-b-16") -> tuple[str, Pat
     """
     snapshot = _snapshot(check_repo_id(repo_id))
     model = _model_for_info(repo_id, local_listing(snapshot) if snapshot else set(), variant)
-    _, needed, missing = cached_files(model)
+    _, needed, missing = cached_files(model, snapshot)
     sizes: dict[str, int] = {}
     unknown = "sizes unknown offline"
     if missing and not constants.is_offline_mode():
@@ -300,9 +298,8 @@ def _shards_beside(index: str, names) -> list[str]:
 
 
 def _model_for_info(repo_id: str, names: set[str], variant: str) -> HubModel:
-    """A repo with T5 files (or a tokenizer.json) and no diffusion_pytorch_model.safetensors is taken for a T5."""
-    t5_files = {T5_WEIGHTS, T5_INDEX, "text_encoder/" + T5_WEIGHTS, "text_encoder/" + T5_INDEX, "tokenizer.json"}
-    if names & t5_files and not any(n.endswith(MMJIT_WEIGHTS) for n in names):
+    """A repo that `looks_like_t5` is taken for a T5, any other for a MiniT2I transformer."""
+    if looks_like_t5(names):
         return t5_model(repo_id)
     return mmjit_model(repo_id, variant)
 

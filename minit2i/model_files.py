@@ -119,13 +119,23 @@ def _lone_safetensors(names: set[str], where: str, what: str, usual: str) -> lis
     raise MiniT2IError(f"{where}: expected the {what} weights ({usual}), found {found}; {fix}")
 
 
+def looks_like_t5(names: set[str]) -> bool:
+    """A listing with T5 files (or a tokenizer.json) and no diffusion_pytorch_model.safetensors is a T5's."""
+    t5_files = {T5_WEIGHTS, T5_INDEX, "text_encoder/" + T5_WEIGHTS, "text_encoder/" + T5_INDEX, "tokenizer.json"}
+    return bool(names & t5_files) and not any(n.endswith(MMJIT_WEIGHTS) for n in names)
+
+
 def find_mmjit_files(path: str | Path, variant: str = "minit2i-b-16") -> tuple[list[Path], Path | None]:
     """Resolve any accepted local MMJiT location to (safetensors files, config.json or None)."""
     root = existing_path(path, "--model")
     if root.is_file():
         return [root], _sibling_config(root)
     root = _hf_cache_snapshot(root, "mmjit")
-    return _local_files(root, choose_mmjit(local_listing(root), variant, str(root)))
+    names = local_listing(root)
+    if looks_like_t5(names):
+        raise MiniT2IError(f"--model {path} holds a T5 text encoder ({short_list(sorted(names), 3)}), not the MiniT2I "
+                           "transformer; pass it as --t5 and the transformer folder as --model")
+    return _local_files(root, choose_mmjit(names, variant, str(root)))
 
 
 def find_t5_files(path: str | Path) -> tuple[list[Path], Path | None]:
@@ -144,7 +154,7 @@ def find_tokenizer_json(t5_files: list[Path], explicit: str | Path | None = None
     folder = t5_files[0].parent
     for place in TOKENIZER_PLACES:
         candidate = Path(os.path.normpath(folder / place))
-        if candidate.is_file():
+        if os.path.lexists(candidate):  # a FIFO or broken link is named by its reader, not taken for absent
             return candidate
     raise MiniT2IError(
         f"no tokenizer.json next to {t5_files[0]}; put google/flan-t5-large's tokenizer.json there "
@@ -176,7 +186,7 @@ def _local_files(root: Path, choice: Choice) -> tuple[list[Path], Path | None]:
 
 def _sibling_config(weights: Path) -> Path | None:
     cfg = weights.parent / "config.json"
-    return cfg if cfg.is_file() else None
+    return cfg if os.path.lexists(cfg) else None
 
 
 def _hf_cache_snapshot(root: Path, kind: str) -> Path:
