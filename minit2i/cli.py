@@ -75,7 +75,8 @@ def _fail(message: str, status: int) -> int:
     full stdout/stderr must not turn it into a traceback."""
     line = "".join(c if c.isprintable() else repr(c)[1:-1] for c in message)
     try:
-        sys.stdout.flush()
+        if sys.stdout is not None:  # None when started with stdout closed
+            sys.stdout.flush()
     except OSError:
         _silence(sys.stdout)
     try:
