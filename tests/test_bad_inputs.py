@@ -989,3 +989,39 @@ def test_golden_record_into_an_empty_dir_name_is_refused(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     assert_one_line_error(*run_cli("golden", "record", "--dir", ""), "an empty path names no folder")
     assert list(tmp_path.iterdir()) == []
+
+
+FILE_KINDS = ["fifo", "folder", "broken link", "device", "oversize", "empty"]
+
+
+def _make_kind(path: Path, kind: str) -> None:
+    """Put a file of `kind` at `path` (replacing what is there)."""
+    if path.is_symlink() or path.is_file():
+        path.unlink()
+    if kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "folder":
+        path.mkdir()
+    elif kind == "broken link":
+        path.symlink_to(path.parent / "gone")
+    elif kind == "device":
+        path.symlink_to("/dev/zero")
+    elif kind == "oversize":
+        with open(path, "wb") as f:
+            f.truncate(100 * 2**20)  # sparse: larger than any limit for these files
+    else:
+        path.write_bytes(b"")
+
+
+@CASES
+@given(name=st.sampled_from(["config.json", "tokenizer.json", "model.safetensors", "model.safetensors.index.json"]),
+       kind=st.sampled_from(FILE_KINDS))
+def test_generated_file_kinds_and_sizes(tiny, name, kind):
+    """Every file of a model folder as a FIFO, folder, broken link, device, oversized or empty
+    file: one line at once (nothing blocks or is read whole), or a normal run for a file that is
+    optional and unused."""
+    with tempfile.TemporaryDirectory() as root:
+        t5 = t5_copy(tiny, Path(root) / "t5")
+        _make_kind(t5 / name, kind)
+        generate_outcome(tiny[0], t5)
+        info_outcome(t5)

@@ -8,9 +8,12 @@ from __future__ import annotations
 
 import json
 import os
+import tempfile
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from minit2i.core.checkpoint import nest
 from minit2i.pipeline import load_model
@@ -377,3 +380,26 @@ def test_bad_evaluation_arguments_are_one_line_before_any_work(argv, words, tmp_
     err = capsys.readouterr().err
     assert err.startswith("evaluate: error:") and err.count("\n") == 1 and words in err, err
     assert sorted(tmp_path.iterdir()) == []
+
+TRAINING_FLAGS = ["--steps", "--batch", "--seed", "--threads", "--eval-every", "--eval-prompts", "--checkpoint-every",
+                  "--sample-steps", "--cfg-scale", "--sweep-steps", "--sweep-cfg"]
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(flags=st.dictionaries(st.sampled_from(TRAINING_FLAGS), st.one_of(
+    st.integers(-2**64, 2**64), st.integers(-3, 3), st.floats(allow_nan=True),
+    st.sampled_from(["", "x", "nan", "inf", "1e999"])), min_size=1, max_size=3))
+def test_generated_training_arguments(tmp_path, capsys, monkeypatch, flags):
+    """Any mix of argument values: one line and nothing created, or every check passes (the run
+    is then stopped where training would start)."""
+    monkeypatch.setattr(train, "run_command", lambda args: 0)
+    argv = [a for flag, value in flags.items() for a in (flag, str(value))]
+    with tempfile.TemporaryDirectory(dir=tmp_path) as root:
+        try:
+            code = train.main([*argv, "--run", f"{root}/run", "--export-dir", f"{root}/out"])
+        except SystemExit as exit_:
+            code = exit_.code
+        err = capsys.readouterr().err
+        assert "Traceback" not in err
+        assert code == 0 or (code == 2 and err.count("\n") == 1 and err.startswith("train: error:")), err
+        assert os.listdir(root) == []
