@@ -2,7 +2,7 @@
 
     python -m minit2i.training.train                       # train (or resume) runs/demo, export to minit2i/demo_model
     python -m minit2i.training.train --steps 20 --tiny --run runs/smoke --export-dir /tmp/smoke
-    python -m minit2i.training.train --export-only         # re-export the last checkpoint
+    python -m minit2i.training.train --export-only         # re-export the last checkpoint (checkpoint.safetensors)
 
 The objective is MiniT2I's (model.md 4.1, 7.4): x_t = t x + (1 - t) 2 eps with t ~ sigmoid(N(mu, s)),
 the network predicts x0 and the loss is the MSE between the implied velocity
