@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import numpy as np
 
 from minit2i.core.checkpoint import LoadedWeights, nest
@@ -80,3 +82,25 @@ class CudasimRunner(CupyRunner):
         from minit2i.cudasim import standin
 
         return use_array_module(standin)
+
+    # Kernels are compiled when first launched: a build fault (g++ broken, cache full) is a
+    # problem of the environment, said in one line.
+    def encode(self, ids, mask):
+        with _build_faults_as_user_errors():
+            return super().encode(ids, mask)
+
+    def sample(self, *args, **kwargs) -> np.ndarray:
+        with _build_faults_as_user_errors():
+            return super().sample(*args, **kwargs)
+
+
+@contextlib.contextmanager
+def _build_faults_as_user_errors():
+    from minit2i.cudasim import BuildError
+
+    try:
+        yield
+    except BuildError as err:
+        lines = str(err).splitlines()
+        detail = f" ({lines[1].strip()[:120]})" if len(lines) > 1 else ""
+        raise MiniT2IError(f"the cudasim backend could not build its kernels: {lines[0]}{detail}") from None

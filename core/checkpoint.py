@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .checks import short_list
+from .checks import Range, short_list
 from .errors import MiniT2IError
 from .mmjit_config import (
     MMJIT_ASSUMED,
@@ -153,6 +153,8 @@ def check_t5_header(index, config_path: Path | None, files: list, expected_d_mod
     Needs only the headers: `inspect_t5` runs it on local files, `minit2i.hub` refuses a wrong T5
     on the Hub with it before downloading it (`files` as for `check_mmjit_header`).
     """
+    if expected_d_model is not None:
+        Range(1, 65536).check("expected_d_model (the MMJiT's txt_input_size)", expected_d_model)
     index = dict(index)  # the caller's index keeps the tied alias popped below
     # Files carry the embedding as `shared.weight`, as its tied alias, or as both (model.md 6.3).
     alias = index.pop(T5_TIED_EMBEDDING, None)

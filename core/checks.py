@@ -9,9 +9,12 @@ import errno
 import json
 import math
 import os
+import re
 import stat
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 from .errors import MiniT2IError
 
@@ -89,18 +92,91 @@ def _number(x: float) -> str:
     return str(x) if isinstance(x, int) else f"{x:g}"
 
 
-def read_json(path: Path, what: str):
-    """Parse a JSON file; unreadable, non-UTF-8 or malformed files are one MiniT2IError."""
+# How much of a file from outside is read (docs/errors.md, "Limits"): every file is checked for
+# its kind (a FIFO would block, a device never end) and its size before a byte is read.
+JSON_LIMIT = 64 * 2**20  # config.json, a shard index, the golden manifest, tokenizer.json (flan-t5's: 2.4 MB)
+JSON_DEPTH_LIMIT = 100  # nesting of a JSON document: real ones nest under 10 deep
+
+
+def open_checked(path: Path, what: str, limit: int) -> BinaryIO:
+    """`path` opened for reading if it is a regular file (through links) of at most `limit`
+    bytes; a FIFO, device, folder or larger file is one line and is never read. The check is
+    made on the opened file, so a path swapped meanwhile cannot slip past it."""
     path = Path(path)
     try:
-        return json.loads(path.read_bytes().decode("utf-8"))
+        # O_NONBLOCK: opening a FIFO with no writer would otherwise block before the check
+        f = os.fdopen(os.open(path, os.O_RDONLY | os.O_NONBLOCK), "rb")
     except OSError as err:
-        raise MiniT2IError(f"cannot read {what} {path}: {err.strerror}") from None
+        raise MiniT2IError(f"cannot read {what} {path}: {_unusable(path, err)}") from None
+    try:
+        _check_kind_and_size(os.fstat(f.fileno()), path, what, limit)
+    except BaseException:
+        f.close()
+        raise
+    return f
+
+
+def read_limited(path: Path, what: str, limit: int) -> bytes:
+    """The bytes of a regular file of at most `limit` bytes (`open_checked`). What is read is
+    bounded by the size checked (a buffered read preallocates what it is asked for), so a file
+    growing meanwhile is refused, not read on."""
+    try:
+        with open_checked(path, what, limit) as f:
+            size = os.fstat(f.fileno()).st_size
+            data = f.read(size + 1)
+    except OSError as err:
+        raise MiniT2IError(f"cannot read {what} {path}: {err.strerror or err}") from None
+    if len(data) > size:
+        raise MiniT2IError(f"{what} {path} grew while being read; try again when it is complete")
+    return data
+
+
+def _check_kind_and_size(info: os.stat_result, path: Path, what: str, limit: int) -> None:
+    if stat.S_ISDIR(info.st_mode):
+        raise MiniT2IError(f"{what} {path} is a folder, not a file; check the path")
+    if not stat.S_ISREG(info.st_mode):
+        raise MiniT2IError(f"{what} {path}: expected a file, found a {file_kind(info.st_mode)}; check the path")
+    if info.st_size > limit:
+        raise MiniT2IError(f"{what} {path} is {human_size(info.st_size)}, more than the {human_size(limit)} "
+                           f"such a file can be; check that it is the right file")
+
+
+def parse_json(data: bytes, what: str, path) -> object:
+    """JSON from bytes read from outside: non-UTF-8, malformed or too deeply nested is one line."""
+    try:
+        text = data.decode("utf-8")
     except UnicodeDecodeError as err:
         raise MiniT2IError(f"{what} {path} is not UTF-8 text (byte {err.object[err.start]:#04x} at "
                            f"offset {err.start})") from None
+    # Nesting is bounded before parsing: the json module recurses once per level.
+    if _nesting_depth(text) > JSON_DEPTH_LIMIT:
+        raise MiniT2IError(f"{what} {path} nests deeper than {JSON_DEPTH_LIMIT} levels; it is not a "
+                           "file this program writes or reads")
+    try:
+        return json.loads(text)
     except ValueError as err:  # json.JSONDecodeError, or a number too long to convert
         raise MiniT2IError(f"{what} {path} is not valid JSON ({err})") from None
+
+
+def _nesting_depth(text: str) -> int:
+    """The deepest bracket nesting outside strings (an upper bound where brackets are unbalanced)."""
+    depth = deepest = 0
+    for token in _JSON_STRUCTURE.findall(text):
+        if token in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif token in "]}":
+            depth -= 1
+    return deepest
+
+
+# A string literal (skipped whole: brackets in it do not nest) or one bracket.
+_JSON_STRUCTURE = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"|[\[\]{}]')
+
+
+def read_json(path: Path, what: str, limit: int = JSON_LIMIT):
+    """Parse a JSON file from outside: kind, size, encoding, syntax and nesting checked, one line each."""
+    return parse_json(read_limited(path, what, limit), what, path)
 
 
 def read_json_object(path: Path, what: str) -> dict:
@@ -126,7 +202,7 @@ def existing_path(path, flag: str = "") -> Path:
     except OSError as err:
         raise MiniT2IError(f"{label}: {_unusable(p, err)}") from None
     if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
-        raise MiniT2IError(f"{label}: expected a file or folder, found a {_kind(mode)}")
+        raise MiniT2IError(f"{label}: expected a file or folder, found a {file_kind(mode)}")
     needed = os.R_OK | (os.X_OK if stat.S_ISDIR(mode) else 0)
     if not os.access(p, needed):
         what = "folder" if stat.S_ISDIR(mode) else "file"
@@ -146,7 +222,7 @@ def _unusable(p: Path, err: OSError) -> str:
     return reason.get(err.errno, err.strerror)
 
 
-def _kind(mode: int) -> str:
+def file_kind(mode: int) -> str:
     for test, name in ((stat.S_ISFIFO, "FIFO"), (stat.S_ISCHR, "character device"),
                        (stat.S_ISBLK, "block device"), (stat.S_ISSOCK, "socket")):
         if test(mode):
@@ -165,6 +241,62 @@ def writable_folder(folder: Path, flag: str) -> Path:
     return folder
 
 
+# A file is written as a temporary file beside it, `.NAME.XXXXXXXX.part`, then renamed: its name
+# is this many bytes longer than NAME, and both must fit the file system's limit (255 bytes).
+TEMPORARY_EXTRA = len("..XXXXXXXX.part")
+
+
+def temporary_beside(path: Path) -> tuple[int, str]:
+    """(fd, name) of a new temporary file in `path`'s folder, to be renamed to `path`."""
+    return tempfile.mkstemp(prefix=f".{path.name}.", suffix=".part", dir=path.parent)
+
+
+def check_output_file(path: Path, flag: str) -> Path:
+    """`path` can be written, checked before any work: its folder exists and is writable, it is
+    not a folder, and its name and its temporary file's both fit the file system's limit."""
+    path = Path(path).expanduser()
+    if not path.name:
+        raise MiniT2IError(f"{flag} {str(path)!r} names no file; pass a file name")
+    writable_folder(path.parent, flag)
+    if path.is_dir():
+        raise MiniT2IError(f"{flag} {path} is a folder; pass a file name")
+    length = len(os.fsencode(path.name))
+    limit = _name_max(path.parent)
+    if length + TEMPORARY_EXTRA > limit:
+        raise MiniT2IError(f"{flag} file name {path.name[:40]}... is {length} bytes; with the {TEMPORARY_EXTRA} bytes "
+                           f"of the temporary file written first, it exceeds the {limit}-byte limit on file "
+                           "names; choose a shorter name")
+    return path
+
+
+def _name_max(folder: Path) -> int:
+    try:
+        return os.pathconf(folder, "PC_NAME_MAX")
+    except (OSError, ValueError):
+        return 255
+
+
+def write_atomically(path: Path, data: bytes) -> None:
+    """`data` into `path` through a temporary file beside it and one rename: `path` is either
+    left as it was or replaced whole. The file gets the mode a plain open() would give."""
+    fd, tmp = temporary_beside(path)
+    try:
+        os.chmod(tmp, 0o666 & ~current_umask())  # mkstemp makes the file private (0600)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def current_umask() -> int:
+    """The process umask (reading it means setting it, so it is put straight back)."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
 def check_prompt(prompt) -> str:
     """A prompt is non-blank text that can be encoded as UTF-8 (argv bytes that are not UTF-8
     arrive as lone surrogates, which the tokenizer cannot take)."""
@@ -179,4 +311,7 @@ def check_prompt(prompt) -> str:
                            "pass the prompt in UTF-8") from None
     if not prompt.strip():
         raise MiniT2IError("the prompt is empty; pass some text with --prompt")
+    if not any(c.isalnum() for c in prompt):  # the tokenizer would find no word: an unconditional image
+        raise MiniT2IError(f"the prompt {shown(prompt)} has no word, only punctuation or symbols; "
+                           "describe the image in words")
     return prompt

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import os
-import tempfile
 from pathlib import Path
 
 import numpy as np
 from PIL import Image
 
-from .checks import writable_folder
+from .checks import check_output_file, current_umask, temporary_beside
 from .errors import MiniT2IError
 
 
@@ -24,10 +23,7 @@ def check_writable(path: str | Path) -> Path:
     path = Path(path).expanduser()
     if path.suffix.lower() != ".png":
         raise MiniT2IError(f"output {path} must end in .png; pass e.g. --output image.png")
-    writable_folder(path.parent if str(path.parent) else Path("."), "output")
-    if path.is_dir():
-        raise MiniT2IError(f"output {path} is a folder; pass a file name ending in .png")
-    return path
+    return check_output_file(path, "output")
 
 
 def save_png(pixels: np.ndarray, path: str | Path) -> Path:
@@ -71,9 +67,9 @@ def _check_pixels(pixels) -> None:
 
 def _write_temporary(pixels: np.ndarray, path: Path) -> str:
     """The PNG in a new temporary file beside `path`, with the mode a plain open() would give."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.stem}.", suffix=".png.part", dir=path.parent or ".")
+    fd, tmp = temporary_beside(path)
     try:
-        os.chmod(tmp, 0o666 & ~_current_umask())  # mkstemp makes the file private (0600)
+        os.chmod(tmp, 0o666 & ~current_umask())  # mkstemp makes the file private (0600)
         with os.fdopen(fd, "wb") as f:
             Image.fromarray(np.ascontiguousarray(pixels)).save(f, format="PNG")
     except BaseException as err:
@@ -87,13 +83,6 @@ def _write_temporary(pixels: np.ndarray, path: Path) -> str:
 def _remove(paths: list[str]) -> None:
     for p in paths:
         Path(p).unlink(missing_ok=True)
-
-
-def _current_umask() -> int:
-    """The process umask (reading it means setting it, so it is put straight back)."""
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return mask
 
 
 def grid(pixels: list[np.ndarray], columns: int) -> np.ndarray:

@@ -9,13 +9,15 @@ holds two float copies of a model.
 
 from __future__ import annotations
 
-import json
+import os
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 from safetensors import SafetensorError, safe_open
 
+from .checks import human_size, open_checked, parse_json
 from .errors import MiniT2IError
 
 # Stored dtype -> the NumPy dtype its bytes are viewed as (bfloat16 as its raw 16 bits).
@@ -32,16 +34,37 @@ class TensorEntry:
     end: int
 
 
+# A header is read whole and parsed before anything else is done with the file: its size and
+# tensor count are bounded (docs/errors.md, "Limits"). A real model's header is about 100 bytes
+# a tensor; flan-t5-xxl has 219 tensors.
+HEADER_LIMIT = 16 * 2**20
+TENSOR_LIMIT = 65_536
+
+
 def read_header(path: Path) -> dict[str, TensorEntry]:
-    """The tensors a safetensors file holds (validated by the safetensors library), by name."""
+    """The tensors a safetensors file holds (validated by the safetensors library), by name.
+
+    The library reads and validates a header of up to 100 MB whole (a million tensors take it
+    seconds and gigabytes), so the header's size and tensor count are bounded first."""
+    fix = "re-download or re-convert it"
+    try:
+        with open_checked(path, "safetensors file", sys.maxsize) as f:
+            size = os.fstat(f.fileno()).st_size
+            length = int.from_bytes(f.read(8), "little")
+            if HEADER_LIMIT < length <= size - 8:
+                raise MiniT2IError(f"{path} declares a safetensors header of {human_size(length)}, more than "
+                                   f"the {human_size(HEADER_LIMIT)} a model's header can be; {fix}")
+            raw = f.read(length) if length <= size - 8 else b""
+    except OSError as err:
+        raise MiniT2IError(f"cannot read {path}: {err.strerror or err}") from None
+    if raw.count(b'"data_offsets"') > TENSOR_LIMIT:  # counted before any parsing
+        raise MiniT2IError(f"{path} lists over {TENSOR_LIMIT:,} tensors, more than a model file holds; {fix}")
     try:
         with safe_open(str(path), framework="numpy"):
             pass
-        with open(path, "rb") as f:
-            header_length = int.from_bytes(f.read(8), "little")
-            header = json.loads(f.read(header_length))
     except (SafetensorError, OSError, ValueError) as err:
-        raise MiniT2IError(f"{path} is not a readable safetensors file ({err}); re-download or re-convert it") from None
+        raise MiniT2IError(f"{path} is not a readable safetensors file ({err}); {fix}") from None
+    header = parse_json(raw, "the safetensors header of", path)
     return {name: TensorEntry(entry["dtype"], tuple(entry["shape"]), *entry["data_offsets"])
             for name, entry in header.items() if name != "__metadata__"}
 

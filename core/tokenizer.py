@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
 
-from .checks import check_prompt
+from .checks import JSON_LIMIT, check_prompt, read_limited
 from .errors import MiniT2IError
 
 PAD, EOS, UNK = "<pad>", "</s>", "<unk>"
@@ -45,8 +45,9 @@ class PromptTokenizer:
 
     @classmethod
     def from_file(cls, path: str | Path, max_length: int = 256) -> "PromptTokenizer":
+        text = read_limited(path, "tokenizer", JSON_LIMIT).decode("utf-8", "replace")  # the parser judges it
         try:
-            tokenizer = Tokenizer.from_file(str(path))
+            tokenizer = Tokenizer.from_str(text)
         except Exception as err:  # the Rust side raises plain Exception for every parse error
             raise MiniT2IError(
                 f"{path} is not a valid tokenizer.json ({err}); use google/flan-t5-large's tokenizer.json"

@@ -109,7 +109,10 @@ def cache_dir() -> Path:
 def compiler_version() -> str:
     if shutil.which("g++") is None:
         raise BuildError("cudasim needs g++ (Debian/Ubuntu: apt install g++)")
-    return subprocess.run(["g++", "-dumpfullversion"], capture_output=True, text=True, check=True).stdout.strip()
+    try:
+        return subprocess.run(["g++", "-dumpfullversion"], capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError) as err:
+        raise BuildError(f"g++ does not run ({err}); reinstall it (Debian/Ubuntu: apt install --reinstall g++)") from None
 
 
 def _prelude_text() -> str:
@@ -130,28 +133,47 @@ def build(source: str, name: str = "kernel.cu", sanitize: bool = False, detector
     folder = cache_dir() / key
     library = folder / "kernels.so"
     source_path = folder / name
-    if not library.exists():
-        _compile(source, name, flags, unit_flags, folder)
+    if not _intact(folder):
+        shutil.rmtree(folder, ignore_errors=True)  # a damaged library would crash the process (SIGBUS) when loaded
+        try:
+            _compile(source, name, flags, unit_flags, folder)
+        except OSError as err:
+            raise BuildError(f"cannot write to the cudasim cache {cache_dir()} ({err.strerror or err}); free some "
+                             "space or set CUDASIM_CACHE to another folder") from None
     return Library(library, source_path, scan(source, name))
+
+
+def _intact(folder: Path) -> bool:
+    """Whether the cached library is there and has the sha256 recorded when it was built."""
+    try:
+        recorded = (folder / "kernels.so.sha256").read_text()
+        return hashlib.sha256((folder / "kernels.so").read_bytes()).hexdigest() == recorded
+    except OSError:
+        return False
 
 
 def _compile(source: str, name: str, flags, unit_flags, folder: Path) -> None:
     folder.parent.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(dir=folder.parent, prefix=f".{folder.name}-"))
+    try:
+        _compile_in(source, name, flags, unit_flags, work, folder)
+    except BaseException:
+        shutil.rmtree(work, ignore_errors=True)
+        raise
+
+
+def _compile_in(source: str, name: str, flags, unit_flags, work: Path, folder: Path) -> None:
     (work / name).write_text(source)
     kernels, shared = _scan_file(work / name)
     (work / "unit.cpp").write_text(translation_unit(name, kernels, shared))
     # the debug info names the final folder, so gdb finds the source after the rename below
     common = ["g++", *flags, f"-fdebug-prefix-map={work}={folder}", f"-I{INCLUDE}"]
     unit, link_flags = work / "unit.cpp", ()
-    try:
-        if unit_flags:
-            unit, link_flags = work / "unit.o", DETECTOR_LINK_FLAGS
-            _gxx(name, [*common, *unit_flags, "-c", "-o", str(unit), str(work / "unit.cpp")])
-        _gxx(name, [*common, *link_flags, "-o", str(work / "kernels.so"), str(unit), str(RUNTIME)])
-    except BuildError:
-        shutil.rmtree(work, ignore_errors=True)
-        raise
+    if unit_flags:
+        unit, link_flags = work / "unit.o", DETECTOR_LINK_FLAGS
+        _gxx(name, [*common, *unit_flags, "-c", "-o", str(unit), str(work / "unit.cpp")])
+    _gxx(name, [*common, *link_flags, "-o", str(work / "kernels.so"), str(unit), str(RUNTIME)])
+    (work / "kernels.so.sha256").write_text(hashlib.sha256((work / "kernels.so").read_bytes()).hexdigest())
     try:
         work.rename(folder)  # atomic: a concurrent build of the same key simply loses the race
     except OSError:

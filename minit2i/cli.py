@@ -23,27 +23,48 @@ SUBCOMMAND_MODULES = ["minit2i.golden", "minit2i.trace"]
 
 def main(argv: list[str] | None = None) -> int:
     """Run one command; user errors are one line on stderr and exit status 2."""
+
+    def command() -> int:
+        args = build_parser().parse_args(argv)
+        _show_notes(getattr(args, "quiet", False))
+        return args.run(args)
+
+    return guarded("minit2i", command)
+
+
+def guarded(prog: str, command) -> int:
+    """`command()`'s exit status, with every failure that is not a bug as one line: user and
+    environment errors `PROG: error: ...` and status 2, Ctrl-C status 130. A reader closing
+    the pipe on stdout (`| head -1`) is its choice, not an error: a quiet exit 0. Shared by the
+    `minit2i` CLI and the training scripts."""
     if sys.stderr is None:  # started with stderr closed (`2>&-`): messages go nowhere, not to stdout
         sys.stderr = open(os.devnull, "w")
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    _show_notes(getattr(args, "quiet", False))
     try:
-        status = args.run(args) or 0
+        if sys.stdout is None:  # started with stdout closed (`>&-`): results could not be shown
+            raise MiniT2IError("stdout is closed; redirect it (e.g. >/dev/null) instead of closing it")
+        return command() or 0
     except MiniT2IError as err:
-        return _fail(f"minit2i: error: {err}", 2)
+        return _fail(f"{prog}: error: {err}", 2)
+    except BrokenPipeError:
+        _silence(sys.stdout)
+        return 0
     except OSError as err:  # the environment, not a bug: a file that vanished, a full disk, ...
         where = f"{err.filename}: " if err.filename is not None else ""
-        return _fail(f"minit2i: error: {where}{err.strerror or err}", 2)
+        return _fail(f"{prog}: error: {where}{err.strerror or err}", 2)
+    except MemoryError:
+        return _fail(f"{prog}: error: out of memory (the process may run under a memory or address-space "
+                     "limit, `ulimit -v`); raise the limit or use a smaller model or run", 2)
     except KeyboardInterrupt:
-        return _fail("minit2i: interrupted", 130)
-    return status
+        return _fail(f"{prog}: interrupted", 130)
 
 
 def emit(text: str) -> None:
-    """Print a result line to stdout; a full or closed stdout is a one-line user error."""
+    """Print a result line to stdout; a full stdout is a one-line user error (a closed pipe is
+    left to `guarded`)."""
     try:
         print(text, flush=True)
+    except BrokenPipeError:
+        raise
     except OSError as err:
         raise MiniT2IError(f"cannot write to stdout: {err.strerror or err}") from None
 
@@ -54,7 +75,8 @@ def _fail(message: str, status: int) -> int:
     full stdout/stderr must not turn it into a traceback."""
     line = "".join(c if c.isprintable() else repr(c)[1:-1] for c in message)
     try:
-        sys.stdout.flush()
+        if sys.stdout is not None:  # None when started with stdout closed
+            sys.stdout.flush()
     except OSError:
         _silence(sys.stdout)
     try:
@@ -74,11 +96,12 @@ def _silence(stream) -> None:
         pass
 
 
-class _Parser(argparse.ArgumentParser):
-    """argparse with the CLI's one-line errors (argparse's own put the usage text first)."""
+class OneLineParser(argparse.ArgumentParser):
+    """argparse with one-line errors (argparse's own put the usage text first), named by the
+    program (`minit2i`, `train`), not the subcommand."""
 
     def error(self, message):
-        self.exit(_fail(f"minit2i: error: {message} (see `{self.prog} --help`)", 2))
+        self.exit(_fail(f"{self.prog.split()[0]}: error: {message} (see `{self.prog} --help`)", 2))
 
 
 def _show_notes(quiet: bool) -> None:
@@ -101,7 +124,7 @@ def _show_notes(quiet: bool) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="minit2i", description=__doc__.splitlines()[0])
+    parser = OneLineParser(prog="minit2i", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     add_generate_parser(sub)
     add_info_parser(sub)
@@ -198,7 +221,7 @@ def run_generate(args) -> int:
     files = open_model(model_path, t5_path, args.tokenizer, args.variant)
     settings = sampling_defaults(files) | given
     request = Request(args.prompt, seed=args.seed, batch_count=args.batch_count, a_min=args.a_min, **settings)
-    validate(request, files)
+    validate(request, files, given)
     _warn_unknown_words(files.tokenizer, args.prompt)
     if args.backend == "numpy":  # the GPU backends' activations live in device memory
         check_memory(request, files)
@@ -354,12 +377,22 @@ def describe(path, variant: str = "minit2i-b-16") -> str:
     from minit2i.core.checks import existing_path
     from minit2i.core.safetensors_file import read_index
 
-    from .model_files import find_mmjit_files, find_t5_files, inspect_mmjit, inspect_t5
+    from .model_files import (
+        find_mmjit_files,
+        find_t5_files,
+        inspect_mmjit,
+        inspect_t5,
+        local_listing,
+        looks_like_t5,
+    )
 
-    existing_path(path)
-    files, _ = _try_find(path, variant, find_mmjit_files, find_t5_files)
-    names = read_index(files)
-    is_t5 = any(k in names for k in ("shared.weight", "encoder.embed_tokens.weight"))
+    root = existing_path(path)
+    if root.is_dir() and looks_like_t5(local_listing(root)):  # by its files, so a damaged one is blamed as a T5
+        is_t5 = True
+    else:
+        files, _ = _try_find(path, variant, find_mmjit_files, find_t5_files)
+        names = read_index(files)
+        is_t5 = any(k in names for k in ("shared.weight", "encoder.embed_tokens.weight"))
     checkpoint = inspect_t5(path) if is_t5 else inspect_mmjit(path, variant)
     kind = "T5 encoder" if is_t5 else "MiniT2I MMJiT transformer"
     fields = ", ".join(f"{k}={v}" for k, v in dataclasses.asdict(checkpoint.config).items())

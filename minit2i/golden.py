@@ -28,11 +28,13 @@ the next machine. Instead
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import dataclasses
 import hashlib
 import io
 import json
+import math
 import os
 import platform
 import tempfile
@@ -45,7 +47,7 @@ from typing import Callable
 import numpy as np
 
 from minit2i.core.checkpoint import LoadedWeights, nest
-from minit2i.core.checks import read_json_object, shown, writable_folder
+from minit2i.core.checks import human_size, open_checked, read_json_object, shown, writable_folder, write_atomically
 from minit2i.core.errors import MiniT2IError
 from minit2i.core.images import to_pixels
 from minit2i.core.mmjit_config import MMJIT_TINY, MMJiTConfig
@@ -63,6 +65,7 @@ GOLDEN_DIR = Path(__file__).resolve().parent.parent / "golden"
 MANIFEST_NAME = "manifest.json"
 FORMAT_VERSION = 2
 RECORD_PRECISION = "fp64"
+ARRAYS_LIMIT = 256 * 2**20  # the golden arrays file, and each array in it (the recording is ~100 kB)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -111,6 +114,9 @@ class Item:
     recipe: dict
     run: Callable[[dict, str], np.ndarray]
     checks: tuple = ()
+    # What else the recording depends on, computed only when recording or checking (hashing the
+    # demo model's weights at import would make every command read them, even `--help`).
+    fingerprint: Callable[[], dict] = dict
 
     def stored_arrays(self) -> dict[str, str]:
         """Stored array name -> precision it is recorded in (float: fp64; pixels: the check's)."""
@@ -123,7 +129,7 @@ class Item:
         return arrays
 
     def manifest_entry(self) -> dict:
-        return {"recipe": self.recipe, "checks": [_check_json(c) for c in self.checks]}
+        return {"recipe": {**self.recipe, **self.fingerprint()}, "checks": [_check_json(c) for c in self.checks]}
 
 
 def tiny_t5_hidden(recipe: dict, precision: str) -> np.ndarray:
@@ -176,14 +182,14 @@ def default_model_png(recipe: dict, precision: str) -> np.ndarray:
     """
     from PIL import Image
 
-    from .cli import main
+    from .cli import build_parser
 
     with tempfile.TemporaryDirectory(prefix="minit2i-golden-") as folder:
         output = Path(folder) / "golden.png"
+        # The command itself, not the CLI's main: its errors and Ctrl-C reach the caller's handling.
+        args = build_parser().parse_args([*recipe["argv"], "--precision", precision, "--output", str(output)])
         with contextlib.redirect_stdout(io.StringIO()):  # generate prints the output path
-            status = main([*recipe["argv"], "--precision", precision, "--output", str(output)])
-        if status:
-            raise MiniT2IError(f"`minit2i {' '.join(recipe['argv'])}` exited with status {status}")
+            args.run(args)
         return np.asarray(Image.open(output).convert("RGB"))
 
 
@@ -228,11 +234,11 @@ ITEMS = (
          (FloatCheck("fp64", rtol=1e-6, atol=1e-6), FloatCheck("fp32", rtol=2e-4, atol=2e-5),
           PixelCheck("fp32"))),
     Item("default_model.png",
-         {"default_model": demo_model_digest(),
-          "argv": ["generate", "--prompt", "a large red circle at the left on a gray background", "--seed", "42",
+         {"argv": ["generate", "--prompt", "a large red circle at the left on a gray background", "--seed", "42",
                    "--quiet"]},
          default_model_png,
-         (PixelCheck("fp32"),)),
+         (PixelCheck("fp32"),),
+         lambda: {"default_model": demo_model_digest()}),
 )
 
 
@@ -295,9 +301,9 @@ def record(folder: Path = GOLDEN_DIR, force: bool = False) -> list[str]:
                    for name, a in arrays.items()},
     }
     previous = _previous_arrays_file(manifest_path)
-    _write_atomically(folder / arrays_file, buffer.getvalue())
+    write_atomically(folder / arrays_file, buffer.getvalue())
     try:
-        _write_atomically(manifest_path, json.dumps(manifest, indent=1).encode())  # the commit
+        write_atomically(manifest_path, json.dumps(manifest, indent=1).encode())  # the commit
     except BaseException:
         (folder / arrays_file).unlink(missing_ok=True)
         raise
@@ -355,7 +361,7 @@ def load(folder: Path = GOLDEN_DIR) -> tuple[dict, dict[str, np.ndarray]]:
     """(manifest, arrays) from a golden folder, or a MiniT2IError saying how to get one."""
     folder = Path(folder)
     manifest_path = folder / MANIFEST_NAME
-    if not manifest_path.is_file():
+    if not os.path.lexists(manifest_path):  # a FIFO or a broken link is named by the reader below
         raise MiniT2IError(
             f"no golden recording in {folder} (needs {MANIFEST_NAME} and the arrays file it names); run "
             "from a source checkout, pass --dir, or create one with `minit2i golden record`"
@@ -367,12 +373,38 @@ def load(folder: Path = GOLDEN_DIR) -> tuple[dict, dict[str, np.ndarray]]:
     _check_manifest(manifest, manifest_path)
     arrays_path = folder / _arrays_file(manifest, manifest_path)
     try:
-        with np.load(arrays_path, allow_pickle=False) as data:
-            arrays = {name: data[name] for name in data.files}
+        with open_checked(arrays_path, "golden arrays", ARRAYS_LIMIT) as f:
+            arrays = _read_npz(f)
     except (OSError, ValueError, EOFError, KeyError, zipfile.BadZipFile, zlib.error) as err:
         raise MiniT2IError(f"cannot read the golden arrays {arrays_path} ({type(err).__name__}: {err}); "
                            "restore the golden folder from git") from None
     return manifest, arrays
+
+
+NPY_HEADER_READERS = {(1, 0): np.lib.format.read_array_header_1_0, (2, 0): np.lib.format.read_array_header_2_0}
+
+
+def _read_npz(f) -> dict[str, np.ndarray]:
+    """The arrays of an .npz file, each checked against what it declares before it is read: an
+    array header can declare any shape, and NumPy allocates it before reading the data."""
+    arrays = {}
+    with zipfile.ZipFile(f) as archive:
+        for info in archive.infolist():
+            if info.file_size > ARRAYS_LIMIT:
+                raise ValueError(f"member {info.filename} unpacks to {human_size(info.file_size)}, more than "
+                                 f"{human_size(ARRAYS_LIMIT)}")
+            with archive.open(info) as member:
+                version = np.lib.format.read_magic(member)
+                if version not in NPY_HEADER_READERS:
+                    raise ValueError(f"member {info.filename} is .npy format {version}, not 1.0 or 2.0")
+                shape, _, dtype = NPY_HEADER_READERS[version](member)
+                declared = math.prod(shape) * dtype.itemsize
+                if declared > info.file_size:
+                    raise ValueError(f"member {info.filename} declares {human_size(declared)} of data but holds "
+                                     f"{human_size(info.file_size)}")
+            with archive.open(info) as member:
+                arrays[info.filename.removesuffix(".npy")] = np.lib.format.read_array(member, allow_pickle=False)
+    return arrays
 
 
 def _arrays_file(manifest: dict, manifest_path: Path) -> str:
@@ -427,19 +459,6 @@ def _check_json(chk) -> dict:
     return {"kind": type(chk).__name__, **dataclasses.asdict(chk)}
 
 
-def _write_atomically(path: Path, data: bytes) -> None:
-    """`data` into `path` through a temporary file and one rename."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".part", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.chmod(tmp, 0o644)  # mkstemp makes it private; these are ordinary repository files
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 # ---------------------------------------------------------------------------------------------
 # CLI
 
@@ -449,11 +468,18 @@ def add_parser(sub) -> None:
                        description="Recompute fixed recipes (tiny T5, tiny MMJiT, tiny sampler, default "
                                    "model PNG) and compare them with the recording in golden/.")
     p.add_argument("action", choices=["check", "record"])
-    p.add_argument("--dir", type=Path, default=GOLDEN_DIR, help=f"golden folder (default {GOLDEN_DIR})")
+    p.add_argument("--dir", type=_folder_argument, default=GOLDEN_DIR, help=f"golden folder (default {GOLDEN_DIR})")
     p.add_argument("--item", action="append", dest="items", metavar="NAME",
                    help="check only this item (repeatable): " + ", ".join(i.name for i in ITEMS))
     p.add_argument("--force", action="store_true", help="record: overwrite an existing recording")
     p.set_defaults(run=run)
+
+
+def _folder_argument(text: str) -> Path:
+    """An empty --dir would be the current folder (Path("") is "."): refuse it."""
+    if not text:
+        raise argparse.ArgumentTypeError("an empty path names no folder; pass a folder")
+    return Path(text)
 
 
 def run(args) -> int:

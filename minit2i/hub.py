@@ -22,14 +22,16 @@ import os
 import posixpath
 import re
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
 import httpx2
-from huggingface_hub import HfApi, constants, hf_hub_download
+from huggingface_hub import HfApi, constants, hf_hub_download, set_client_factory
 from huggingface_hub.errors import (
     GatedRepoError,
+    HFValidationError,
     HfHubHTTPError,
     LocalEntryNotFoundError,
     OfflineModeIsEnabled,
@@ -38,6 +40,7 @@ from huggingface_hub.errors import (
     SafetensorsParsingError,
 )
 from huggingface_hub.file_download import repo_folder_name
+from huggingface_hub.utils import get_session, validate_repo_id
 
 from minit2i.core.checkpoint import check_mmjit_header, check_t5_header
 from minit2i.core.checks import human_size
@@ -46,20 +49,66 @@ from minit2i.core.mmjit_config import VARIANT_ALIASES
 
 from .model_files import (
     MMJIT_WEIGHTS,
-    T5_INDEX,
     T5_WEIGHTS,
     Choice,
     cached_snapshot,
     choose_mmjit,
     choose_t5,
     local_listing,
+    looks_like_t5,
     read_shard_index,
 )
 
 log = logging.getLogger(__name__)
 
+# An answer slower than this, in bytes per second averaged from the start, is given up once
+# HF_HUB_DOWNLOAD_TIMEOUT seconds have passed (a dial-up modem is 7 kB/s).
+MIN_RATE = 1000
+
+
+class _BoundedTransport(httpx2.HTTPTransport):
+    """Every Hub request gets a timeout on each phase (connect, each read, write), whatever the
+    caller passed (`model_info` passes none), and a floor on the rate of its answer: an endpoint
+    that accepts and never answers, or trickles bytes, is given up after HF_HUB_DOWNLOAD_TIMEOUT
+    seconds (default 10) instead of hanging."""
+
+    def handle_request(self, request: httpx2.Request) -> httpx2.Response:
+        limit = float(constants.HF_HUB_DOWNLOAD_TIMEOUT)
+        request.extensions["timeout"] = dict.fromkeys(("connect", "read", "write", "pool"), limit)
+        response = super().handle_request(request)
+        response.stream = _RateFloor(response.stream, request, limit)
+        return response
+
+
+class _RateFloor(httpx2.SyncByteStream):
+    """A response body that raises ReadTimeout when it arrives slower than MIN_RATE."""
+
+    def __init__(self, stream, request: httpx2.Request, limit: float):
+        self.stream, self.request, self.limit = stream, request, limit
+
+    def __iter__(self):
+        start, received = time.monotonic(), 0
+        for chunk in self.stream:
+            received += len(chunk)
+            elapsed = time.monotonic() - start
+            if elapsed > self.limit and received < MIN_RATE * elapsed:
+                raise httpx2.ReadTimeout(f"{received} bytes in {elapsed:.0f} s", request=self.request)
+            yield chunk
+
+    def close(self) -> None:
+        self.stream.close()
+
+
+def _bounded_client_factory(event_hooks):
+    """huggingface_hub's client (its request hooks: headers, auth) on the bounded transport."""
+    return lambda: httpx2.Client(transport=_BoundedTransport(), event_hooks=event_hooks, follow_redirects=True)
+
+
+set_client_factory(_bounded_client_factory(get_session().event_hooks))
+
 # `org/name` as the Hub spells repo ids (no `--` or `..`, which the Hub forbids too).
 REPO_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*")
+COMMIT = re.compile(r"[0-9a-f]{40}")
 
 
 @dataclass
@@ -113,9 +162,20 @@ def resolve_t5(spec, expected_d_model: int | None = None):
     return local_snapshot(t5_model(str(spec), expected_d_model)) if is_repo_id(spec) else spec
 
 
+def check_repo_id(repo_id: str) -> str:
+    """`repo_id` if the Hub would accept it (huggingface_hub's own rule: no name ending in `.` or
+    `-`, at most 96 characters, ...); otherwise one line, before the cache or network is touched."""
+    try:
+        validate_repo_id(repo_id)
+    except HFValidationError as err:
+        raise MiniT2IError(f"{repo_id}: no such local path, and not a valid Hub repo id ({_first_line(err)}); "
+                           "check the name") from None
+    return repo_id
+
+
 def local_snapshot(model: HubModel) -> Path:
     """The cached snapshot if it holds the model's files; otherwise download them (unless offline)."""
-    snapshot, _, missing = cached_files(model)
+    snapshot, _, missing = cached_files(model, _snapshot(check_repo_id(model.repo_id)))
     if not missing:
         return snapshot
     if constants.is_offline_mode():
@@ -123,12 +183,11 @@ def local_snapshot(model: HubModel) -> Path:
     return download(model, missing)
 
 
-def cached_files(model: HubModel) -> tuple[Path | None, list[str], list[str]]:
-    """(cached snapshot or None, the files the model needs, those the snapshot lacks).
+def cached_files(model: HubModel, snapshot: Path | None) -> tuple[Path | None, list[str], list[str]]:
+    """(the cached `snapshot` or None, the files the model needs, those the snapshot lacks).
 
     The needed files are `model.usual` when nothing usable is cached.
     """
-    snapshot = _snapshot(model.repo_id)
     if snapshot is None:
         return None, model.usual, model.usual
     try:
@@ -152,7 +211,7 @@ def _snapshot(repo_id: str) -> Path | None:
 def download(model: HubModel, missing: list[str]) -> Path:
     """Fetch what the model needs from the Hub: small files, then (after a header check) the weights."""
     api = HfApi()
-    info = _hub(model, missing, lambda: api.model_info(model.repo_id, files_metadata=True))
+    info = _model_info(model, missing)
     sizes = {s.rfilename: s.size or 0 for s in info.siblings or []}
     snapshot = cache_folder(model.repo_id) / "snapshots" / info.sha
 
@@ -174,6 +233,16 @@ def download(model: HubModel, missing: list[str]) -> Path:
     return snapshot
 
 
+def _model_info(model: HubModel, missing: list[str]):
+    """The Hub's description of the repo (file list with sizes, commit), checked: its commit
+    becomes a folder name in the cache, so anything but a commit hash is refused."""
+    info = _hub(model, missing, lambda: HfApi().model_info(model.repo_id, files_metadata=True))
+    if not (isinstance(info.sha, str) and COMMIT.fullmatch(info.sha)):
+        raise MiniT2IError(f"{model.repo_id}: the Hub at {constants.ENDPOINT} answered with revision "
+                           f"{str(info.sha)[:50]!r}, which is not a commit hash; check HF_ENDPOINT")
+    return info
+
+
 def remote_header(api: HfApi, repo_id: str, revision: str, names: list[str]) -> dict:
     """`read_index` of files on the Hub, from their safetensors headers only (HTTP range reads)."""
     index = {}
@@ -189,16 +258,16 @@ def describe_repo(repo_id: str, variant: str = "minit2i-b-16") -> tuple[str, Pat
 
     Returns the text, and the snapshot folder when it holds everything (to describe the model too).
     """
-    snapshot = _snapshot(repo_id)
+    snapshot = _snapshot(check_repo_id(repo_id))
     model = _model_for_info(repo_id, local_listing(snapshot) if snapshot else set(), variant)
-    _, needed, missing = cached_files(model)
+    _, needed, missing = cached_files(model, snapshot)
     sizes: dict[str, int] = {}
     unknown = "sizes unknown offline"
     if missing and not constants.is_offline_mode():
         try:
-            info = _hub(model, missing, lambda: HfApi().model_info(repo_id, files_metadata=True))
+            info = _model_info(model, missing)
         except HubUnreachable:
-            unknown, info = "sizes unknown: the Hub cannot be reached", None
+            unknown, info = f"sizes unknown: the Hub at {constants.ENDPOINT} cannot be reached; HF_HUB_OFFLINE=1 skips it", None
         sizes = {s.rfilename: s.size or 0 for s in info.siblings or []} if info else {}
     if sizes:
         model = _model_for_info(repo_id, set(sizes), variant)
@@ -229,9 +298,8 @@ def _shards_beside(index: str, names) -> list[str]:
 
 
 def _model_for_info(repo_id: str, names: set[str], variant: str) -> HubModel:
-    """A repo with T5 files (or a tokenizer.json) and no diffusion_pytorch_model.safetensors is taken for a T5."""
-    t5_files = {T5_WEIGHTS, T5_INDEX, "text_encoder/" + T5_WEIGHTS, "text_encoder/" + T5_INDEX, "tokenizer.json"}
-    if names & t5_files and not any(n.endswith(MMJIT_WEIGHTS) for n in names):
+    """A repo that `looks_like_t5` is taken for a T5, any other for a MiniT2I transformer."""
+    if looks_like_t5(names):
         return t5_model(repo_id)
     return mmjit_model(repo_id, variant)
 
@@ -269,13 +337,17 @@ def _hub(model: HubModel, files: list[str], call):
         raise MiniT2IError(f"{repo}: no such local path, and no model repo of that name on the Hub "
                            "(a private one needs `hf auth login`); check the name") from None
     except (OfflineModeIsEnabled, LocalEntryNotFoundError, httpx2.TransportError) as err:
-        raise not_cached(model, files, f"the Hub cannot be reached ({_first_line(err)})") from None
+        raise not_cached(model, files, f"the Hub at {constants.ENDPOINT} cannot be reached ({_first_line(err)}; "
+                                       "HF_HUB_OFFLINE=1 skips it)") from None
     except RemoteEntryNotFoundError:
         raise MiniT2IError(f"{repo} has no {', '.join(files)}; it does not hold a usable {model.kind}") from None
     except SafetensorsParsingError as err:
         raise MiniT2IError(f"{repo}: {_first_line(err)}; this repo does not hold a usable {model.kind}") from None
     except HfHubHTTPError as err:
         raise MiniT2IError(f"{repo}: the Hub answered {_first_line(err)}; try again later") from None
+    except ValueError as err:  # an answer that is not JSON, or not the JSON of a repo
+        raise MiniT2IError(f"{repo}: the Hub at {constants.ENDPOINT} gave an answer that cannot be read "
+                           f"({_first_line(err)[:80]}); check HF_ENDPOINT, or set HF_HUB_OFFLINE=1") from None
     except OSError as err:  # writing the cache: disk full, permissions
         raise MiniT2IError(f"cannot write to the Hugging Face cache {constants.HF_HUB_CACHE} ({err.strerror or err}); "
                            "free some space or set HF_HUB_CACHE to another folder") from None

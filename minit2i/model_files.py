@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from minit2i.core.checkpoint import Checkpoint, LoadedWeights, check_mmjit_header, check_t5_header
-from minit2i.core.checks import existing_path, read_json, read_json_object, short_list, shown
+from minit2i.core.checks import existing_path, read_json, read_json_object, read_limited, short_list, shown
 from minit2i.core.errors import MiniT2IError
 from minit2i.core.mmjit_config import VARIANT_ALIASES
 from minit2i.core.safetensors_file import read_index
@@ -36,6 +36,7 @@ log = logging.getLogger(__name__)
 MMJIT_WEIGHTS = "diffusion_pytorch_model.safetensors"
 T5_WEIGHTS = "model.safetensors"
 T5_INDEX = "model.safetensors.index.json"
+REF_LIMIT = 4096  # refs/main holds a 40-character commit hash
 # Where tokenizer.json may sit, relative to the T5 weights' folder: a T5 repo, a pipeline's text_encoder/.
 TOKENIZER_PLACES = ("tokenizer.json", "../tokenizer/tokenizer.json", "../tokenizer.json")
 
@@ -118,13 +119,23 @@ def _lone_safetensors(names: set[str], where: str, what: str, usual: str) -> lis
     raise MiniT2IError(f"{where}: expected the {what} weights ({usual}), found {found}; {fix}")
 
 
+def looks_like_t5(names: set[str]) -> bool:
+    """A listing with T5 files (or a tokenizer.json) and no diffusion_pytorch_model.safetensors is a T5's."""
+    t5_files = {T5_WEIGHTS, T5_INDEX, "text_encoder/" + T5_WEIGHTS, "text_encoder/" + T5_INDEX, "tokenizer.json"}
+    return bool(names & t5_files) and not any(n.endswith(MMJIT_WEIGHTS) for n in names)
+
+
 def find_mmjit_files(path: str | Path, variant: str = "minit2i-b-16") -> tuple[list[Path], Path | None]:
     """Resolve any accepted local MMJiT location to (safetensors files, config.json or None)."""
     root = existing_path(path, "--model")
     if root.is_file():
         return [root], _sibling_config(root)
     root = _hf_cache_snapshot(root, "mmjit")
-    return _local_files(root, choose_mmjit(local_listing(root), variant, str(root)))
+    names = local_listing(root)
+    if looks_like_t5(names):
+        raise MiniT2IError(f"--model {path} holds a T5 text encoder ({short_list(sorted(names), 3)}), not the MiniT2I "
+                           "transformer; pass it as --t5 and the transformer folder as --model")
+    return _local_files(root, choose_mmjit(names, variant, str(root)))
 
 
 def find_t5_files(path: str | Path) -> tuple[list[Path], Path | None]:
@@ -143,7 +154,7 @@ def find_tokenizer_json(t5_files: list[Path], explicit: str | Path | None = None
     folder = t5_files[0].parent
     for place in TOKENIZER_PLACES:
         candidate = Path(os.path.normpath(folder / place))
-        if candidate.is_file():
+        if os.path.lexists(candidate):  # a FIFO or broken link is named by its reader, not taken for absent
             return candidate
     raise MiniT2IError(
         f"no tokenizer.json next to {t5_files[0]}; put google/flan-t5-large's tokenizer.json there "
@@ -175,7 +186,7 @@ def _local_files(root: Path, choice: Choice) -> tuple[list[Path], Path | None]:
 
 def _sibling_config(weights: Path) -> Path | None:
     cfg = weights.parent / "config.json"
-    return cfg if cfg.is_file() else None
+    return cfg if os.path.lexists(cfg) else None
 
 
 def _hf_cache_snapshot(root: Path, kind: str) -> Path:
@@ -203,35 +214,36 @@ def cached_snapshot(repo: Path) -> Path | None:
         snapshots = [p for p in folder.iterdir() if p.is_dir()]
     except OSError as err:
         raise MiniT2IError(f"cannot read the folder {folder}: {err.strerror}; check its permissions") from None
-    commit, problem = _read_ref(repo / "refs" / "main")
+    ref = repo / "refs" / "main"
+    commit, problem = _read_ref(ref)
     if commit is not None and (folder / commit).is_dir():
         return folder / commit
     if commit is not None:
-        problem = f"names {commit}, which is not in {folder}"
+        problem = f"{ref} names {commit}, which is not in {folder}"
     if not snapshots:
         return None
     newest = max(snapshots, key=lambda p: p.stat().st_mtime)
     if problem:
-        log.warning(f"{repo / 'refs' / 'main'} {problem}; using the newest snapshot, {newest.name}")
+        log.warning(f"{problem}; using the newest snapshot, {newest.name}")
     return newest
 
 
 def _read_ref(ref: Path) -> tuple[str | None, str | None]:
     """(commit named by a refs/ file, or None; why it is unusable, or None when fine or absent)."""
-    try:
-        raw = ref.read_bytes()
-    except FileNotFoundError:
+    if not os.path.lexists(ref):
         return None, None
-    except OSError as err:
-        return None, f"cannot be read ({err.strerror})"
+    try:
+        raw = read_limited(ref, "refs/main", REF_LIMIT)
+    except MiniT2IError as err:
+        return None, str(err).split("; ")[0]  # the problem without its fix: the fix here is the fallback
     try:
         commit = raw.decode("ascii").strip()
     except UnicodeDecodeError:
-        return None, "is not a commit hash (it holds binary data)"
+        return None, f"{ref} is not a commit hash (it holds binary data)"
     if not commit:
-        return None, "is empty"
+        return None, f"{ref} is empty"
     if not re.fullmatch(r"[\w.-]+", commit) or commit in (".", ".."):
-        return None, f"is not a commit hash ({commit[:40]!r})"
+        return None, f"{ref} is not a commit hash ({commit[:40]!r})"
     return commit, None
 
 

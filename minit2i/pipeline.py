@@ -191,16 +191,16 @@ def check_backend(backend: str, precision: str) -> None:
                            "install g++ (apt install g++) on such a machine, or use --backend numpy")
 
 
-def validate(request: Request, model: Model | ModelFiles) -> None:
-    """Reject a request the model cannot run (only its configs are read), with the fix."""
+def validate(request: Request, model: Model | ModelFiles, given=("width", "height")) -> None:
+    """Reject a request the model cannot run (only its configs are read), with the fix; a size
+    not in `given` came from the model's config and is blamed on it, not on a flag."""
     patch = model.mmjit.config.patch_size
     for name, size in (("width", request.width), ("height", request.height)):
         if size < patch or size % patch:
             lower = max(patch, size // patch * patch)
-            raise MiniT2IError(
-                f"--{name} {size} is not a positive multiple of the patch size {patch}; "
-                f"use e.g. {lower} or {lower + patch}"
-            )
+            found = f"--{name} {size}" if name in given else f"the model's default {name} {size} (its image_size)"
+            raise MiniT2IError(f"{found} is not a positive multiple of the patch size {patch}; "
+                               f"use e.g. --{name} {lower} or {lower + patch}")
 
 
 def estimate_memory(request: Request, model: Model | ModelFiles, itemsize: int = 4) -> int:

@@ -606,14 +606,14 @@ def test_golden_record_failing_before_the_commit_keeps_the_old_recording(tmp_pat
     for name in (golden.MANIFEST_NAME, manifest["arrays_file"]):
         shutil.copy(golden.GOLDEN_DIR / name, tmp_path / name)
     monkeypatch.setattr(golden, "ITEMS", golden.ITEMS[:1])
-    real = golden._write_atomically
+    real = golden.write_atomically
 
     def fail_on_manifest(path, data):
         if path.name == golden.MANIFEST_NAME:
             raise OSError(28, "No space left on device", str(path))
         real(path, data)
 
-    monkeypatch.setattr(golden, "_write_atomically", fail_on_manifest)
+    monkeypatch.setattr(golden, "write_atomically", fail_on_manifest)
     assert_one_line_error(*run_cli("golden", "record", "--force", "--dir", tmp_path), "No space left on device")
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted([golden.MANIFEST_NAME, manifest["arrays_file"]])
     golden.load(tmp_path)  # still the old, consistent pair
@@ -798,3 +798,230 @@ def test_every_config_field_has_a_range():
     assert set(MMJIT_RANGES) == {f.name for f in dataclasses.fields(MMJiTConfig)}
     assert set(T5_RANGES) == {f.name for f in dataclasses.fields(T5Config)}
     assert Range(1, 3).describe() == "an integer in [1, 3]"
+
+
+# ---------------------------------------------------------------------------------------------
+# Every file from outside is checked for kind and size before it is read
+
+
+def test_refs_main_that_is_a_fifo_a_device_or_huge_is_worked_around(offline_hub, tiny, tmp_path):
+    from minit2i.model_files import cached_snapshot
+
+    snapshot = offline_hub.add("org/model", {"config.json": b"{}"})
+    ref = offline_hub.folder("org/model") / "refs" / "main"
+    for make, words in ((lambda: os.mkfifo(ref), "found a FIFO"), (lambda: ref.symlink_to("/dev/zero"), "character device"),
+                        (lambda: ref.write_bytes(b"a" * 10**6), "1.0 MB, more than the 4.1 kB")):
+        ref.unlink()
+        make()
+        with contextlib.redirect_stderr(io.StringIO()):
+            assert cached_snapshot(offline_hub.folder("org/model")) == snapshot  # the newest, at once
+
+
+@pytest.mark.parametrize("name", ["config.json", "model.safetensors.index.json"])
+def test_deeply_nested_json_is_one_line(tiny, tmp_path, name):
+    t5 = t5_copy(tiny, tmp_path / "t5", config=name != "config.json")
+    (t5 / name).write_bytes(b"[" * 100_000 + b"]" * 100_000)
+    assert_one_line_error(*run_cli("info", t5), "nests deeper than 100 levels")
+
+
+def test_deeply_nested_golden_manifest_and_fifo_arrays_are_one_line(tmp_path):
+    (tmp_path / golden.MANIFEST_NAME).write_bytes(b"{\"a\":" * 100_000 + b"1" + b"}" * 100_000)
+    assert_one_line_error(*run_cli("golden", "check", "--dir", tmp_path), "nests deeper than 100 levels")
+    manifest = json.loads((golden.GOLDEN_DIR / golden.MANIFEST_NAME).read_text())
+    (tmp_path / golden.MANIFEST_NAME).write_text(json.dumps(manifest))
+    os.mkfifo(tmp_path / manifest["arrays_file"])
+    assert_one_line_error(*run_cli("golden", "check", "--dir", tmp_path), "expected a file, found a FIFO")
+
+
+def test_golden_array_declaring_a_huge_shape_is_refused_before_allocation(tmp_path):
+    manifest = json.loads((golden.GOLDEN_DIR / golden.MANIFEST_NAME).read_text())
+    (tmp_path / golden.MANIFEST_NAME).write_text(json.dumps(manifest))
+    header = {"descr": "<f8", "fortran_order": False, "shape": (10**5, 10**5)}  # 74.5 GiB
+    member = io.BytesIO()
+    np.lib.format.write_array_header_1_0(member, header)
+    import zipfile
+
+    with zipfile.ZipFile(tmp_path / manifest["arrays_file"], "w") as archive:
+        archive.writestr("t5.hidden.npy", member.getvalue() + b"\0" * 64)
+    assert_one_line_error(*run_cli("golden", "check", "--dir", tmp_path), "declares 80.0 GB of data")
+
+
+def test_safetensors_header_with_a_million_entries_is_refused_at_once(tiny, tmp_path):
+    import time
+
+    entry = b'"t%07d":{"dtype":"F32","shape":[0],"data_offsets":[0,0]},'
+    blob = b"{" + b"".join(entry % i for i in range(1_000_000))[:-1] + b"}"
+    path = tmp_path / "many.safetensors"
+    path.write_bytes(struct.pack("<Q", len(blob)) + blob)
+    started = time.monotonic()
+    assert_one_line_error(*run_cli("info", path), "declares a safetensors header of")
+    blob = b"{" + b"".join(entry % i for i in range(70_000))[:-1] + b"}"
+    path.write_bytes(struct.pack("<Q", len(blob)) + blob)
+    assert_one_line_error(*run_cli("info", path), "lists over 65,536 tensors")
+    assert time.monotonic() - started < 5
+
+
+def test_fifo_tokenizer_and_config_beside_the_weights_are_named(tiny, tmp_path):
+    t5 = t5_copy(tiny, tmp_path / "t5", tokenizer=False)
+    os.mkfifo(t5 / "tokenizer.json")
+    assert_one_line_error(*run_cli("generate", *TINY_ARGS, "--model", tiny[0], "--t5", t5, "-o", tmp_path / "x.png"),
+                          "tokenizer", "found a FIFO")
+    model = transformer_copy(tiny, tmp_path / "m", config=False)
+    os.symlink(tmp_path / "gone", model / "config.json")
+    assert_one_line_error(*run_cli("info", model / "diffusion_pytorch_model.safetensors"), "which does not exist")
+
+
+def test_info_under_an_address_space_limit_is_one_line(tiny, tmp_path):
+    """A 5 GB (sparse) model under a 4 GiB address-space limit: a report or one line, never MemoryError."""
+    import resource
+
+    path = tmp_path / "big.safetensors"
+    shutil.copy(tiny[0] / "diffusion_pytorch_model.safetensors", path)
+    with open(path, "r+b") as f:
+        f.truncate(5 * 10**9)
+
+    def limited():
+        resource.setrlimit(resource.RLIMIT_AS, (4 * 2**30, 4 * 2**30))
+
+    result = subprocess.run([sys.executable, "-m", "minit2i.cli", "info", str(path)], capture_output=True, text=True,
+                            preexec_fn=limited, timeout=120)
+    assert "Traceback" not in result.stderr and result.returncode == 2 and result.stderr.count("\n") == 1
+
+
+# ---------------------------------------------------------------------------------------------
+# Start-up, Ctrl-C and standard streams
+
+
+DEMO_READS = """
+import sys
+from minit2i.default_model import DEMO_MODEL_DIR
+
+def refuse(event, args):
+    if event == "open" and str(DEMO_MODEL_DIR) in str(args[0]):
+        raise PermissionError(13, "the demo model was read", str(args[0]))
+
+sys.addaudithook(refuse)
+from minit2i.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_help_and_a_user_model_read_nothing_of_the_demo_model(tiny, tmp_path):
+    for args in (["--help"], ["generate", "--help"], [*TINY_ARGS[:0], "generate", *TINY_ARGS, "--model", tiny[0],
+                                                       "--t5", tiny[1], "-o", tmp_path / "x.png"]):
+        result = subprocess.run([sys.executable, "-c", DEMO_READS, *map(str, args)], capture_output=True, text=True,
+                                timeout=120)
+        assert result.returncode == 0 and result.stderr == "", result.stderr
+    assert (tmp_path / "x.png").is_file()
+
+
+def test_ctrl_c_during_golden_record_exits_130_in_one_line(tmp_path):
+    import signal
+    import time
+
+    process = subprocess.Popen([sys.executable, "-m", "minit2i.cli", "golden", "record", "--dir", str(tmp_path)],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    time.sleep(4)  # past start-up, inside the recipes (they take longer than this)
+    process.send_signal(signal.SIGINT)
+    out, err = process.communicate(timeout=60)
+    assert (process.returncode, out, err) == (130, "", "minit2i: interrupted\n")
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+def test_a_closed_pipe_is_a_quiet_exit_and_a_closed_stdout_an_error(tiny):
+    command = [sys.executable, "-m", "minit2i.cli", "info", str(tiny[0])]
+    reader = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    reader.stdout.close()  # the reader goes away before the report is written
+    assert reader.wait(timeout=60) == 0 and reader.stderr.read() == b""
+    closed = subprocess.run(command, capture_output=False, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: os.close(1), timeout=60)
+    assert closed.returncode == 2 and closed.stderr == (
+        "minit2i: error: stdout is closed; redirect it (e.g. >/dev/null) instead of closing it\n")
+
+
+# ---------------------------------------------------------------------------------------------
+# Precise messages, second round
+
+
+def test_output_names_too_long_for_their_temporary_file_are_refused_before_work(tiny, tmp_path, no_tensor_reads):
+    for length in (241, 250, 255):
+        name = "x" * (length - 4) + ".png"
+        assert_one_line_error(*run_cli("generate", *TINY_ARGS, "--model", tiny[0], "--t5", tiny[1],
+                                       "-o", tmp_path / name), f"is {length} bytes", "limit on file names")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_t5_folder_is_named_as_a_t5(tiny, tmp_path):
+    t5 = t5_copy(tiny, tmp_path / "t5")
+    line = assert_one_line_error(*run_cli("generate", *TINY_ARGS, "--model", t5, "--t5", tiny[1]),
+                                 "holds a T5 text encoder", "pass it as --t5")
+    assert "config.json" not in line.split("(")[0]
+    (t5 / "model.safetensors").unlink()
+    (t5 / "model.safetensors").write_bytes(b"damaged")
+    line = assert_one_line_error(*run_cli("info", t5), "model.safetensors")
+    assert "transformer" not in line
+
+
+def test_library_width_argument_is_type_checked(tiny):
+    from minit2i.model_files import load_t5
+
+    with pytest.raises(MiniT2IError, match=r'expected_d_model .* must be an integer in \[1, 65536\], found "128"'):
+        load_t5(tiny[1], expected_d_model="128")
+
+
+def test_size_from_the_config_is_not_blamed_on_a_flag(tiny, tmp_path):
+    model = transformer_copy(tiny, tmp_path / "m")
+    config = json.loads((model / "config.json").read_text())
+    (model / "config.json").write_text(json.dumps({**config, "image_size": 62}))
+    line = assert_one_line_error(*run_cli("generate", "-p", "a cat", "--steps", "1", "-q", "--model", model,
+                                          "--t5", tiny[1], "-o", tmp_path / "x.png"),
+                                 "the model's default width 62 (its image_size)")
+    assert "--width 62" not in line
+
+
+@pytest.mark.parametrize("prompt", ["...", "!?", "— –"])
+def test_a_prompt_without_a_word_is_refused(tiny, tmp_path, prompt):
+    assert_one_line_error(*run_cli("generate", *TINY_ARGS[2:], "-p", prompt, "--model", tiny[0], "--t5", tiny[1],
+                                   "-o", tmp_path / "x.png"), "has no word")
+
+
+def test_golden_record_into_an_empty_dir_name_is_refused(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert_one_line_error(*run_cli("golden", "record", "--dir", ""), "an empty path names no folder")
+    assert list(tmp_path.iterdir()) == []
+
+
+FILE_KINDS = ["fifo", "folder", "broken link", "device", "oversize", "empty"]
+
+
+def _make_kind(path: Path, kind: str) -> None:
+    """Put a file of `kind` at `path` (replacing what is there)."""
+    if path.is_symlink() or path.is_file():
+        path.unlink()
+    if kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "folder":
+        path.mkdir()
+    elif kind == "broken link":
+        path.symlink_to(path.parent / "gone")
+    elif kind == "device":
+        path.symlink_to("/dev/zero")
+    elif kind == "oversize":
+        with open(path, "wb") as f:
+            f.truncate(100 * 2**20)  # sparse: larger than any limit for these files
+    else:
+        path.write_bytes(b"")
+
+
+@CASES
+@given(name=st.sampled_from(["config.json", "tokenizer.json", "model.safetensors", "model.safetensors.index.json"]),
+       kind=st.sampled_from(FILE_KINDS))
+def test_generated_file_kinds_and_sizes(tiny, name, kind):
+    """Every file of a model folder as a FIFO, folder, broken link, device, oversized or empty
+    file: one line at once (nothing blocks or is read whole), or a normal run for a file that is
+    optional and unused."""
+    with tempfile.TemporaryDirectory() as root:
+        t5 = t5_copy(tiny, Path(root) / "t5")
+        _make_kind(t5 / name, kind)
+        generate_outcome(tiny[0], t5)
+        info_outcome(t5)

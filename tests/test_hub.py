@@ -15,6 +15,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -317,10 +318,15 @@ class FakeHub(ThreadingHTTPServer):
     Every request is logged as (method, path, Range header or None).
     """
 
+    daemon_threads = True  # a handler kept silent on purpose must not hold up the shutdown
+
     def __init__(self, repos: dict[str, dict[str, bytes]]):
         super().__init__(("127.0.0.1", 0), FakeHubHandler)
         self.repos = repos
         self.requests: list[tuple[str, str, str | None]] = []
+        # How the file list of a repo is answered when it misbehaves: repo -> one of MISBEHAVIOURS.
+        self.misbehaving: dict[str, str] = {}
+        self.stopping = threading.Event()
 
     @property
     def url(self) -> str:
@@ -345,6 +351,8 @@ class FakeHubHandler(BaseHTTPRequestHandler):
         hub.requests.append((self.command, path, self.headers.get("Range")))
         if m := re.fullmatch(r"/api/models/([^/]+/[^/]+)(?:/revision/[^/]+)?", path):
             repo = m.group(1)
+            if repo in hub.misbehaving:
+                return self._misbehave(hub.misbehaving[repo], repo)
             if repo not in hub.repos:
                 return self._send(404, b"{}", {"X-Error-Code": "RepoNotFound"}, body)
             info = {"id": repo, "sha": hub.commit(repo),
@@ -363,6 +371,25 @@ class FakeHubHandler(BaseHTTPRequestHandler):
             headers["Content-Range"] = f"bytes {start}-{end}/{len(content)}"
             return self._send(206, content[start:end + 1], headers, body)
         return self._send(200, content, headers, body)
+
+    def _misbehave(self, how: str, repo: str):
+        """Answer the file list as a broken or hostile endpoint would (bounded: at most 30 s)."""
+        if how == "silent":  # accept the connection, never answer
+            self.server.stopping.wait(30)
+        elif how == "trickle":  # a valid start, then one byte every 0.2 s
+            self.send_response(200)
+            self.send_header("Content-Length", "1000")
+            self.end_headers()
+            for _ in range(150):
+                if self.server.stopping.wait(0.2):
+                    break
+                self.wfile.write(b" ")
+                self.wfile.flush()
+        else:
+            sha = {"revision": "../../..", "shell": "$(touch pwned)"}.get(how, "0" * 40)
+            info = {"id": repo, "sha": sha, "siblings": [{"rfilename": "config.json", "size": 10}]}
+            content = b"<html>not json" if how == "not-json" else json.dumps(info).encode()
+            self._send(200, content, {"Content-Type": "application/json"}, True)
 
     def _send(self, status: int, content: bytes, headers: dict, body: bool):
         self.send_response(status)
@@ -391,6 +418,7 @@ def fake_hub(tiny_model, tmp_path):
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     yield server
+    server.stopping.set()
     server.shutdown()
     server.server_close()
 
@@ -480,6 +508,43 @@ def test_unknown_repo_and_unreachable_hub_are_one_line(fake_hub, tmp_path):
                      "--model", "MiniT2I/MiniT2I")
     assert result.returncode == 2 and result.stderr.count("\n") == 1
     assert result.stderr.startswith(f"minit2i: error: MiniT2I/MiniT2I: {TRANSFORMER}config.json, ")
-    assert "and the Hub cannot be reached (" in result.stderr
+    assert f"and the Hub at http://127.0.0.1:{closed} cannot be reached (" in result.stderr
     assert result.stderr.endswith(f"fetch them with: hf download MiniT2I/MiniT2I {TRANSFORMER}config.json "
                                   f"{TRANSFORMER}diffusion_pytorch_model.safetensors\n")
+
+
+MISBEHAVIOURS = ["silent", "trickle", "not-json", "revision", "shell"]
+
+
+@pytest.mark.parametrize("how", MISBEHAVIOURS)
+@pytest.mark.parametrize("command", ["generate", "info"])
+def test_a_misbehaving_hub_is_one_line_within_the_timeout(fake_hub, tmp_path, how, command):
+    """Silent or trickling answers are given up after HF_HUB_DOWNLOAD_TIMEOUT (1 s here); an
+    answer that is not JSON or names a revision that is not a commit is refused; nothing is
+    written into the cache or beside it."""
+    repo = f"bad-org/{how}"
+    fake_hub.misbehaving[repo] = how
+    env = {"HF_ENDPOINT": fake_hub.url, "HF_HUB_DOWNLOAD_TIMEOUT": "1", "HF_HUB_ETAG_TIMEOUT": "1"}
+    args = ["generate", "-p", "a cat", "--model", repo, "-o", "x.png"] if command == "generate" else ["info", repo]
+    started = time.monotonic()
+    result = run_cli(tmp_path, env, *args)
+    assert time.monotonic() - started < 25
+    assert result.returncode == (2 if command == "generate" or how in ("not-json", "revision", "shell") else 0)
+    line = result.stderr if command == "generate" else result.stderr or result.stdout
+    assert "Traceback" not in result.stderr and result.stderr.count("\n") <= 1
+    words = {"silent": ["cannot be reached", "HF_HUB_OFFLINE=1", fake_hub.url],
+             "trickle": ["cannot be reached", "HF_HUB_OFFLINE=1", fake_hub.url],
+             "not-json": ["gave an answer that cannot be read", fake_hub.url],
+             "revision": ["'../../..', which is not a commit hash"],
+             "shell": ["which is not a commit hash"]}[how]
+    assert all(w in line for w in words), line
+    assert not Path("x.png").exists() and not Path("pwned").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("repo_id", ["a/b.", "a/b-", "org/" + "n" * 97])
+def test_repo_ids_the_hub_refuses_are_one_line_without_the_network(fake_hub, tmp_path, capsys, repo_id):
+    for args in (["generate", "-p", "a cat", "--model", repo_id], ["info", repo_id]):
+        code, out, err = cli(capsys, *args)
+        assert code == 2 and err.count("\n") == 1 and "not a valid Hub repo id" in err, err
+    assert fake_hub.requests == []

@@ -7,9 +7,13 @@ that the script runs, resumes deterministically and exports files the NumPy refe
 from __future__ import annotations
 
 import json
+import os
+import tempfile
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from minit2i.core.checkpoint import nest
 from minit2i.pipeline import load_model
@@ -108,6 +112,14 @@ def test_accuracy_report_counts_groups_separately():
 # Training script (tiny configuration)
 
 
+def train_checkpoint(folder) -> tuple[dict[str, np.ndarray], int]:
+    """(tensors, step) of a run's checkpoint, read as plain data."""
+    from safetensors import safe_open
+
+    with safe_open(str(folder / train.CHECKPOINT), framework="numpy") as f:
+        return {k: f.get_tensor(k) for k in f.keys()}, json.loads(f.metadata()["run"])["step"]
+
+
 def run_training(folder, steps):
     train.main(["--tiny", "--steps", str(steps), "--run", str(folder), "--export-dir", str(folder / "export"),
                 "--eval-every", "0", "--checkpoint-every", "2", "--batch", "4", "--threads", "1"])
@@ -127,10 +139,11 @@ def test_training_resumes_to_the_same_weights(trained):
     """Step k's batch, noise and t depend only on (seed, k), so a resumed run repeats the
     uninterrupted one; the only difference allowed is float32 summation order (one thread here,
     so none is expected, but torch does not promise it): 1e-6 relative."""
-    whole, split = (torch.load(f / "checkpoint.pt", weights_only=False) for f in trained)
-    assert whole["step"] == split["step"] == 4
-    for name, value in whole["ema"].items():
-        np.testing.assert_allclose(split["ema"][name].numpy(), value.numpy(), rtol=1e-6, atol=1e-7)
+    whole, split = (train_checkpoint(f) for f in trained)
+    assert whole[1] == split[1] == 4
+    assert set(whole[0]) == set(split[0]) and any(name.startswith("adam/") for name in whole[0])
+    for name, value in whole[0].items():
+        np.testing.assert_allclose(split[0][name], value, rtol=1e-6, atol=1e-7)
     losses = [json.loads(line)["loss"] for line in (trained[0] / "log.jsonl").read_text().splitlines()]
     assert all(np.isfinite(losses))
 
@@ -180,3 +193,213 @@ def test_resuming_with_another_architecture_is_one_line(trained, capsys):
     """The tiny run's checkpoint cannot be resumed as the full demo architecture."""
     assert train.main(["--run", str(trained[0]), "--export-dir", str(trained[0] / "other"), "--steps", "5"]) == 2
     assert "was made with other settings" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------------------------------------
+# Bad input: one line, exit 2 (130 for Ctrl-C), nothing existing removed or changed
+
+
+TINY = ["--tiny", "--batch", "4"]  # the settings of the `trained` runs
+
+
+def training_error(capsys, *argv, status=2) -> str:
+    """Run train.main (argparse's exit included); assert the status and one error line, return it."""
+    try:
+        code = train.main([str(a) for a in argv])
+    except SystemExit as exit_:
+        code = exit_.code
+    assert code == status
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and err.count("\n") == 1, err
+    return err
+
+
+def snapshot(folder) -> dict:
+    """Every file under `folder` with its bytes (and every folder), to prove nothing changed."""
+    return {str(p.relative_to(folder)): p.read_bytes() if p.is_file() else None for p in sorted(folder.rglob("*"))}
+
+
+def test_export_refuses_a_folder_of_user_files(trained, tmp_path, capsys):
+    user = tmp_path / "photos"
+    (user / "2024").mkdir(parents=True)
+    (user / "2024" / "beach.jpg").write_bytes(b"\xff\xd8 a photo")
+    (user / "notes.txt").write_text("mine")
+    before = snapshot(user)
+    err = training_error(capsys, *TINY, "--run", trained[0], "--export-only", "--export-dir", user)
+    assert "holds files that are not a previous export (2024, notes.txt)" in err
+    assert snapshot(user) == before
+
+
+def test_export_refuses_the_run_folder_files_devices_and_links(trained, tmp_path, capsys):
+    run = trained[0]
+    before = snapshot(run)
+    plain = tmp_path / "plain"
+    plain.write_text("keep me")
+    (tmp_path / "link").symlink_to(run / "export")
+    for target, words in ((run, "holds the --run folder"), (run.parent, "holds"), (plain, "is a file, not a folder"),
+                          ("/dev/null", "is a character device, not a folder"),
+                          (tmp_path / "link", "is a symbolic link")):
+        err = training_error(capsys, *TINY, "--run", run, "--export-only", "--export-dir", target)
+        assert words in err, err
+    assert snapshot(run) == before and plain.read_text() == "keep me"
+    assert os.path.exists("/dev/null") and not os.path.isdir("/dev/null")
+
+
+def test_export_replaces_a_previous_export_and_keeps_it_if_interrupted(trained, tmp_path, capsys, monkeypatch):
+    export = tmp_path / "export"
+    assert train.main([*TINY, "--run", str(trained[0]), "--export-only", "--export-dir", str(export)]) == 0
+    before = snapshot(export)
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(train, "save_model", interrupted)
+    assert training_error(capsys, *TINY, "--run", trained[0], "--export-only", "--export-dir", export,
+                          status=130) == "train: interrupted\n"
+    assert snapshot(export) == before and sorted(p.name for p in tmp_path.iterdir()) == ["export"]
+    monkeypatch.undo()
+    assert train.main([*TINY, "--run", str(trained[0]), "--export-only", "--export-dir", str(export)]) == 0
+    assert snapshot(export) == before  # the same checkpoint exports the same files
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["export"]
+
+
+def test_a_crafted_checkpoint_cannot_run_code(tmp_path, capsys):
+    """A pickle that would create a file when unpickled, as checkpoint.pt (the old format) and
+    as checkpoint.safetensors: neither is unpickled."""
+    import pickle
+
+    marker = tmp_path / "pwned"
+
+    class Payload:
+        def __reduce__(self):
+            return (open, (str(marker), "w"))
+
+    for name in ("checkpoint.pt", train.CHECKPOINT):
+        run = tmp_path / name.replace(".", "-")
+        run.mkdir()
+        (run / name).write_bytes(pickle.dumps(Payload()))
+        err = training_error(capsys, *TINY, "--run", run, "--export-only", "--export-dir", tmp_path / "out")
+        assert "never loaded" in err if name == "checkpoint.pt" else "is not a readable checkpoint" in err
+    assert not marker.exists() and not (tmp_path / "out").exists()
+
+
+def damaged_checkpoints(source) -> dict[str, bytes]:
+    """A good checkpoint cut short, with a tensor of another shape, with a tensor missing, with
+    another step type, and from another run's settings."""
+    from safetensors.numpy import save
+
+    from safetensors import safe_open
+
+    good = (source / train.CHECKPOINT).read_bytes()
+    tensors, _ = train_checkpoint(source)
+    with safe_open(str(source / train.CHECKPOINT), framework="numpy") as f:
+        record = json.loads(f.metadata()["run"])
+    name = sorted(k for k in tensors if k.startswith("params/"))[0]
+
+    def with_(changed, **fields):
+        return save(changed, metadata={"run": json.dumps({**record, **fields})})
+
+    return {
+        "truncated": good[:len(good) // 2],
+        "reshaped": with_({**tensors, name: np.zeros(3, np.float32)}),
+        "missing": with_({k: v for k, v in tensors.items() if k != name}),
+        "step": with_(tensors, step="4"),
+        "settings": with_(tensors, identity={"recipe": {}}),
+    }
+
+
+@pytest.mark.parametrize("damage, words", [
+    ("truncated", "is not a readable checkpoint"),
+    ("reshaped", "is float32 [3], expected float32"),
+    ("missing", "missing params/"),
+    ("step", 'step must be an integer in [0, 10000000], found "4" (a string)'),
+    ("settings", "was made with other settings"),
+])
+def test_damaged_checkpoints_are_one_line(trained, tmp_path, capsys, damage, words):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / train.CHECKPOINT).write_bytes(damaged_checkpoints(trained[0])[damage])
+    before = snapshot(run)
+    for mode in (["--export-only"], ["--steps", "6"], ["--sweep", "--sweep-steps", "1", "--eval-prompts", "1"]):
+        assert words in training_error(capsys, *TINY, "--run", run, "--export-dir", tmp_path / "out", *mode)
+    assert snapshot(run) == before and not (tmp_path / "out").exists()
+
+
+def test_nothing_is_exported_or_evaluated_without_a_checkpoint(tmp_path, capsys):
+    for mode in (["--export-only"], ["--sweep"]):
+        err = training_error(capsys, *TINY, "--run", tmp_path / "run", "--export-dir", tmp_path / "out", *mode)
+        assert "no checkpoint in --run" in err
+    assert sorted(tmp_path.iterdir()) == []
+
+
+def test_non_finite_weights_are_not_exported(trained, tmp_path, capsys, monkeypatch):
+    real_resume = train.Run._resume
+
+    def diverged(self):
+        real_resume(self)
+        next(iter(self.ema.values())).fill_(float("nan"))
+
+    monkeypatch.setattr(train.Run, "_resume", diverged)
+    err = training_error(capsys, *TINY, "--run", trained[0], "--export-only", "--export-dir", tmp_path / "out")
+    assert "the weights hold NaN or Inf" in err and not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["--seed", "-1"], ["--seed", "found -1"]),
+    (["--threads", "100000"], ["--threads", "found 100000"]),
+    (["--sweep", "--sweep-steps", "-5"], ["--sweep-steps must be an integer in [1, 10000], found -5"]),
+    (["--sweep", "--sweep-steps", "0"], ["--sweep-steps", "found 0"]),
+    (["--sweep", "--sweep-cfg", "nan"], ["--sweep-cfg", "found nan"]),
+    (["--cfg-scale", "inf"], ["--cfg-scale", "found inf"]),
+    (["--steps", "x"], ["argument --steps: invalid int value: 'x'"]),
+])
+def test_more_bad_training_arguments_are_one_line(argv, words, tmp_path, capsys):
+    err = training_error(capsys, *argv, "--run", tmp_path / "run", "--export-dir", tmp_path / "out")
+    assert err.startswith("train: error:") and all(w in err for w in words), err
+    assert sorted(tmp_path.iterdir()) == []
+
+
+def test_run_folder_that_is_a_file_is_one_line(tmp_path, capsys):
+    (tmp_path / "run").write_text("keep")
+    assert "--run" in training_error(capsys, *TINY, "--run", tmp_path / "run", "--export-dir", tmp_path / "out")
+    assert (tmp_path / "run").read_text() == "keep"
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["--prompts", "0"], "--prompts must be an integer in [1, 10000], found 0"),
+    (["--model-dir", "{tmp}/nowhere"], "--model-dir"),
+    (["--json", "{tmp}/no/such/folder/report.json"], "--json folder"),
+    (["--json", "{tmp}"], "is a folder"),
+    (["--json", "{tmp}/" + "r" * 250 + ".json"], "limit on file names"),
+])
+def test_bad_evaluation_arguments_are_one_line_before_any_work(argv, words, tmp_path, capsys, monkeypatch):
+    from minit2i.training import evaluate
+
+    monkeypatch.setattr(evaluate, "generate_scenes", lambda *a: pytest.fail("images were generated"))
+    assert evaluate.main([a.format(tmp=tmp_path) for a in argv]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("evaluate: error:") and err.count("\n") == 1 and words in err, err
+    assert sorted(tmp_path.iterdir()) == []
+
+TRAINING_FLAGS = ["--steps", "--batch", "--seed", "--threads", "--eval-every", "--eval-prompts", "--checkpoint-every",
+                  "--sample-steps", "--cfg-scale", "--sweep-steps", "--sweep-cfg"]
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(flags=st.dictionaries(st.sampled_from(TRAINING_FLAGS), st.one_of(
+    st.integers(-2**64, 2**64), st.integers(-3, 3), st.floats(allow_nan=True),
+    st.sampled_from(["", "x", "nan", "inf", "1e999"])), min_size=1, max_size=3))
+def test_generated_training_arguments(tmp_path, capsys, monkeypatch, flags):
+    """Any mix of argument values: one line and nothing created, or every check passes (the run
+    is then stopped where training would start)."""
+    monkeypatch.setattr(train, "run_command", lambda args: 0)
+    argv = [a for flag, value in flags.items() for a in (flag, str(value))]
+    with tempfile.TemporaryDirectory(dir=tmp_path) as root:
+        try:
+            code = train.main([*argv, "--run", f"{root}/run", "--export-dir", f"{root}/out"])
+        except SystemExit as exit_:
+            code = exit_.code
+        err = capsys.readouterr().err
+        assert "Traceback" not in err
+        assert code == 0 or (code == 2 and err.count("\n") == 1 and err.startswith("train: error:")), err
+        assert os.listdir(root) == []

@@ -19,7 +19,6 @@ pairs, and can write the table as Markdown for docs/demo-model.md.
 
 from __future__ import annotations
 
-import argparse
 import itertools
 import json
 import sys
@@ -27,9 +26,9 @@ from pathlib import Path
 
 import numpy as np
 
-from minit2i.core.checks import Range
-from minit2i.core.errors import MiniT2IError
+from minit2i.core.checks import Range, check_output_file, existing_path, write_atomically
 from minit2i.core.images import to_pixels
+from minit2i.cli import OneLineParser, emit, guarded
 from minit2i.reference.sampler import initial_noise, sample
 
 from . import shapes
@@ -155,24 +154,27 @@ def markdown_table(report: dict) -> str:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--prompts", type=int, default=64, help="held-in prompts (held-out: half as many)")
-    p.add_argument("--seeds", type=int, default=2)
-    p.add_argument("--model-dir", type=Path, default=None, help="default: the shipped demo model")
-    p.add_argument("--json", type=Path, default=None, help="also write the report here")
-    args = p.parse_args(argv)
-    try:
+    def command() -> int:
+        p = OneLineParser(prog="evaluate", description=__doc__.splitlines()[0])
+        p.add_argument("--prompts", type=int, default=64, help="held-in prompts (held-out: half as many)")
+        p.add_argument("--seeds", type=int, default=2)
+        p.add_argument("--model-dir", type=Path, default=None, help="default: the shipped demo model")
+        p.add_argument("--json", type=Path, default=None, help="also write the report here")
+        args = p.parse_args(argv)
         Range(1, 10**4).check("--prompts", args.prompts)
         Range(1, 10**4).check("--seeds", args.seeds)
+        if args.model_dir is not None:
+            existing_path(args.model_dir, "--model-dir")
+        if args.json is not None:
+            check_output_file(args.json, "--json")
         scenes = evaluation_scenes(args.prompts, args.seeds)
         report = accuracy_report(scenes, generate_scenes(scenes, args.model_dir))
-    except MiniT2IError as err:
-        print(f"evaluate: error: {err}", file=sys.stderr)
-        return 2
-    print(markdown_table(report))
-    if args.json:
-        args.json.write_text(json.dumps(report, indent=2) + "\n")
-    return 0
+        emit(markdown_table(report))
+        if args.json:
+            write_atomically(args.json, (json.dumps(report, indent=2) + "\n").encode())
+        return 0
+
+    return guarded("evaluate", command)
 
 
 if __name__ == "__main__":

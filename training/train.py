@@ -2,7 +2,7 @@
 
     python -m minit2i.training.train                       # train (or resume) runs/demo, export to minit2i/demo_model
     python -m minit2i.training.train --steps 20 --tiny --run runs/smoke --export-dir /tmp/smoke
-    python -m minit2i.training.train --export-only         # re-export the last checkpoint
+    python -m minit2i.training.train --export-only         # re-export the last checkpoint (checkpoint.safetensors)
 
 The objective is MiniT2I's (model.md 4.1, 7.4): x_t = t x + (1 - t) 2 eps with t ~ sigmoid(N(mu, s)),
 the network predicts x0 and the loss is the MSE between the implied velocity
@@ -19,12 +19,12 @@ non-determinism of multi-threaded float32 reductions in torch).
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import math
 import os
 import shutil
+import stat
 import sys
 import tempfile
 import time
@@ -32,16 +32,20 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import safetensors.torch
 import torch
+from safetensors import SafetensorError
 from tqdm import tqdm
 
 from minit2i.core.checkpoint import nest
-from minit2i.core.checks import Range
+from minit2i.core.checks import Range, file_kind, parse_json, read_limited, short_list
 from minit2i.core.errors import MiniT2IError
 from minit2i.core.mmjit_config import MMJiTConfig, mmjit_expected_shapes
 from minit2i.core.t5_config import T5Config, t5_expected_shapes
 from minit2i.core.tokenizer import PromptTokenizer, make_word_tokenizer
+from minit2i.cli import OneLineParser, emit, guarded
 from minit2i.default_model import DEMO_MODEL_DIR, save_model
+from minit2i.pipeline import REQUEST_RANGES
 
 from . import shapes
 from .evaluate import evaluate_scenes, evaluation_scenes
@@ -155,8 +159,21 @@ def v_loss(params: dict, mmjit: MMJiTConfig, t5: T5Config, tables, batch: dict, 
 # The run: checkpoint, resume, log, evaluate, export
 
 
+CHECKPOINT = "checkpoint.safetensors"
+CHECKPOINT_LIMIT = 16 * 2**30  # a checkpoint of the full demo run is ~40 MB
+# The tensors a checkpoint holds for each parameter NAME, and the shape they have: the parameter's
+# own shape, except AdamW's step count (a scalar).
+CHECKPOINT_TENSORS = {"params/{}": True, "ema/{}": True, "adam/{}/exp_avg": True, "adam/{}/exp_avg_sq": True,
+                      "adam/{}/step": False}
+
+
 class Run:
-    """A training run in `folder`: checkpoint.pt (weights, EMA, optimiser, step) and log.jsonl."""
+    """A training run in `folder`: checkpoint.safetensors (weights, EMA, optimiser state, and
+    as JSON metadata the step and the settings) and log.jsonl.
+
+    A checkpoint is data, never code: safetensors holds only tensors and strings, so a crafted
+    file can at worst be refused (a pickle, as torch.save writes, runs whatever it names).
+    """
 
     def __init__(self, folder: Path, recipe: Recipe, mmjit: MMJiTConfig, t5: T5Config):
         self.folder, self.recipe, self.mmjit, self.t5 = folder, recipe, mmjit, t5
@@ -168,12 +185,15 @@ class Run:
         self.optimizer = torch.optim.AdamW(self.params.values(), lr=recipe.lr, betas=recipe.betas,
                                            weight_decay=recipe.weight_decay)
         self.step = 0
+        if (folder / "checkpoint.pt").exists():
+            raise MiniT2IError(f"{folder / 'checkpoint.pt'} is a pickled checkpoint of an older version, which is "
+                               "never loaded (unpickling can run code); start a new --run folder")
         if self.checkpoint_path.exists():
             self._resume()
 
     @property
     def checkpoint_path(self) -> Path:
-        return self.folder / "checkpoint.pt"
+        return self.folder / CHECKPOINT
 
     def identity(self) -> dict:
         """What a checkpoint must share with the run that resumes it. The total step count is
@@ -183,26 +203,63 @@ class Run:
         return {"recipe": recipe, "mmjit": dataclasses.asdict(self.mmjit), "t5": dataclasses.asdict(self.t5)}
 
     def _resume(self) -> None:
-        state = torch.load(self.checkpoint_path, weights_only=False)
-        if state["identity"] != json.loads(json.dumps(self.identity())):
-            raise MiniT2IError(f"{self.checkpoint_path} was made with other settings (recipe or architecture); "
-                               "use another --run folder")
-        names = list(self.params)
+        path = self.checkpoint_path
+        fix = "use another --run folder"
+        data = read_limited(path, "checkpoint", CHECKPOINT_LIMIT)
+        try:
+            tensors = safetensors.torch.load(data)
+        except (SafetensorError, ValueError) as err:
+            raise MiniT2IError(f"{path} is not a readable checkpoint ({err}); {fix}") from None
+        header = parse_json(data[8:8 + int.from_bytes(data[:8], "little")], "the header of", path)
+        record = parse_json((header.get("__metadata__") or {}).get("run", "").encode(), "the run record in", path)
+        if not isinstance(record, dict) or record.get("identity") != json.loads(json.dumps(self.identity())):
+            raise MiniT2IError(f"{path} was made with other settings (recipe or architecture); {fix}")
+        step = Range(0, 10**7).check(f"{path}: step", record.get("step"))
+        self._check_tensors(tensors, path)
         with torch.no_grad():
-            for k in names:
-                self.params[k].copy_(state["params"][k])
-                self.ema[k].copy_(state["ema"][k])
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.step = state["step"]
+            for k in self.params:
+                self.params[k].copy_(tensors[f"params/{k}"])
+                self.ema[k].copy_(tensors[f"ema/{k}"])
+        state = {i: {part: tensors[f"adam/{k}/{part}"] for part in ("exp_avg", "exp_avg_sq", "step")}
+                 for i, k in enumerate(self.params) if f"adam/{k}/step" in tensors}
+        self.optimizer.load_state_dict({"state": state, "param_groups": self.optimizer.state_dict()["param_groups"]})
+        self.step = step
+
+    def _check_tensors(self, tensors: dict[str, torch.Tensor], path: Path) -> None:
+        """Every tensor a checkpoint of this run holds, of its shape and float32; the optimiser
+        state of a parameter is all there or absent (a parameter that has had no gradient yet)."""
+        expected = {pattern.format(k): tuple(p.shape) if same_shape else ()
+                    for k, p in self.params.items() for pattern, same_shape in CHECKPOINT_TENSORS.items()}
+        optional = {name for name in expected if name.startswith("adam/")}
+        problems = [f"unexpected {n}" for n in sorted(set(tensors) - set(expected))]
+        problems += [f"missing {n}" for n in sorted(set(expected) - set(tensors) - optional)]
+        problems += [f"{n} is {str(t.dtype).removeprefix('torch.')} {list(t.shape)}, expected float32 {list(expected[n])}"
+                     for n, t in sorted(tensors.items())
+                     if n in expected and (t.dtype != torch.float32 or tuple(t.shape) != expected[n])]
+        for k in self.params:
+            held = [pattern.format(k) in tensors for pattern in CHECKPOINT_TENSORS if pattern.startswith("adam/")]
+            if any(held) and not all(held):
+                problems.append(f"the optimiser state of {k} is incomplete")
+        if problems:
+            raise MiniT2IError(f"{path} does not match this run: {short_list(problems, 3)}; use another --run folder")
 
     def save(self) -> None:
-        """Write checkpoint.pt atomically: a kill mid-write leaves the previous one intact."""
+        """Write the checkpoint atomically: a kill mid-write leaves the previous one intact."""
         self.folder.mkdir(parents=True, exist_ok=True)
-        tmp = self.checkpoint_path.with_suffix(".tmp")
-        torch.save({"identity": json.loads(json.dumps(self.identity())), "step": self.step,
-                    "params": {k: v.detach() for k, v in self.params.items()}, "ema": self.ema,
-                    "optimizer": self.optimizer.state_dict()}, tmp)
-        os.replace(tmp, self.checkpoint_path)
+        tensors = {f"params/{k}": v.detach() for k, v in self.params.items()}
+        tensors |= {f"ema/{k}": v for k, v in self.ema.items()}
+        names = list(self.params)
+        for i, state in self.optimizer.state_dict()["state"].items():
+            tensors |= {f"adam/{names[i]}/{part}": state[part].reshape(()) if part == "step" else state[part]
+                        for part in ("exp_avg", "exp_avg_sq", "step")}
+        record = json.dumps({"identity": self.identity(), "step": self.step})
+        tmp = self.checkpoint_path.with_name(f".{CHECKPOINT}.part")
+        try:
+            safetensors.torch.save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp),
+                                        metadata={"run": record})
+            os.replace(tmp, self.checkpoint_path)
+        finally:
+            tmp.unlink(missing_ok=True)
 
     def log(self, record: dict, name: str = "log.jsonl") -> None:
         self.folder.mkdir(parents=True, exist_ok=True)
@@ -233,6 +290,11 @@ class Run:
         Everything is written to a sibling staging folder that then takes `folder`'s place, so an
         interrupted export leaves the previous model whole.
         """
+        check_export_dir(folder, self.folder)
+        bad = [k for k, v in self.ema.items() if not torch.isfinite(v).all()]
+        if bad:
+            raise MiniT2IError(f"the weights hold NaN or Inf ({short_list(bad, 3)}): training diverged; nothing "
+                               "exported (resume from an earlier --run checkpoint or lower the learning rate)")
         folder.parent.mkdir(parents=True, exist_ok=True)
         staging = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=folder.parent))
         try:
@@ -248,14 +310,59 @@ class Run:
             shutil.rmtree(staging, ignore_errors=True)
 
 
+# What an export writes: the only entries a folder may hold for export to replace it.
+EXPORT_FILES = {"training-log.jsonl", "transformer", "transformer/config.json",
+                "transformer/diffusion_pytorch_model.safetensors", "t5", "t5/config.json", "t5/model.safetensors",
+                "t5/tokenizer.json"}
+
+
+def check_export_dir(folder: Path, run_folder: Path) -> None:
+    """Export replaces `folder`, so it must be new, empty or a previous export: a folder of
+    other files, the --run folder (or one holding it), a plain file, a device or a link is
+    refused, before any training."""
+    fix = "choose a new or empty --export-dir"
+    if folder.is_symlink():
+        raise MiniT2IError(f"--export-dir {folder} is a symbolic link; pass the folder it points to, or {fix}")
+    if not os.path.lexists(folder):
+        return
+    mode = folder.stat().st_mode
+    if not stat.S_ISDIR(mode):
+        kind = "file" if stat.S_ISREG(mode) else file_kind(mode)
+        raise MiniT2IError(f"--export-dir {folder} is a {kind}, not a folder; {fix}")
+    if folder.resolve() == run_folder.resolve() or folder.resolve() in run_folder.resolve().parents:
+        raise MiniT2IError(f"--export-dir {folder} holds the --run folder {run_folder}, which export would replace; "
+                           f"{fix}")
+    others = sorted(set(_listing(folder)) - EXPORT_FILES)
+    if others:
+        raise MiniT2IError(f"--export-dir {folder} holds files that are not a previous export ({short_list(others, 3)}); "
+                           f"nothing there is removed: {fix}")
+
+
+def _listing(folder: Path) -> list[str]:
+    """The entries of `folder` and of its transformer/ and t5/ folders, as relative names."""
+    names = os.listdir(folder)
+    for sub in ("transformer", "t5"):
+        if sub in names and (folder / sub).is_dir() and not (folder / sub).is_symlink():
+            names += [f"{sub}/{n}" for n in os.listdir(folder / sub)]
+    return names
+
+
 def replace_folder(new: Path, target: Path) -> None:
-    """Put the folder `new` where `target` is: the old one is moved aside first and removed last."""
-    old = target.with_name(f".{target.name}.old")
-    shutil.rmtree(old, ignore_errors=True)
-    if target.exists():
-        target.rename(old)
-    new.rename(target)
-    shutil.rmtree(old, ignore_errors=True)
+    """Put the folder `new` where `target` is. An existing target (a previous export, as
+    `check_export_dir` made sure) is moved aside under a fresh name, moved back if `new` cannot
+    take its place, and removed only once `new` is in place."""
+    if not os.path.lexists(target):
+        new.rename(target)
+        return
+    aside = Path(tempfile.mkdtemp(prefix=f".{target.name}.old.", dir=target.parent))
+    target.rename(aside / target.name)
+    try:
+        new.rename(target)
+    except BaseException:
+        (aside / target.name).rename(target)
+        aside.rmdir()
+        raise
+    shutil.rmtree(aside)
 
 
 def compact_log(records: list[dict], window: int = 10) -> list[dict]:
@@ -327,20 +434,20 @@ def sweep(run: Run, steps_options: list[int], cfg_options: list[float], eval_pro
             report = evaluate_scenes(scenes, run.tokenizer, torch_encoder(run), torch_denoiser(run), steps, cfg_scale)
             rows.append({"step": run.step, "sweep": {"steps": steps, "cfg_scale": cfg_scale}, "eval": report})
             run.log(rows[-1], "sweep.jsonl")
-            print(f"steps {steps:3d} cfg {cfg_scale:4.1f}: " + "  ".join(
+            emit(f"steps {steps:3d} cfg {cfg_scale:4.1f}: " + "  ".join(
                 f"{group} " + " ".join(f"{v:.0%}" for v in report[group].values()) for group in ("held_in", "held_out")))
     return rows
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = OneLineParser(prog="train", description=__doc__.splitlines()[0])
     p.add_argument("--run", type=Path, default=Path("runs/demo"), help="checkpoint and log folder")
     p.add_argument("--export-dir", type=Path, default=DEMO_MODEL_DIR, help="where the trained model is written")
     p.add_argument("--steps", type=int, default=Recipe.steps)
     p.add_argument("--batch", type=int, default=Recipe.batch)
     p.add_argument("--seed", type=int, default=Recipe.seed)
     p.add_argument("--tiny", action="store_true", help="the smoke-test architecture (CI)")
-    p.add_argument("--threads", type=int, default=2, help="torch CPU threads")
+    p.add_argument("--threads", type=int, default=min(2, os.cpu_count() or 1), help="torch CPU threads")
     p.add_argument("--eval-every", type=int, default=500, help="0: never")
     p.add_argument("--eval-prompts", type=int, default=48)
     p.add_argument("--checkpoint-every", type=int, default=100)
@@ -355,21 +462,34 @@ def parse_args(argv=None):
 
 
 def check_arguments(args) -> None:
-    """Counts must be positive, before any work (a zero would train nothing or divide by zero)."""
-    for flag in ("steps", "batch", "threads", "eval_prompts", "checkpoint_every", "sample_steps"):
+    """Every argument in its range, and the run and export folders usable, before any work (a
+    zero count would train nothing or divide by zero; more threads than cores only slow torch
+    down, and far more exhaust the process)."""
+    for flag in ("steps", "batch", "eval_prompts", "checkpoint_every"):
         Range(1, 10**7).check(f"--{flag.replace('_', '-')}", getattr(args, flag))
+    Range(1, os.cpu_count() or 1).check("--threads", args.threads)
+    REQUEST_RANGES["seed"][1].check("--seed", args.seed)
     Range(0, 10**7).check("--eval-every", args.eval_every)
-    Range(-1000, 1000, integer=False).check("--cfg-scale", args.cfg_scale)
+    (_, steps), (_, cfg_scale) = REQUEST_RANGES["steps"], REQUEST_RANGES["cfg_scale"]
+    steps.check("--sample-steps", args.sample_steps)
+    cfg_scale.check("--cfg-scale", args.cfg_scale)
+    for value in args.sweep_steps:
+        steps.check("--sweep-steps", value)
+    for value in args.sweep_cfg:
+        cfg_scale.check("--sweep-cfg", value)
+    if os.path.lexists(args.run) and not args.run.is_dir():
+        raise MiniT2IError(f"--run {args.run} is not a folder; choose a folder for the checkpoint and log")
+    if not args.sweep:
+        check_export_dir(args.export_dir, args.run)
 
 
 def main(argv=None) -> int:
-    args = parse_args(argv)
-    try:
+    def command() -> int:
+        args = parse_args(argv)
         check_arguments(args)
         return run_command(args)
-    except MiniT2IError as err:
-        print(f"train: error: {err}", file=sys.stderr)
-        return 2
+
+    return guarded("train", command)
 
 
 def run_command(args) -> int:
@@ -377,13 +497,16 @@ def run_command(args) -> int:
     recipe = dataclasses.replace(Recipe(), steps=args.steps, batch=args.batch, seed=args.seed)
     mmjit, t5 = (SMOKE_MMJIT, SMOKE_T5) if args.tiny else (DEMO_MMJIT, DEMO_T5)
     run = Run(args.run, recipe, mmjit, t5)
+    if (args.sweep or args.export_only) and not run.checkpoint_path.exists():
+        raise MiniT2IError(f"no checkpoint in --run {args.run}: --{'sweep' if args.sweep else 'export-only'} "
+                           "needs a trained run; train first (without that flag)")
     if args.sweep:
         sweep(run, args.sweep_steps, args.sweep_cfg, args.eval_prompts)
         return 0
     if not args.export_only:
         train(run, args.eval_every, args.checkpoint_every, args.eval_prompts, args.sample_steps, args.cfg_scale)
     run.export(args.export_dir, args.sample_steps, args.cfg_scale)
-    print(f"exported step {run.step} to {args.export_dir}")
+    emit(f"exported step {run.step} to {args.export_dir}")
     return 0
 
 

@@ -1,0 +1,88 @@
+"""cudasim's build cache under faults: a damaged cached library, a full cache, a broken g++.
+Each is a `BuildError` with one line saying what to do (the application turns it into its
+one-line error), never a crash on loading a damaged library."""
+
+from __future__ import annotations
+
+import errno
+import os
+import shutil
+
+import numpy as np
+import pytest
+
+from minit2i.cudasim import BuildError, Module, build
+
+pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="cudasim needs g++")
+
+# A source of its own, so its cache entry is built by these tests alone.
+SCALE = """
+extern "C" __global__ void scale_by_three_for_the_build_tests(float* x, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) x[i] *= 3.0f;
+}
+"""
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("CUDASIM_CACHE", str(tmp_path / "cache"))
+    return tmp_path / "cache"
+
+
+def run_scale() -> np.ndarray:
+    x = np.arange(4, dtype=np.float32)
+    Module(SCALE, name="scale.cu").get_function("scale_by_three_for_the_build_tests")((1,), (4,), (x, np.int32(4)))
+    return x
+
+
+def test_a_truncated_cached_library_is_rebuilt_not_loaded(cache):
+    np.testing.assert_array_equal(run_scale(), [0, 3, 6, 9])
+    (library,) = cache.glob("*/kernels.so")
+    truncated = library.read_bytes()[:4096]
+    library.unlink()  # a new file: this process still maps the old one
+    library.write_bytes(truncated)
+    np.testing.assert_array_equal(run_scale(), [0, 3, 6, 9])
+    assert library.stat().st_size > 4096
+
+
+def test_a_full_cache_is_one_line_and_leaves_no_partial_build(cache, monkeypatch):
+    def disk_full(*args):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(build, "_compile_in", disk_full)
+    with pytest.raises(BuildError) as info:
+        run_scale()
+    assert str(info.value) == (f"cannot write to the cudasim cache {cache} (No space left on device); free some "
+                               "space or set CUDASIM_CACHE to another folder")
+    assert [p for p in cache.iterdir()] == []
+
+
+def test_a_broken_compiler_is_one_line(tmp_path, monkeypatch):
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "g++").write_text("#!/bin/sh\nexit 1\n")
+    (fake / "g++").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{fake}{os.pathsep}{os.environ['PATH']}")
+    build.compiler_version.cache_clear()
+    try:
+        with pytest.raises(BuildError, match=r"^g\+\+ does not run \(.*\); reinstall it"):
+            build.compiler_version()
+    finally:
+        build.compiler_version.cache_clear()
+
+
+def test_the_cudasim_backend_reports_a_build_fault_in_one_line(tiny_model, tmp_path, monkeypatch, capsys):
+    from minit2i.cli import main
+
+    def broken(*args, **kwargs):
+        raise BuildError("g++ could not compile kernels.cu for cudasim:\nkernels.cu:1: error: something")
+
+    # Kernels are built at their first launch (T5's first); earlier tests may have built them all.
+    monkeypatch.setattr("minit2i.accelerated.pipeline.CupyRunner.encode", broken)
+    code = main(["generate", "-p", "a red cat", "--steps", "1", "-W", "16", "-H", "16", "-q", "--backend", "cudasim",
+                 "--model", str(tiny_model[0]), "--t5", str(tiny_model[1]), "-o", str(tmp_path / "x.png")])
+    err = capsys.readouterr().err
+    assert code == 2 and err == ("minit2i: error: the cudasim backend could not build its kernels: g++ could not "
+                                 "compile kernels.cu for cudasim: (kernels.cu:1: error: something)\n")
+    assert not (tmp_path / "x.png").exists()
