@@ -916,16 +916,23 @@ def test_help_and_a_user_model_read_nothing_of_the_demo_model(tiny, tmp_path):
 
 
 def test_ctrl_c_during_golden_record_exits_130_in_one_line(tmp_path):
+    """SIGINT while the recipes run: the first recipe's result is held (a marker file says when)
+    so the signal lands inside the recording however fast this machine computes."""
     import signal
     import time
 
-    process = subprocess.Popen([sys.executable, "-m", "minit2i.cli", "golden", "record", "--dir", str(tmp_path)],
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    time.sleep(4)  # past start-up, inside the recipes (they take longer than this)
+    marker, folder = tmp_path / "inside-the-recipes", tmp_path / "golden"
+    hold = (f"import pathlib, sys, time; import minit2i.golden as golden; from minit2i.cli import main\n"
+            f"def held(value):\n    pathlib.Path({str(marker)!r}).touch(); time.sleep(60)\n"
+            f"golden._as_pixels = held\nsys.exit(main(['golden', 'record', '--dir', {str(folder)!r}]))\n")
+    process = subprocess.Popen([sys.executable, "-c", hold], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while not marker.exists() and process.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
     process.send_signal(signal.SIGINT)
     out, err = process.communicate(timeout=60)
     assert (process.returncode, out, err) == (130, "", "minit2i: interrupted\n")
-    assert sorted(p.name for p in tmp_path.iterdir()) == []
+    assert not folder.exists() or list(folder.iterdir()) == []
 
 
 def test_a_closed_pipe_is_a_quiet_exit_and_a_closed_stdout_an_error(tiny):
