@@ -279,6 +279,30 @@ def test_cfg_euler_step(precision, batch, size, cfg, factor, seed):
     assert within(relative_error(next_input, np.concatenate([expected, expected])), kernel_bound(precision, 4))
 
 
+@pytest.mark.parametrize("precision", PRECISIONS)
+@pytest.mark.parametrize("m, k, n", [(1, 1, 1), (7, 33, 5), (64, 96, 288), (130, 257, 3)])
+def test_gemm_matches_the_float64_product(precision, m, k, n):
+    """kernels.gemm (cublasGemmEx on a GPU): fp32 accumulation over k, rounded to the dtype. The
+    bound allows one more rounding in the dtype than a kernel's: in the default math mode (as
+    CuPy's) cuBLAS may add split-K partial sums in the output dtype."""
+    dtype, rng = dtype_for(precision), np.random.default_rng(m + k + n)
+    x, x64 = rounded(rng.standard_normal((m, k)), dtype)
+    w_t, w64 = rounded(rng.standard_normal((k, n)), dtype)
+    out = kernels.gemm(x, w_t)
+    assert out.dtype == dtype and out.shape == (m, n)
+    assert within(relative_error(out, x64 @ w64), kernel_bound(precision, k) + 2 * UNIT_ROUNDOFF[precision])
+
+
+def test_gemm_refuses_strided_inputs_and_returns_zeros_for_an_empty_sum():
+    x = cp.ones((4, 8), np.float32)
+    with pytest.raises(MiniT2IError, match="kernel argument x is not C-contiguous"):
+        kernels.gemm(x[:, :4], cp.ones((4, 2), np.float32))
+    with pytest.raises(MiniT2IError, match=r"w_t has shape \(7, 2\), expected \(8, 2\)"):
+        kernels.gemm(x, cp.ones((7, 2), np.float32))
+    assert np.array_equal(cp.asnumpy(kernels.gemm(cp.ones((3, 0), np.float32), cp.ones((0, 2), np.float32))),
+                          np.zeros((3, 2), np.float32))
+
+
 def test_wrappers_reject_strided_and_mistyped_arrays():
     x = cp.ones((4, 8), np.float32)
     with pytest.raises(MiniT2IError, match="not C-contiguous"):
