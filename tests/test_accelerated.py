@@ -450,7 +450,8 @@ def test_graph_replay_matches_eager(tiny, caplog, monkeypatch):
 
     replays = []
     real_launch = sampler.CapturedStep.launch
-    monkeypatch.setattr(sampler.CapturedStep, "launch", lambda self, stream: replays.append(1) or real_launch(self, stream))
+    monkeypatch.setattr(sampler.CapturedStep, "launch",
+                        lambda self, stream: replays.append(1) or real_launch(self, stream))
     with caplog.at_level("WARNING", logger="minit2i.accelerated"):
         error = graph_replay_error(tiny)
     assert error == 0 if BACKEND == "cudasim" else error <= 1e-6

@@ -5,6 +5,8 @@ The GEMM itself runs on the GPU in tests/test_accelerated.py."""
 from __future__ import annotations
 
 import ctypes
+import shutil
+import subprocess
 from types import SimpleNamespace
 
 import ml_dtypes
@@ -136,7 +138,8 @@ def test_a_library_that_cannot_be_found_is_one_line_with_the_fix():
         cublas.load_library(not_found)
     assert str(err.value) == (
         'the CuPy backend needs libcublas, which could not be loaded (Failure finding "libcublas.so.13 or '
-        'libcublas.so.12": No such file); pip install -e \'.[gpu-cuda12]\' (or \'.[gpu-cuda13]\') installs it with CuPy')
+        'libcublas.so.12": No such file); '
+        "pip install -e '.[gpu-cuda12]' (or '.[gpu-cuda13]') installs it with CuPy")
 
 
 @pytest.mark.parametrize("path, reason", [(None, "cuda.pathfinder found it loaded but not where from"),
@@ -144,3 +147,63 @@ def test_a_library_that_cannot_be_found_is_one_line_with_the_fix():
 def test_a_library_that_cannot_be_opened_is_one_line(path, reason):
     with pytest.raises(MiniT2IError, match=f"could not be loaded \\({reason}"):
         cublas.load_library(lambda name: SimpleNamespace(abs_path=path))
+
+
+# A stand-in libcublas in C with the real signatures (cublas_api.h), computing on host memory:
+# the binding's ctypes declarations, argument order and column-major mapping meet a C ABI.
+FAKE_CUBLAS = r"""
+#include <stddef.h>
+static void *last_stream, *last_workspace;
+static size_t last_workspace_bytes;
+int cublasCreate_v2(void **handle) { *handle = (void *)0x1; return 0; }
+int cublasSetStream_v2(void *handle, void *stream) { last_stream = stream; return handle ? 0 : 1; }
+int cublasSetWorkspace_v2(void *handle, void *workspace, size_t bytes) {
+    last_workspace = workspace; last_workspace_bytes = bytes; return handle ? 0 : 1;
+}
+void *recorded_stream(void) { return last_stream; }
+void *recorded_workspace(void) { return last_workspace; }
+size_t recorded_workspace_bytes(void) { return last_workspace_bytes; }
+int cublasGemmEx(void *handle, int transa, int transb, int m, int n, int k, const void *alpha, const void *A,
+                 int Atype, int lda, const void *B, int Btype, int ldb, const void *beta, void *C, int Ctype,
+                 int ldc, int computeType, int algo) {
+    if (!handle || transa || transb || Atype || Btype || Ctype || computeType != 68 || algo != -1) return 7;
+    if (lda < m || ldb < k || ldc < m) return 7;
+    const float *a = A, *b = B; float *c = C;
+    for (int i = 0; i < m; ++i)
+        for (int j = 0; j < n; ++j) {
+            float sum = 0;
+            for (int p = 0; p < k; ++p) sum += a[i + p * lda] * b[p + j * ldb];
+            float scaled = *(const float *)alpha * sum, keep = *(const float *)beta;
+            c[i + j * ldc] = keep == 0 ? scaled : scaled + keep * c[i + j * ldc];  /* beta 0: C not read */
+        }
+    return 0;
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def fake_libcublas(tmp_path_factory):
+    compiler = shutil.which("gcc") or shutil.which("g++")
+    if compiler is None:
+        pytest.skip("no C compiler")
+    folder = tmp_path_factory.mktemp("fake-cublas")
+    (folder / "fake.c").write_text(FAKE_CUBLAS)
+    library = folder / "libcublas.so.12"
+    subprocess.run([compiler, "-x", "c", "-shared", "-fPIC", "-O1", "-o", str(library), str(folder / "fake.c")],
+                   check=True)
+    return library
+
+
+def test_the_declared_library_computes_a_row_major_product_through_ctypes(fake_libcublas):
+    library = cublas.load_library(lambda name: SimpleNamespace(abs_path=str(fake_libcublas)))
+    library.recorded_stream.restype = library.recorded_workspace.restype = ctypes.c_void_p
+    library.recorded_workspace_bytes.restype = ctypes.c_size_t
+    rng = np.random.default_rng(11)
+    x, w_t = rng.standard_normal((5, 3)).astype(np.float32), rng.standard_normal((3, 4)).astype(np.float32)
+    out, workspace = np.full((5, 4), np.nan, np.float32), np.zeros(16, np.uint8)
+    handle = cublas.Handle.create(library, workspace, workspace.ctypes.data)
+    handle.gemm(0x5000, x.ctypes.data, w_t.ctypes.data, out.ctypes.data, 5, 3, 4, np.float32)
+    expected = x.astype(np.float64) @ w_t
+    assert np.max(np.abs(out - expected)) <= 1e-6 * np.max(np.abs(expected))  # fp32 sums of 3 terms
+    assert (library.recorded_stream(), library.recorded_workspace()) == (0x5000, workspace.ctypes.data)
+    assert library.recorded_workspace_bytes() == cublas.WORKSPACE_BYTES
