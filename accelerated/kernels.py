@@ -15,7 +15,10 @@ the CuPy backend can run and says why not.
 
 The seam: every module of the twin reaches the device through `cp` (`from .kernels import cp`),
 which forwards to the array module chosen by `use_array_module`: real CuPy on a GPU, or
-cudasim's NumPy stand-in, whose RawModule runs these same CUDA sources on the CPU.
+cudasim's NumPy stand-in, whose RawModule runs these same CUDA sources on the CPU. GEMMs go
+through `gemm`, which calls the GEMM chosen with the array module: cublasGemmEx through ctypes
+on CuPy (accelerated/cublas.py: CuPy's own cuBLAS wrappers refuse to run inside a graph
+capture), the stand-in's `gemm` on cudasim.
 """
 
 from __future__ import annotations
@@ -27,6 +30,8 @@ from pathlib import Path
 import numpy as np
 
 from minit2i.core.errors import MiniT2IError
+
+from . import cublas
 
 try:
     import cupy as _cupy
@@ -98,10 +103,13 @@ _device_caches: list = []
 
 
 class ArrayModule:
-    """Forwards `cp.<name>` to the selected array module (CuPy, or cudasim.standin)."""
+    """Forwards `cp.<name>` to the selected array module (CuPy, or cudasim.standin).
+
+    `gemm(x, w_t, out)` is the GEMM that goes with it (see `gemm` below).
+    """
 
     def __init__(self):
-        self.target = None
+        self.target, self.gemm = None, None
 
     def __getattr__(self, name):
         if self.target is None:
@@ -127,11 +135,13 @@ def clear_device_caches() -> None:
         cached.cache_clear()
 
 
-def use_array_module(module):
-    """Point the twin at `module` (cupy or cudasim.standin); returns the seam object `cp`."""
+def use_array_module(module, gemm):
+    """Point the twin at `module` (cupy or cudasim.standin) and its `gemm(x, w_t, out)`;
+    returns the seam object `cp`."""
     if cp.target is not module:
         clear_device_caches()
         cp.target = module
+    cp.gemm = gemm
     return cp
 
 _FIX = ("pip install -e '.[gpu-cuda12]' (or '.[gpu-cuda13]' for a CUDA 13 driver) on a machine with an "
@@ -149,7 +159,7 @@ def require_gpu():
         raise MiniT2IError(f"--backend cupy needs CuPy and an NVIDIA GPU: no usable CUDA driver ({reason}); {_FIX}") from None
     if count == 0:
         raise MiniT2IError(f"--backend cupy needs CuPy and an NVIDIA GPU: no GPU is visible; {_FIX}")
-    return use_array_module(_cupy)
+    return use_array_module(_cupy, cublas.gemm)
 
 
 def bfloat16_dtype():
@@ -341,6 +351,19 @@ def attention(q, k, v, scale: float, bias=None, key_mask=None):
             out, np.int32(heads), np.int32(lq), np.int32(lk), np.int32(head_dim), np.float32(scale),
             np.int32(bias is not None), np.int32(key_mask is not None)),
            shared_mem=shared)
+    return out
+
+
+def gemm(x, w_t):
+    """[M, K] @ [K, N] -> [M, N] in x's dtype with fp32 accumulation: one cublasGemmEx on CuPy,
+    which a graph capture can record (cp.matmul cannot be captured on CuPy 14)."""
+    (m, k), n = x.shape, w_t.shape[1]
+    _check("x", x, x.dtype)
+    _check("w_t", w_t, x.dtype, (k, n))
+    if 0 in (m, k, n):  # nothing for cuBLAS to do (and its leading dimensions must be >= 1)
+        return cp.zeros((m, n), dtype=x.dtype)
+    out = cp.empty((m, n), dtype=x.dtype)
+    cp.gemm(x, w_t, out)
     return out
 
 

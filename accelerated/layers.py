@@ -1,8 +1,8 @@
 """Device-side building blocks shared by the CuPy T5 and MMJiT (twin of reference/layers.py).
 
 Weights are uploaded once, already in the layout the GPU wants: a linear layer is stored as
-its transpose `w_t` [in, out] (C-contiguous, so every GEMM is one plain cuBLAS call through
-cupy.matmul on a 2-D view) plus its bias; layers that feed one gated activation or one
+its transpose `w_t` [in, out] (C-contiguous, so every GEMM is one plain cuBLAS call,
+`kernels.gemm`, on a 2-D view) plus its bias; layers that feed one gated activation or one
 attention kernel are packed side by side ([W1 | W3], [Wq | Wk | Wv]) so one GEMM serves both.
 Fixed tables (RoPE, sin/cos) come from reference.layers and are uploaded once per shape.
 """
@@ -33,13 +33,14 @@ def upload_linear(weights, biases=None, dtype=np.float32) -> dict:
 
 
 def project(x, w_t):
-    """[..., in] @ [in, out] -> [..., out] as one 2-D GEMM (cuBLAS, fp32 accumulation).
+    """[..., in] @ [in, out] -> [..., out] as one 2-D GEMM (cublasGemmEx, fp32 accumulation).
 
-    2-D on purpose: CuPy 14 sends only 2-D fp16/bf16 matmuls to cublasGemmEx; batched ones are
-    upcast to fp32 (fp16) or fail (bf16) until cupy PR #10317.
+    The leading dimensions fold into the GEMM's rows, so a batch needs no batched GEMM; our own
+    cublasGemmEx call (not cp.matmul, which CuPy refuses inside a graph capture) takes the
+    16-bit dtypes in 2-D directly.
     """
     flat = x.reshape(-1, x.shape[-1])
-    return cp.matmul(flat, w_t).reshape(*x.shape[:-1], w_t.shape[1])
+    return kernels.gemm(flat, w_t).reshape(*x.shape[:-1], w_t.shape[1])
 
 
 def linear(x, layer):

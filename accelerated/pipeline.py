@@ -81,7 +81,7 @@ class CudasimRunner(CupyRunner):
     def array_module():
         from minit2i.cudasim import standin
 
-        return use_array_module(standin)
+        return use_array_module(standin, standin.gemm)
 
     # Kernels are compiled when first launched: a build fault (g++ broken, cache full) is a
     # problem of the environment, said in one line.

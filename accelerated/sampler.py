@@ -6,7 +6,8 @@ writes the next [x ; x] input. The per-step scalars come from reference.sampler.
 The caller copies the final state to the host; that is the only device-to-host transfer.
 
 CUDA graph replay (`use_graph=True`, the default): step 0 runs eagerly (it compiles the
-kernels, builds the cached tables and lets cuBLAS set up its workspace), step 1 is captured on a
+kernels, builds the cached tables and creates the cuBLAS handle and workspace of
+accelerated/cublas.py, so the capture allocates neither), step 1 is captured on a
 private memory pool that stays alive with the graph, and it and every later step replay it after
 writing their factor into the captured device scalar. If the capture fails, one warning line
 says why and the sampler goes on eagerly (see docs/kernels.md).

@@ -167,7 +167,7 @@ def kernel_cases(cp, config: MMJiTConfig, size: int, precision: str) -> dict:
                       Component("attention", "attention", 1, 4.0 * batch * heads * joint * joint * padded, 4 * q.size * item)),
         "cfg_euler": (lambda: kernels.cfg_euler(state, next_input, x0_both, guided, 6.0, factor),
                       memory("cfg_euler", state.size * (8 + 4 * item))),
-        "GEMM qkv (cuBLAS)": (lambda: cp.matmul(gemm_a, gemm_b),
+        "GEMM qkv (cuBLAS)": (lambda: kernels.gemm(gemm_a, gemm_b),
                               Component("GEMM", "gemm", 1, 2.0 * batch * tokens * d * 3 * d,
                                         item * (gemm_a.size + gemm_b.size + batch * tokens * 3 * d))),
     }

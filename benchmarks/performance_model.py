@@ -45,7 +45,7 @@ class Assumptions:
     attention_fp32: float = 0.40  # the CUDA-core kernel
     sdpa: float = 0.45  # PyTorch SDPA (FlashAttention-2 kernels)
     memory: float = 0.70  # bandwidth-bound elementwise / norm kernels
-    cupy_launch_us: float = 12.0  # host time of one CuPy launch (RawKernel, ufunc, matmul)
+    cupy_launch_us: float = 12.0  # host time of one launch from Python (RawKernel, ufunc, our cublasGemmEx)
     torch_launch_us: float = 5.0  # host time of one PyTorch eager op
     graph_gap_us: float = 1.5  # GPU time between two kernels (replayed, or queued ahead by the host)
 

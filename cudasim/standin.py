@@ -7,6 +7,9 @@ against the real `cupy` by tests/test_cudasim.py), so code that runs here runs o
   in arithmetic raises TypeError as CuPy does; `asnumpy` / `.get()` are the device-to-host copies.
 * `matmul` computes like cuBLAS with fp32 accumulation: inputs upcast to float32, the product
   rounded once to the input dtype (fp32 GEMMs without TF32, CuPy's default).
+* `gemm(x, w_t, out)` is not a CuPy name: it plays the twin's own cublasGemmEx call
+  (accelerated/cublas.py), which computes as `matmul` does but, unlike CuPy's cuBLAS wrappers,
+  may be captured in a graph, where it is recorded like a kernel launch.
 * `RawModule` compiles the CUDA source with cudasim and launches its kernels on the CPU.
 * CUDA graphs: between `Stream.begin_capture()` and `end_capture()` nothing runs; every
   kernel launch and array operation is recorded, and the outputs it allocates are poisoned
@@ -222,12 +225,24 @@ def where(condition, x=None, y=None):
     return _fresh(lambda: np.where(*args))
 
 
+def _fp32_product(a, b):
+    """cuBLAS with fp32 accumulation: inputs upcast to float32, one rounding to the input dtype."""
+    return (a.astype(np.float32) @ b.astype(np.float32)).astype(a.dtype)
+
+
 def matmul(x1, x2, /, out=None):
-    """cuBLAS-like: float32 accumulation, one rounding to the input dtype."""
+    """cupy.matmul: computed as cuBLAS does; refused during a capture, as CuPy refuses it."""
     if _capturing() is not None:
         _capturing().refuse_cublas()
     a, b = _host(x1), _host(x2)
-    return _fresh(lambda: (a.astype(np.float32) @ b.astype(np.float32)).astype(a.dtype))
+    return _fresh(lambda: _fp32_product(a, b))
+
+
+def gemm(x, w_t, out) -> None:
+    """out[M, N] = x[M, K] @ w_t[K, N] as accelerated/cublas.py's cublasGemmEx computes it, run now
+    or, during a capture, recorded and re-run on replay with the values of that moment."""
+    a, b, c = _host(x), _host(w_t), _host(out)
+    _run_or_record(lambda: np.copyto(c, _fp32_product(a, b)))
 
 
 class RawModule:
