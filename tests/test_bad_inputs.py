@@ -925,7 +925,10 @@ def test_ctrl_c_during_golden_record_exits_130_in_one_line(tmp_path):
     hold = (f"import pathlib, sys, time; import minit2i.golden as golden; from minit2i.cli import main\n"
             f"def held(value):\n    pathlib.Path({str(marker)!r}).touch(); time.sleep(60)\n"
             f"golden._as_pixels = held\nsys.exit(main(['golden', 'record', '--dir', {str(folder)!r}]))\n")
-    process = subprocess.Popen([sys.executable, "-c", hold], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # SIGINT at its default disposition, as under a terminal: a job started in the background of a
+    # non-interactive shell inherits it ignored, and Python then installs no KeyboardInterrupt.
+    process = subprocess.Popen([sys.executable, "-c", hold], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.monotonic() + 120
     while not marker.exists() and process.poll() is None and time.monotonic() < deadline:
         time.sleep(0.05)
