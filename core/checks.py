@@ -14,7 +14,7 @@ import stat
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO
+from typing import BinaryIO, Callable
 
 from .errors import MiniT2IError
 
@@ -246,9 +246,18 @@ def writable_folder(folder: Path, flag: str) -> Path:
 TEMPORARY_EXTRA = len("..XXXXXXXX.part")
 
 
-def temporary_beside(path: Path) -> tuple[int, str]:
-    """(fd, name) of a new temporary file in `path`'s folder, to be renamed to `path`."""
-    return tempfile.mkstemp(prefix=f".{path.name}.", suffix=".part", dir=path.parent)
+def write_temporary(path: Path, write: Callable[[BinaryIO], object]) -> str:
+    """The name of a new temporary file beside `path`, filled by `write(file)` and given the mode
+    a plain open() would give, to be renamed to `path`; on any failure it is removed."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".part", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            os.chmod(tmp, 0o666 & ~_current_umask())  # mkstemp makes the file private (0600)
+            write(f)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return tmp
 
 
 def check_output_file(path: Path, flag: str) -> Path:
@@ -279,18 +288,15 @@ def _name_max(folder: Path) -> int:
 def write_atomically(path: Path, data: bytes) -> None:
     """`data` into `path` through a temporary file beside it and one rename: `path` is either
     left as it was or replaced whole. The file gets the mode a plain open() would give."""
-    fd, tmp = temporary_beside(path)
+    tmp = write_temporary(path, lambda f: f.write(data))
     try:
-        os.chmod(tmp, 0o666 & ~current_umask())  # mkstemp makes the file private (0600)
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
 
 
-def current_umask() -> int:
+def _current_umask() -> int:
     """The process umask (reading it means setting it, so it is put straight back)."""
     mask = os.umask(0o022)
     os.umask(mask)

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from .checks import check_output_file, current_umask, temporary_beside
+from .checks import check_output_file, write_temporary
 from .errors import MiniT2IError
 
 
@@ -66,18 +66,13 @@ def _check_pixels(pixels) -> None:
 
 
 def _write_temporary(pixels: np.ndarray, path: Path) -> str:
-    """The PNG in a new temporary file beside `path`, with the mode a plain open() would give."""
-    fd, tmp = temporary_beside(path)
+    """The PNG in a new temporary file beside `path`; a failure names `path`, not the temporary file."""
     try:
-        os.chmod(tmp, 0o666 & ~current_umask())  # mkstemp makes the file private (0600)
-        with os.fdopen(fd, "wb") as f:
-            Image.fromarray(np.ascontiguousarray(pixels)).save(f, format="PNG")
-    except BaseException as err:
-        Path(tmp).unlink(missing_ok=True)
-        if isinstance(err, OSError) and not err.filename:
+        return write_temporary(path, lambda f: Image.fromarray(np.ascontiguousarray(pixels)).save(f, format="PNG"))
+    except OSError as err:
+        if not err.filename:
             err.filename = str(path)
         raise
-    return tmp
 
 
 def _remove(paths: list[str]) -> None:

@@ -21,7 +21,6 @@ import logging
 import os
 import posixpath
 import re
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,7 +42,7 @@ from huggingface_hub.file_download import repo_folder_name
 from huggingface_hub.utils import get_session, validate_repo_id
 
 from minit2i.core.checkpoint import check_mmjit_header, check_t5_header
-from minit2i.core.checks import human_size
+from minit2i.core.checks import human_size, write_atomically
 from minit2i.core.errors import MiniT2IError
 from minit2i.core.mmjit_config import VARIANT_ALIASES
 
@@ -319,10 +318,7 @@ def _record_main(folder: Path, commit: str) -> None:
     """
     refs = folder / "refs"
     refs.mkdir(parents=True, exist_ok=True)
-    handle, temporary = tempfile.mkstemp(dir=refs, prefix=".main.")
-    with os.fdopen(handle, "w") as f:
-        f.write(commit)
-    os.replace(temporary, refs / "main")
+    write_atomically(refs / "main", commit.encode())
 
 
 def _hub(model: HubModel, files: list[str], call):
