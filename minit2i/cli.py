@@ -377,14 +377,7 @@ def describe(path, variant: str = "minit2i-b-16") -> str:
     from minit2i.core.checks import existing_path
     from minit2i.core.safetensors_file import read_index
 
-    from .model_files import (
-        find_mmjit_files,
-        find_t5_files,
-        inspect_mmjit,
-        inspect_t5,
-        local_listing,
-        looks_like_t5,
-    )
+    from .model_files import find_mmjit_files, find_t5_files, inspect_mmjit, inspect_t5, local_listing, looks_like_t5
 
     root = existing_path(path)
     if root.is_dir() and looks_like_t5(local_listing(root)):  # by its files, so a damaged one is blamed as a T5

@@ -30,8 +30,8 @@ import httpx2
 from huggingface_hub import HfApi, constants, hf_hub_download, set_client_factory
 from huggingface_hub.errors import (
     GatedRepoError,
-    HFValidationError,
     HfHubHTTPError,
+    HFValidationError,
     LocalEntryNotFoundError,
     OfflineModeIsEnabled,
     RemoteEntryNotFoundError,

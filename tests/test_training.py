@@ -286,9 +286,8 @@ def test_a_crafted_checkpoint_cannot_run_code(tmp_path, capsys):
 def damaged_checkpoints(source) -> dict[str, bytes]:
     """A good checkpoint cut short, with a tensor of another shape, with a tensor missing, with
     another step type, and from another run's settings."""
-    from safetensors.numpy import save
-
     from safetensors import safe_open
+    from safetensors.numpy import save
 
     good = (source / train.CHECKPOINT).read_bytes()
     tensors, _ = train_checkpoint(source)

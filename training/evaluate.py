@@ -26,9 +26,9 @@ from pathlib import Path
 
 import numpy as np
 
+from minit2i.cli import OneLineParser, emit, guarded
 from minit2i.core.checks import Range, check_output_file, existing_path, write_atomically
 from minit2i.core.images import to_pixels
-from minit2i.cli import OneLineParser, emit, guarded
 from minit2i.reference.sampler import initial_noise, sample
 
 from . import shapes
