@@ -39,7 +39,7 @@ from tqdm import tqdm
 
 from minit2i.cli import OneLineParser, emit, guarded
 from minit2i.core.checkpoint import nest
-from minit2i.core.checks import Range, file_kind, parse_json, read_limited, short_list
+from minit2i.core.checks import Range, file_kind, parse_json, read_limited, short_list, write_atomically
 from minit2i.core.errors import MiniT2IError
 from minit2i.core.mmjit_config import MMJiTConfig, mmjit_expected_shapes
 from minit2i.core.t5_config import T5Config, t5_expected_shapes
@@ -253,13 +253,8 @@ class Run:
             tensors |= {f"adam/{names[i]}/{part}": state[part].reshape(()) if part == "step" else state[part]
                         for part in ("exp_avg", "exp_avg_sq", "step")}
         record = json.dumps({"identity": self.identity(), "step": self.step})
-        tmp = self.checkpoint_path.with_name(f".{CHECKPOINT}.part")
-        try:
-            safetensors.torch.save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp),
-                                        metadata={"run": record})
-            os.replace(tmp, self.checkpoint_path)
-        finally:
-            tmp.unlink(missing_ok=True)
+        write_atomically(self.checkpoint_path, safetensors.torch.save({k: v.contiguous() for k, v in tensors.items()},
+                                                                      metadata={"run": record}))
 
     def log(self, record: dict, name: str = "log.jsonl") -> None:
         self.folder.mkdir(parents=True, exist_ok=True)
