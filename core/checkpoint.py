@@ -15,6 +15,7 @@ import numpy as np
 
 from .checks import Range, short_list
 from .errors import MiniT2IError
+from .mean_flow_config import MeanFlowConfig, infer_mean_flow_config, is_mean_flow, mean_flow_expected_shapes
 from .mmjit_config import (
     MMJIT_ASSUMED,
     MMJIT_DEAD_PREFIXES,
@@ -136,11 +137,15 @@ def check_mmjit_header(index, config_path: Path | None, files: list) -> Checkpoi
             "pass the MiniT2I transformer file alone"
         )
     shapes = {k: v[1] for k, v in stripped.items() if not k.startswith(MMJIT_DEAD_PREFIXES)}
-    config, source, assumed = _config(MMJiTConfig, config_path, infer_mmjit_config, shapes, files[0], MMJIT_ASSUMED)
-    expected = mmjit_expected_shapes(config)
+    # The student is an MMJiT with more tensors; its time tokens tell the two apart (model.md 9.1).
+    cls, infer, schema, what = ((MeanFlowConfig, infer_mean_flow_config, mean_flow_expected_shapes,
+                                 "Mean Flow student") if is_mean_flow(shapes) else
+                                (MMJiTConfig, infer_mmjit_config, mmjit_expected_shapes, "MMJiT"))
+    config, source, assumed = _config(cls, config_path, infer, shapes, files[0], MMJIT_ASSUMED)
+    expected = schema(config)
     ignored = check_tensors(
         stripped, expected, MMJIT_DEAD_PREFIXES,
-        f"{files[0]} does not match the MMJiT config ({source})",
+        f"{files[0]} does not match the {what} config ({source})",
         "pass an unmodified MiniT2I transformer checkpoint (and its config.json)",
     )
     return _checkpoint(config, files, prefix, source, assumed, ignored, stripped,
@@ -231,6 +236,8 @@ def _lists_for_numbered(node):
     if not isinstance(node, dict):
         return node
     node = {k: _lists_for_numbered(v) for k, v in node.items()}
-    if node and all(k.isdigit() for k in node):
+    # Only 0..n-1 becomes a list: a torch Sequential's "mlp.0", "mlp.2" (the SiLU between has no
+    # tensors) stays a dict keyed by those numbers.
+    if node and set(node) == {str(i) for i in range(len(node))}:
         return [node[str(i)] for i in range(len(node))]
     return node

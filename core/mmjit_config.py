@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 
 from .checks import Range, read_json_object
 from .config_fields import check_fields, config_from_file, config_from_shapes, count_blocks, require_dims
@@ -53,8 +54,10 @@ class MMJiTConfig:
     prompt_length: int = 256  # T5 tokens, </s> and padding included
     cond_vec_size: int = 768  # width of the dead t/pooled embedders (model.md 2.4)
 
+    RANGES: ClassVar[dict[str, Range]] = MMJIT_RANGES  # a subclass with more fields extends it
+
     def __post_init__(self):
-        check_fields(self, MMJIT_RANGES)
+        check_fields(self, self.RANGES)
         if self.num_heads * self.head_dim != self.hidden_size:
             raise MiniT2IError(
                 f"num_heads*head_dim must equal hidden_size, found {self.num_heads}*{self.head_dim}"

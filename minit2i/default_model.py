@@ -25,7 +25,8 @@ from safetensors.numpy import save_file
 from tokenizers import Tokenizer
 
 from minit2i.core.config_fields import to_json
-from minit2i.core.mmjit_config import MMJiTConfig, mmjit_expected_shapes
+from minit2i.core.mean_flow_config import denoiser_expected_shapes
+from minit2i.core.mmjit_config import MMJiTConfig
 from minit2i.core.t5_config import T5Config, t5_expected_shapes
 from minit2i.core.tokenizer import make_t5_style_tokenizer
 
@@ -60,8 +61,8 @@ def demo_model_digest() -> str:
 
 
 def random_mmjit_weights(config: MMJiTConfig, seed: int) -> dict[str, np.ndarray]:
-    """Seeded weights for every live MMJiT tensor (stripped names, float32)."""
-    return _random_weights(mmjit_expected_shapes(config), seed)
+    """Seeded weights for every live tensor of an MMJiT or a Mean Flow student (stripped names, float32)."""
+    return _random_weights(denoiser_expected_shapes(config), seed)
 
 
 def random_t5_weights(config: T5Config, seed: int) -> dict[str, np.ndarray]:
@@ -71,13 +72,14 @@ def random_t5_weights(config: T5Config, seed: int) -> dict[str, np.ndarray]:
 
 def _random_weights(shapes: dict[str, tuple[int, ...]], seed: int) -> dict[str, np.ndarray]:
     """Linear/conv weights ~ N(0, 1/fan_in); norm weights ~ 1 + N(0, 0.1^2) so that a wrong
-    norm (or a forgotten weight) changes the output; biases and tokens ~ N(0, 0.1^2)."""
+    norm (or a forgotten weight) changes the output; biases, mask_token and the Mean Flow prefix's
+    learned tokens ~ N(0, 0.1^2)."""
     rng = np.random.default_rng(seed)
     tensors = {}
     for name, shape in sorted(shapes.items()):
         if "norm" in name:
             value = 1.0 + 0.1 * rng.standard_normal(shape)
-        elif name.endswith("bias") or name == "mask_token":
+        elif name.endswith(("bias", "_tokens")) or name == "mask_token":
             value = 0.1 * rng.standard_normal(shape)
         elif name.endswith("relative_attention_bias.weight") or name == "shared.weight":
             value = rng.standard_normal(shape)

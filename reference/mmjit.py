@@ -109,28 +109,35 @@ def mmjit_forward(params, config: MMJiTConfig, images, context, mask, on_layer=N
     `on_layer(name, value)`, if given, sees every stage output (used by the divergence tracer).
     """
     dtype = images.dtype
-    p = config.patch_size
-    grid_h, grid_w = images.shape[2] // p, images.shape[3] // p
-    length = context.shape[1]
     params = cast_tree(params, dtype)
     report = on_layer or (lambda name, value: None)
-
     img = embed_image(images, params["img_embedder"], config)
     report("patch_embed", img)
     txt = linear(mask_text(context.astype(dtype), mask, params["mask_token"]), params["txt_embedder"]["weight"])
     report("txt_embed", txt)
-    rope = text_rope(length, config.head_dim, dtype)
+    grid_h, grid_w = images.shape[2] // config.patch_size, images.shape[3] // config.patch_size
+    length = txt.shape[1]
+    return transformer_body(img, txt, params, config, grid_h, grid_w, text_rope(length, config.head_dim, dtype),
+                            joint_rope(length, grid_h, grid_w, config.head_dim, dtype), report)
+
+
+def transformer_body(img, txt, params, config: MMJiTConfig, grid_h: int, grid_w: int, txt_rope, rope, report):
+    """Everything after the embeddings: preamble blocks (text only, `txt_rope`), double blocks
+    (joint, `rope`), final layer, unpatchify.
+
+    img [B, N, D], txt [B, L, D], rope tables (cos, sin) [L, Dh/2] and [L + N, Dh/2] -> x0
+    [B, C, H, W]. Shared with the Mean Flow student, which only brings other tokens and tables.
+    """
     for i, block in enumerate(params["txt_preamble_blocks"]):
-        txt = preamble_block(txt, block, rope, config)
+        txt = preamble_block(txt, block, txt_rope, config)
         report(f"preamble.{i}", txt)
-    rope = joint_rope(length, grid_h, grid_w, config.head_dim, dtype)
     for i, block in enumerate(params["double_blocks"]):
         img, txt = double_block(img, txt, block, rope, config)
         report(f"double.{i}.img", img)
         report(f"double.{i}.txt", txt)
     out = final_layer(img, params["final_layer"])
     report("final_layer", out)
-    return unpatchify(out, grid_h, grid_w, p, config.in_channels)
+    return unpatchify(out, grid_h, grid_w, config.patch_size, config.in_channels)
 
 
 def _mlp(mlp):

@@ -47,6 +47,12 @@ def step_factors(steps: int, a_min: float) -> np.ndarray:
     return (t[1:] - t[:-1]) / np.maximum(1.0 - t[:-1], a_min)
 
 
+def euler_step(x, x0, factor: float):
+    """[B, ...] x2 -> [B, ...]: x + f * (x0 - x), the Euler step of an x0-predicting network
+    written with its step factor f (1 lands on x0 exactly up to one rounding)."""
+    return x + x.dtype.type(factor) * (x0 - x)
+
+
 def guided_x0(x0_cond, x0_uncond, cfg_scale: float):
     """[B, ...] x2 -> [B, ...]: x0_uncond + s * (x0_cond - x0_uncond)."""
     return x0_uncond + x0_uncond.dtype.type(cfg_scale) * (x0_cond - x0_uncond)
@@ -77,7 +83,7 @@ def sample(denoise: Callable, noise, context, mask, steps: int, cfg_scale: float
     for i, factor in enumerate(step_factors(steps, a_min)):
         x0 = denoise(np.concatenate([x, x]), both_context, both_mask)
         x0 = guided_x0(x0[:batch], x0[batch:], cfg_scale)
-        x = x + x.dtype.type(factor) * (x0 - x)
+        x = euler_step(x, x0, factor)
         if callback:
             callback(StepInfo(i, float(t[i]), x, x0))
     return x
