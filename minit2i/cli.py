@@ -166,16 +166,21 @@ def add_generate_parser(sub) -> None:
     p.add_argument("--tokenizer", default=None, help="tokenizer.json (default: next to the T5 weights)")
     p.add_argument("-o", "--output", default="output.png", help="PNG path (batches add _0, _1, ...)")
     p.add_argument("--steps", type=int, default=None,
-                   help="Euler steps (default: the model's; 100 for MiniT2I, as official)")
+                   help="sampler steps (default: the model's; 100 for MiniT2I, 4 for the Mean Flow student, "
+                        "as official)")
     p.add_argument("--cfg-scale", type=float, default=None,
-                   help="guidance scale (default: the model's; 6.0 for MiniT2I, as the official pipeline)")
+                   help="guidance scale (default: the model's; 6.0 for MiniT2I, as the official pipeline; "
+                        "12.0 for the Mean Flow student, an input of its network)")
+    p.add_argument("--guidance-interval", type=float, nargs=2, default=None, metavar=("T_MIN", "T_MAX"),
+                   help="Mean Flow students only: the times (1 = noise, 0 = image) between which the student "
+                        "applies guidance (default 0.2 0.8, as official)")
     p.add_argument("-W", "--width", type=int, default=None, help="default: the model's training size (512; demo 64)")
     p.add_argument("-H", "--height", type=int, default=None, help="default: the model's training size (512; demo 64)")
     p.add_argument("-s", "--seed", type=int, default=42, help="image i of a batch uses seed + i")
     p.add_argument("-b", "--batch-count", type=int, default=1)
-    p.add_argument("--a-min", type=float, default=DEFAULT_A_MIN,
+    p.add_argument("--a-min", type=float, default=None,
                    help=f"floor of 1 - t in x0 -> v (default {DEFAULT_A_MIN}, the HF hub pipeline; "
-                        "0.05 = JAX B/16 eval config)")
+                        "0.05 = JAX B/16 eval config); not for Mean Flow students")
     p.add_argument("--preview-dir", default=None, help="save the guided x0 of every step here as PNGs")
     p.add_argument("--backend", choices=list(BACKENDS), default="numpy",
                    help="numpy (reference), cupy (NVIDIA GPU), cudasim (the CuPy twin with its CUDA kernels run "
@@ -195,6 +200,7 @@ def run_generate(args) -> int:
     from .pipeline import (
         Request,
         check_backend,
+        check_guidance_interval,
         check_memory,
         check_ranges,
         generate,
@@ -210,17 +216,20 @@ def run_generate(args) -> int:
             "MiniT2I has no negative prompt: its unconditional branch is the prompt with an all-zero "
             "text mask; drop --negative-prompt"
         )
-    optional = {"steps": args.steps, "cfg_scale": args.cfg_scale, "width": args.width, "height": args.height}
+    optional = {"steps": args.steps, "cfg_scale": args.cfg_scale, "width": args.width, "height": args.height,
+                "a_min": args.a_min}
     given = {k: v for k, v in optional.items() if v is not None}  # the model's defaults fill the rest
     check_prompt(args.prompt)
-    check_ranges(**given, seed=args.seed, batch_count=args.batch_count, a_min=args.a_min)
+    check_ranges(**given, seed=args.seed, batch_count=args.batch_count)
+    if args.guidance_interval is not None:
+        given["guidance_interval"] = check_guidance_interval(args.guidance_interval)
     check_backend(args.backend, args.precision)
     outputs = [check_writable(p) for p in output_paths(Path(args.output), args.batch_count)]
     preview_dir = _preview_dir(args.preview_dir)
     model_path, t5_path = _model_paths(args)
     files = open_model(model_path, t5_path, args.tokenizer, args.variant)
     settings = sampling_defaults(files) | given
-    request = Request(args.prompt, seed=args.seed, batch_count=args.batch_count, a_min=args.a_min, **settings)
+    request = Request(args.prompt, seed=args.seed, batch_count=args.batch_count, **settings)
     validate(request, files, given)
     _warn_unknown_words(files.tokenizer, args.prompt)
     if args.backend == "numpy":  # the GPU backends' activations live in device memory
@@ -375,9 +384,11 @@ def describe(path, variant: str = "minit2i-b-16") -> str:
     import dataclasses
 
     from minit2i.core.checks import existing_path
+    from minit2i.core.mean_flow_config import MeanFlowConfig
     from minit2i.core.safetensors_file import read_index
 
     from .model_files import find_mmjit_files, find_t5_files, inspect_mmjit, inspect_t5, local_listing, looks_like_t5
+    from .pipeline import describe_recipe
 
     root = existing_path(path)
     if root.is_dir() and looks_like_t5(local_listing(root)):  # by its files, so a damaged one is blamed as a T5
@@ -387,7 +398,9 @@ def describe(path, variant: str = "minit2i-b-16") -> str:
         names = read_index(files)
         is_t5 = any(k in names for k in ("shared.weight", "encoder.embed_tokens.weight"))
     checkpoint = inspect_t5(path) if is_t5 else inspect_mmjit(path, variant)
-    kind = "T5 encoder" if is_t5 else "MiniT2I MMJiT transformer"
+    student = isinstance(checkpoint.config, MeanFlowConfig)
+    kind = "T5 encoder" if is_t5 else ("MiniT2I Mean Flow student (MMJiT + auxiliary prefix, model.md 9)" if student
+                                       else "MiniT2I MMJiT transformer")
     fields = ", ".join(f"{k}={v}" for k, v in dataclasses.asdict(checkpoint.config).items())
     lines = [
         f"{kind}",
@@ -401,6 +414,7 @@ def describe(path, variant: str = "minit2i-b-16") -> str:
         lines.insert(4, f"              assumed (not in the shapes, no config.json): {checkpoint.assumed}")
     if not is_t5:
         lines.append(f"  prefix:     {checkpoint.prefix or '(none)'}")
+        lines.append(f"  sampler:    {describe_recipe(checkpoint)}")
     if checkpoint.ignored:
         lines.append(f"  ignored:    {len(checkpoint.ignored)} tensors ({_ignored_groups(checkpoint.ignored)})")
     return "\n".join(lines)

@@ -27,8 +27,9 @@ from minit2i.core.checkpoint import Checkpoint, LoadedWeights
 from minit2i.core.checks import Range, check_prompt, human_size, read_json_object
 from minit2i.core.errors import MiniT2IError
 from minit2i.core.images import to_pixels
+from minit2i.core.mean_flow_config import MEAN_FLOW_RECIPE, MeanFlowConfig
 from minit2i.core.tokenizer import PromptTokenizer
-from minit2i.reference.sampler import initial_noise
+from minit2i.reference.sampler import DEFAULT_A_MIN, initial_noise
 
 from .model_files import find_tokenizer_json, inspect_mmjit, inspect_t5
 
@@ -46,6 +47,20 @@ REQUEST_RANGES = {
     "batch_count": ("--batch-count", Range(1, 10_000)),
     "a_min": ("--a-min", Range(0, 1, integer=False, low_open=True)),
 }
+# A guidance interval end is a time of the student's sampler, in [0, 1] (model.md 9.4).
+INTERVAL_END = Range(0, 1, integer=False)
+# omega enters the student as 1 - 1/omega: 1 is "no guidance", and below 1 the input leaves the
+# range it was trained on (1 <= omega <= 13) towards a pole at 0.
+STUDENT_CFG_SCALE = Range(1, 1000, integer=False)
+
+
+def check_guidance_interval(interval) -> tuple[float, float]:
+    """(t_min, t_max), both in [0, 1] with t_min <= t_max, as --guidance-interval gives them."""
+    t_min, t_max = (INTERVAL_END.check("--guidance-interval", value) for value in interval)
+    if t_min > t_max:
+        raise MiniT2IError(f"--guidance-interval {t_min} {t_max} is empty: give the smaller end first, "
+                           f"e.g. --guidance-interval {t_max} {t_min}")
+    return t_min, t_max
 
 
 def check_ranges(**fields) -> None:
@@ -67,11 +82,14 @@ class Request:
     height: int = 512
     seed: int = 0
     batch_count: int = 1
-    a_min: float = 0.001
+    a_min: float = DEFAULT_A_MIN
+    guidance_interval: tuple[float, float] | None = None  # (t_min, t_max): Mean Flow students only
 
     def __post_init__(self):
         check_prompt(self.prompt)
         check_ranges(**{name: getattr(self, name) for name in REQUEST_RANGES})
+        if self.guidance_interval is not None:
+            check_guidance_interval(self.guidance_interval)
         # image i uses seed + i, which must stay a valid seed too
         REQUEST_RANGES["seed"][1].check("--seed + --batch-count - 1", self.seed + self.batch_count - 1)
 
@@ -146,23 +164,53 @@ def load_model(model, t5=None, tokenizer_path=None, variant: str = "minit2i-b-16
 
 
 def read_sampling(config_source: str) -> dict:
-    """The "sampling" block of a transformer config.json, {"steps": int, "cfg_scale": float}: the
-    settings the model was tuned for. The demo model has one; released MiniT2I configs do not."""
+    """The "sampling" block of a transformer config.json, {"steps": int, "cfg_scale": float} and for
+    a Mean Flow student "guidance_interval": [t_min, t_max]: the settings the model was tuned for.
+    The demo models have one; released MiniT2I configs do not."""
     path = Path(config_source)
     if not path.is_file():  # the config was inferred from tensor shapes
         return {}
     block = read_json_object(path, "config").get("sampling", {})
     if not isinstance(block, dict):
         raise MiniT2IError(f"{path}: sampling must be an object with steps and cfg_scale; fix or delete it")
-    return {name: REQUEST_RANGES[name][1].check(f"{path}: sampling.{name}", block[name])
-            for name in ("steps", "cfg_scale") if name in block}
+    found = {name: REQUEST_RANGES[name][1].check(f"{path}: sampling.{name}", block[name])
+             for name in ("steps", "cfg_scale") if name in block}
+    if "guidance_interval" in block:
+        interval = block["guidance_interval"]
+        if not (isinstance(interval, list) and len(interval) == 2):
+            raise MiniT2IError(f"{path}: sampling.guidance_interval must be [t_min, t_max]; fix or delete it")
+        found["guidance_interval"] = check_guidance_interval(interval)
+    return found
+
+
+def is_student(model: Model | ModelFiles) -> bool:
+    """Whether the denoiser is a Mean Flow student (guidance and step length are its inputs)."""
+    return isinstance(model.mmjit.config, MeanFlowConfig)
 
 
 def sampling_defaults(model: Model | ModelFiles) -> dict:
     """Request settings for a model when the user gives none: its training image size, and the
-    steps and guidance of its config's "sampling" block, else the official 100 steps and 6.0."""
-    size = model.mmjit.config.image_size
-    return {"steps": 100, "cfg_scale": 6.0, "width": size, "height": size, **model.sampling}
+    steps and guidance of its config's "sampling" block, else the official recipe (MiniT2I: 100
+    steps, 6.0; the Mean Flow student: 4 steps, 12.0, guidance interval 0.2-0.8)."""
+    return recipe(model.mmjit.config, model.sampling)
+
+
+def recipe(config, sampling: dict) -> dict:
+    """`sampling_defaults` from a denoiser's config and its config.json "sampling" block."""
+    size = config.image_size
+    official = MEAN_FLOW_RECIPE if isinstance(config, MeanFlowConfig) else {"steps": 100, "cfg_scale": 6.0}
+    return {**official, "width": size, "height": size, **sampling}
+
+
+def describe_recipe(checkpoint: Checkpoint) -> str:
+    """One line for `info`: which sampler a denoiser runs and its defaults."""
+    settings = recipe(checkpoint.config, read_sampling(checkpoint.config_source))
+    size = f"{settings['width']}x{settings['height']}"
+    if isinstance(checkpoint.config, MeanFlowConfig):
+        t_min, t_max = settings["guidance_interval"]
+        return (f"Mean Flow, one forward per step: {settings['steps']} steps, guidance {settings['cfg_scale']} "
+                f"(a network input) in the interval {t_min}-{t_max}, {size}")
+    return f"Euler x0 -> v, cond + uncond per step: {settings['steps']} steps, guidance {settings['cfg_scale']}, {size}"
 
 
 def make_runner(model: Model, backend: str = "numpy", precision: str = "fp32"):
@@ -194,6 +242,15 @@ def check_backend(backend: str, precision: str) -> None:
 def validate(request: Request, model: Model | ModelFiles, given=("width", "height")) -> None:
     """Reject a request the model cannot run (only its configs are read), with the fix; a size
     not in `given` came from the model's config and is blamed on it, not on a flag."""
+    student = is_student(model)
+    if student and "a_min" in given:
+        raise MiniT2IError("--a-min is the floor of the base sampler's 1 - t; the Mean Flow sampler clips its t at "
+                           "0.05 as the official one does; drop --a-min")
+    if not student and request.guidance_interval is not None:
+        raise MiniT2IError("--guidance-interval is an input of Mean Flow students (MiniT2I-B-16-MF); this model "
+                           "guides at every step; drop --guidance-interval")
+    if student:
+        STUDENT_CFG_SCALE.check("--cfg-scale for a Mean Flow student (omega, 1 = no guidance)", request.cfg_scale)
     patch = model.mmjit.config.patch_size
     for name, size in (("width", request.width), ("height", request.height)):
         if size < patch or size % patch:
@@ -206,14 +263,17 @@ def validate(request: Request, model: Model | ModelFiles, given=("width", "heigh
 def estimate_memory(request: Request, model: Model | ModelFiles, itemsize: int = 4) -> int:
     """Bytes of host memory a NumPy run needs: float32 weights plus the largest MMJiT forward.
 
-    The forward runs [cond ; uncond] for the whole batch at once over N image + text tokens; its
-    peak is the attention scores [2B, heads, N, N] (with the softmax temporaries, ~3 copies)
+    The forward runs [cond ; uncond] for the whole batch at once over N image + text tokens (a
+    Mean Flow student: B rows, its auxiliary prefix among the text tokens); its peak is the
+    attention scores [rows, heads, N, N] (with the softmax temporaries, ~3 copies)
     next to the MLP and qkv activations. An estimate, within a small factor: enough to refuse
     a run that cannot fit instead of failing minutes in with MemoryError.
     """
     m, t = model.mmjit.config, model.t5.config
-    rows = 2 * request.batch_count
-    tokens = (request.width // m.patch_size) * (request.height // m.patch_size) + m.prompt_length
+    student = is_student(model)
+    rows = request.batch_count if student else 2 * request.batch_count
+    text = m.prompt_length + (m.num_aux_tokens if student else 0)
+    tokens = (request.width // m.patch_size) * (request.height // m.patch_size) + text
     attention = 3 * rows * m.num_heads * tokens * tokens
     activations = 4 * rows * tokens * (3 * m.hidden_size + 2 * m.mlp_hidden)
     t5 = 3 * request.batch_count * t.num_heads * m.prompt_length ** 2
@@ -294,7 +354,11 @@ def _generate(model: Model, runner, request: Request, on_step) -> Result:
         last[0] = time.perf_counter()
 
     mark = time.perf_counter()
-    images = runner.sample(noise, context, mask, request.steps, request.cfg_scale, request.a_min, callback)
+    if is_student(model):
+        images = runner.sample_mean_flow(noise, context, mask, request.steps, request.cfg_scale,
+                                         request.guidance_interval, callback)
+    else:
+        images = runner.sample(noise, context, mask, request.steps, request.cfg_scale, request.a_min, callback)
     timings["sampling"] = time.perf_counter() - mark
     timings["total"] = time.perf_counter() - start
     return Result(to_pixels(images), images, timings, step_times)

@@ -7,6 +7,8 @@ import numpy as np
 from minit2i.core.checkpoint import LoadedWeights, nest
 from minit2i.core.errors import MiniT2IError
 
+from .mean_flow import mean_flow_forward
+from .mean_flow_sampler import sample_mean_flow
 from .mmjit import mmjit_forward
 from .sampler import sample
 from .t5 import t5_encode
@@ -15,7 +17,8 @@ PRECISIONS = {"fp32": np.float32, "fp64": np.float64}
 
 
 class NumpyRunner:
-    """T5 + MMJiT + sampler on the CPU. fp32 for generation; fp64 for tracing and tests."""
+    """T5 + MMJiT (or the Mean Flow student) + its sampler on the CPU. fp32 for generation; fp64
+    for tracing and tests."""
 
     name = "numpy"
 
@@ -37,10 +40,20 @@ class NumpyRunner:
         """One MMJiT forward: [B, C, H, W], [B, L, Dc], [B, L] -> x0 [B, C, H, W]."""
         return mmjit_forward(self.mmjit_params, self.mmjit_config, x, context, mask)
 
+    def denoise_student(self, x, h, omega, t_min, t_max, context, mask):
+        """One Mean Flow student forward: [B, C, H, W], scalars [B] each, [B, L, Dc], [B, L] -> x0."""
+        return mean_flow_forward(self.mmjit_params, self.mmjit_config, x, h, omega, t_min, t_max, context, mask)
+
     def sample(self, noise, context, mask, steps, cfg_scale, a_min, callback=None) -> np.ndarray:
         """Host noise [B, C, H, W] -> final image state [B, C, H, W] as float32 NumPy."""
         x = sample(self.denoise, noise.astype(self.dtype), context, mask.astype(self.dtype),
                    steps, cfg_scale, a_min, callback)
+        return x.astype(np.float32)
+
+    def sample_mean_flow(self, noise, context, mask, steps, omega, interval, callback=None) -> np.ndarray:
+        """The student's few-step sampler: host noise [B, C, H, W] -> final image [B, C, H, W] float32."""
+        x = sample_mean_flow(self.denoise_student, noise.astype(self.dtype), context, mask.astype(self.dtype),
+                             steps, omega, interval, callback)
         return x.astype(np.float32)
 
     def to_host(self, array) -> np.ndarray:

@@ -7,6 +7,7 @@ import os
 import numpy as np
 import pytest
 
+from minit2i.core.mean_flow_config import MEAN_FLOW_TINY
 from minit2i.core.mmjit_config import MMJIT_TINY
 from minit2i.core.t5_config import T5_TINY
 from minit2i.default_model import write_model
@@ -19,6 +20,15 @@ def tiny_model(tmp_path_factory):
     """(transformer folder, t5 folder) of a tiny MiniT2I in diffusers/HF layout (float32)."""
     root = tmp_path_factory.mktemp("tiny-model")
     write_model(root / "transformer", root / "t5", MMJIT_TINY, T5_TINY, TINY_SEED)
+    return root / "transformer", root / "t5"
+
+
+@pytest.fixture(scope="session")
+def tiny_student(tmp_path_factory):
+    """(transformer folder, t5 folder) of a tiny Mean Flow student (every prefix group active),
+    in the same layout as `tiny_model`."""
+    root = tmp_path_factory.mktemp("tiny-student")
+    write_model(root / "transformer", root / "t5", MEAN_FLOW_TINY, T5_TINY, TINY_SEED)
     return root / "transformer", root / "t5"
 
 

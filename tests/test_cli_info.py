@@ -39,6 +39,7 @@ def test_info_on_the_transformer_folder(tiny_model, capsys):
         "  dtype:      F32 (loaded as float32)",
         "  parameters: 371,136 in 70 tensors",
         "  prefix:     model.net.",
+        "  sampler:    Euler x0 -> v, cond + uncond per step: 100 steps, guidance 6.0, 64x64",
     ]
 
 
@@ -73,6 +74,7 @@ def test_info_on_a_half_precision_file_with_dead_tensors(tmp_path, capsys):
         "  dtype:      F16 (loaded as float32)",
         "  parameters: 371,136 in 70 tensors",
         "  prefix:     model.diffusion_model.net.",
+        "  sampler:    Euler x0 -> v, cond + uncond per step: 100 steps, guidance 6.0, 512x512",
         "  ignored:    2 tensors (pooled_embedder, t_embedder)",
     ]
 
