@@ -1,6 +1,7 @@
 """CPU benchmark: the NumPy reference against the same math in PyTorch, on this machine.
 
     python benchmarks/cpu.py                 # MMJiT B/16 at 512x512 (batch 2) + T5-large (L=256)
+                                             # + one B/16-MF image end to end (T5 + 4 student forwards)
     python benchmarks/cpu.py --quick         # 256x256, 2 double blocks, 2 T5 layers: a smoke run
     python benchmarks/cpu.py --repeats 3 --size 256
 
@@ -26,10 +27,14 @@ import torch
 import torch.nn.functional as F
 
 from minit2i.core.checkpoint import nest
+from minit2i.core.mean_flow_config import MEAN_FLOW_B16, MEAN_FLOW_RECIPE, MeanFlowConfig
 from minit2i.core.mmjit_config import MMJIT_B16, MMJiTConfig
 from minit2i.core.t5_config import T5_FLAN_LARGE, T5Config
 from minit2i.default_model import random_mmjit_weights, random_t5_weights
 from minit2i.reference.layers import attention
+from minit2i.reference.mean_flow import mean_flow_forward
+from minit2i.reference.mean_flow_sampler import sample_mean_flow
+from minit2i.reference.sampler import initial_noise
 from minit2i.reference.mmjit import mmjit_forward
 from minit2i.reference.t5 import t5_encode
 from minit2i.training import torch_model as torch_peer
@@ -150,6 +155,39 @@ def bench_joint_attention(config: MMJiTConfig, size: int, repeats: int) -> dict:
                       BATCH * 4 * tokens**2 * config.hidden_size, repeats)
 
 
+def bench_mean_flow_image(student: MeanFlowConfig, t5: T5Config, size: int, repeats: int) -> dict:
+    """One Mean Flow image end to end: T5 on the prompt, then the student's sampler (4 forwards of
+    batch 1 over A + L text tokens). Both sides run the reference's sampler loop
+    (`sample_mean_flow`); only the networks differ, so the row compares the networks' cost."""
+    params, t5_params = nest(random_mmjit_weights(student, SEED)), nest(random_t5_weights(t5, SEED))
+    rng = np.random.default_rng(SEED + 4)
+    ids = rng.integers(0, t5.vocab_size, (1, TEXT_LENGTH))
+    mask = np.zeros((1, TEXT_LENGTH), dtype=np.float32)
+    mask[0, :TEXT_LENGTH // 3] = 1.0
+    noise = initial_noise(SEED, 1, student.in_channels, size, size)
+    steps, omega, interval = (MEAN_FLOW_RECIPE[k] for k in ("steps", "cfg_scale", "guidance_interval"))
+    prefix = student.num_aux_tokens
+    tparams, tt5 = torch_peer.to_torch_tree(params), torch_peer.to_torch_tree(t5_params)
+    tables = torch_peer.position_tables(student, size, prefix + TEXT_LENGTH, unrotated=prefix)
+
+    def run_numpy():
+        context = t5_encode(t5_params, t5, ids, mask, np.float32)
+        return sample_mean_flow(lambda x, *rest: mean_flow_forward(params, student, x, *rest), noise, context,
+                                mask, steps, omega, interval)
+
+    def torch_denoise(x, h, om, t_min, t_max, context, msk):
+        scalars = [torch.from_numpy(v.astype(np.float32)) for v in (h, om, t_min, t_max)]
+        return torch_peer.mean_flow_forward(tparams, student, tables, torch.from_numpy(x), *scalars, context,
+                                            torch.from_numpy(msk)).numpy()
+
+    def run_torch():
+        context = torch_peer.t5_encode(tt5, t5, torch.from_numpy(ids), torch.from_numpy(mask))
+        return torch.from_numpy(sample_mean_flow(torch_denoise, noise, context, mask, steps, omega, interval))
+
+    flops = t5_flops(t5, 1, TEXT_LENGTH) + steps * mmjit_flops(student, 1, size, prefix + TEXT_LENGTH)
+    return comparison(f"MF image {size}x{size}: T5 + {steps} x student b1", run_numpy, run_torch, flops, repeats)
+
+
 def bench_t5(config: T5Config, repeats: int) -> dict:
     params = nest(random_t5_weights(config, SEED))
     ids = np.random.default_rng(SEED + 2).integers(0, config.vocab_size, (1, TEXT_LENGTH))
@@ -202,9 +240,10 @@ def parse_args(argv=None):
 
 def main(argv=None) -> None:
     args = parse_args(argv)
-    mmjit, t5, size, repeats = MMJIT_B16, T5_FLAN_LARGE, args.size, args.repeats
+    mmjit, student, t5, size, repeats = MMJIT_B16, MEAN_FLOW_B16, T5_FLAN_LARGE, args.size, args.repeats
     if args.quick:
         mmjit = dataclasses.replace(MMJIT_B16, depth_double=2)
+        student = dataclasses.replace(MEAN_FLOW_B16, depth_double=2)
         t5 = dataclasses.replace(T5_FLAN_LARGE, num_layers=2)
         size, repeats = 256, 1
     print(thread_report())
@@ -214,7 +253,7 @@ def main(argv=None) -> None:
     print(f"float32 GEMM ({ROOFLINE_SIZE}^3): numpy {gemm['numpy']:.0f} GFLOP/s, torch {gemm['torch']:.0f} GFLOP/s;"
           f" roofline {roofline:.0f} GFLOP/s")
     rows = [bench_mmjit(mmjit, size, repeats), bench_joint_attention(mmjit, size, max(repeats, 5)),
-            bench_t5(t5, repeats)]
+            bench_t5(t5, repeats), bench_mean_flow_image(student, t5, size, repeats)]
     print_table(rows, roofline)
 
 

@@ -1,4 +1,5 @@
-"""MMJiT and the T5 encoder in PyTorch: the reference's math in torch ops, written once.
+"""MMJiT, the Mean Flow student and the T5 encoder in PyTorch: the reference's math in torch ops,
+written once.
 
 Written from docs/model.md like reference/, with F.scaled_dot_product_attention for attention. Both
 networks are plain functions of a nested weight tree (the checkpoint's names, as
@@ -15,9 +16,11 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from minit2i.core.mean_flow_config import AUX_EMBEDDERS, MeanFlowConfig, aux_token_groups
 from minit2i.core.mmjit_config import MMJiTConfig
 from minit2i.core.t5_config import T5Config
 from minit2i.reference.layers import joint_rope, sincos_2d_table, text_rope
+from minit2i.reference.mean_flow import embedding_frequencies, unrotated_prefix
 from minit2i.reference.t5 import relative_position_buckets
 
 
@@ -75,8 +78,10 @@ class PositionTables:
     joint_rope: tuple[torch.Tensor, torch.Tensor]
 
 
-def position_tables(config: MMJiTConfig, size: int, length: int, device="cpu", dtype=torch.float32) -> PositionTables:
-    """The reference's tables for [size, size] images and `length` text tokens, as torch copies.
+def position_tables(config: MMJiTConfig, size: int, length: int, device="cpu", dtype=torch.float32,
+                    unrotated: int = 0) -> PositionTables:
+    """The reference's tables for [size, size] images and `length` text tokens, as torch copies;
+    the first `unrotated` joint rows at angle 0 (the Mean Flow student's prefix, model.md 9.2).
 
     Copies, because the reference caches its tables read-only and torch refuses read-only memory.
     """
@@ -85,9 +90,10 @@ def position_tables(config: MMJiTConfig, size: int, length: int, device="cpu", d
     def copy(table):
         return torch.tensor(table, device=device, dtype=dtype)
 
+    joint = unrotated_prefix(joint_rope(length, grid, grid, head_dim, np.float32), unrotated)
     return PositionTables(copy(sincos_2d_table(grid, grid, config.hidden_size, np.float32)),
                           tuple(map(copy, text_rope(length, head_dim, np.float32))),
-                          tuple(map(copy, joint_rope(length, grid, grid, head_dim, np.float32))))
+                          tuple(map(copy, joint)))
 
 
 def mmjit_forward(params, config: MMJiTConfig, tables: PositionTables, images, context, mask):
@@ -96,17 +102,55 @@ def mmjit_forward(params, config: MMJiTConfig, tables: PositionTables, images, c
     `params` is the nested weight tree (to_torch_tree) and `tables` the position_tables of this
     image size and L, both already on the device and in the dtype of the inputs.
     """
+    txt = F.linear(mask_text(context, mask, params), params["txt_embedder"]["weight"])
+    return transformer_body(params, config, tables, embed_image(params, config, tables, images), txt, images.shape)
+
+
+def mean_flow_forward(params, config: MeanFlowConfig, tables: PositionTables, images, h, omega, t_min, t_max,
+                      context, mask):
+    """The Mean Flow student (model.md 9): images [B, C, H, W], h/omega/t_min/t_max [B], context
+    [B, L, Dc], mask [B, L] -> x0 [B, C, H, W]. `tables` for A + L text tokens, A unrotated."""
+    masked = mask_text(context, mask, params)
+    scalars = {"omega": 1.0 - 1.0 / omega, "t_min": t_min, "t_max": t_max, "time": h}
+    embedded = {"context": F.linear(masked.mean(dim=1), params[AUX_EMBEDDERS["context"]]["weight"])}
+    for group, values in scalars.items():
+        embedded[group] = scalar_embedder(values, params[AUX_EMBEDDERS[group]], config.frequency_embedding_size)
+    prefix = torch.cat([params[f"{group}_tokens"].expand(len(masked), -1, -1) + embedded[group][:, None]
+                        for group, _ in aux_token_groups(config)], dim=1)
+    txt = torch.cat([prefix, F.linear(masked, params["txt_embedder"]["weight"])], dim=1)
+    return transformer_body(params, config, tables, embed_image(params, config, tables, images), txt, images.shape)
+
+
+def scalar_embedder(values, embedder, dim: int):
+    """[B] -> [B, D]: [cos | sin] sinusoid of `dim`, Linear, SiLU, Linear (model.md 9.1)."""
+    freqs = torch.from_numpy(embedding_frequencies(dim)).to(values.device, values.dtype)
+    angles = values[:, None] * freqs
+    first, second = embedder["mlp"]["0"], embedder["mlp"]["2"]
+    hidden = F.silu(F.linear(torch.cat([angles.cos(), angles.sin()], dim=-1), first["weight"], first["bias"]))
+    return F.linear(hidden, second["weight"], second["bias"])
+
+
+def mask_text(context, mask, params):
+    """[B, L, Dc] -> [B, L, Dc] with mask_token where the mask is 0."""
+    return torch.where(mask[..., None] > 0.5, context, params["mask_token"][0, 0])
+
+
+def embed_image(params, config: MMJiTConfig, tables: PositionTables, images):
+    """[B, C, H, W] -> [B, N, D]: bottleneck patch embed + the sin/cos table."""
     b, c, size, _ = images.shape
-    p, d, heads = config.patch_size, config.hidden_size, config.num_heads
-    grid = size // p
-    length = context.shape[1]
+    p, grid = config.patch_size, size // config.patch_size
     embedder = params["img_embedder"]
     patches = images.reshape(b, c, grid, p, grid, p).permute(0, 2, 4, 1, 3, 5).reshape(b, grid * grid, -1)
     img = F.linear(patches, embedder["proj1"]["weight"].reshape(config.pca_channels, -1))
-    img = F.linear(img, embedder["proj2"]["weight"].reshape(d, -1), embedder["proj2"]["bias"]) + tables.image_pos
-    txt = torch.where(mask[..., None] > 0.5, context, params["mask_token"][0, 0])
-    txt = F.linear(txt, params["txt_embedder"]["weight"])
+    return F.linear(img, embedder["proj2"]["weight"].reshape(config.hidden_size, -1),
+                    embedder["proj2"]["bias"]) + tables.image_pos
 
+
+def transformer_body(params, config: MMJiTConfig, tables: PositionTables, img, txt, image_shape):
+    """img [B, N, D], txt [B, L, D] -> x0 [B, C, H, W]: preamble and double blocks, final layer."""
+    b, c, size, _ = image_shape
+    p, heads, length = config.patch_size, config.num_heads, txt.shape[1]
+    grid = size // p
     for blk in params["txt_preamble_blocks"]:
         q, k, v = qkv_heads(rms_norm(txt, blk["norm1"]["weight"]), blk["qkv"],
                             blk["q_norm"]["weight"], blk["k_norm"]["weight"], heads)
@@ -130,7 +174,6 @@ def mmjit_forward(params, config: MMJiTConfig, tables: PositionTables, images, c
     out = F.linear(rms_norm(img, final["norm_final"]["weight"]), final["linear"]["weight"], final["linear"]["bias"])
     out = out.reshape(b, grid, grid, p, p, c).permute(0, 5, 1, 3, 2, 4)
     return out.reshape(b, c, size, size)
-
 
 
 def t5_encode(params, config: T5Config, ids, mask):
