@@ -34,8 +34,8 @@ from minit2i.default_model import random_mmjit_weights, random_t5_weights
 from minit2i.reference.layers import attention
 from minit2i.reference.mean_flow import mean_flow_forward
 from minit2i.reference.mean_flow_sampler import sample_mean_flow
-from minit2i.reference.sampler import initial_noise
 from minit2i.reference.mmjit import mmjit_forward
+from minit2i.reference.sampler import initial_noise
 from minit2i.reference.t5 import t5_encode
 from minit2i.training import torch_model as torch_peer
 

@@ -50,9 +50,11 @@ from minit2i.core.checkpoint import LoadedWeights, nest
 from minit2i.core.checks import human_size, open_checked, read_json_object, shown, writable_folder, write_atomically
 from minit2i.core.errors import MiniT2IError
 from minit2i.core.images import to_pixels
+from minit2i.core.mean_flow_config import MEAN_FLOW_TINY, MeanFlowConfig
 from minit2i.core.mmjit_config import MMJIT_TINY, MMJiTConfig
 from minit2i.core.t5_config import T5_TINY, T5Config
 from minit2i.core.tokenizer import PromptTokenizer, make_t5_style_tokenizer
+from minit2i.reference.mean_flow import mean_flow_forward
 from minit2i.reference.mmjit import mmjit_forward
 from minit2i.reference.pipeline import PRECISIONS, NumpyRunner
 from minit2i.reference.sampler import initial_noise
@@ -144,20 +146,38 @@ def tiny_t5_hidden(recipe: dict, precision: str) -> np.ndarray:
 def tiny_mmjit_x0(recipe: dict, precision: str) -> np.ndarray:
     """One MMJiT forward [B, 3, H, W] on seeded noise and a seeded context, one row per mask."""
     config = MMJiTConfig(**recipe["config"])
+    params, x, context, mask = _forward_inputs(recipe, config, PRECISIONS[precision])
+    return mmjit_forward(params, config, x, context, mask)
+
+
+def tiny_student_x0(recipe: dict, precision: str) -> np.ndarray:
+    """One Mean Flow student forward [B, 3, H, W], as `tiny_mmjit_x0`, with per-row h, omega,
+    t_min and t_max from the recipe."""
+    config = MeanFlowConfig(**recipe["config"])
     dtype = PRECISIONS[precision]
+    params, x, context, mask = _forward_inputs(recipe, config, dtype)
+    scalars = [np.array(recipe[name], dtype=dtype) for name in ("h", "omega", "t_min", "t_max")]
+    return mean_flow_forward(params, config, x, *scalars, context, mask)
+
+
+def _forward_inputs(recipe: dict, config: MMJiTConfig, dtype):
+    """(weights tree, seeded noise [B, 3, H, W], seeded context [B, L, Dc], mask [B, L]) in `dtype`."""
     rows = len(recipe["real_tokens"])
     x = initial_noise(recipe["input_seed"], rows, config.in_channels, recipe["height"], recipe["width"])
     context = np.random.default_rng(recipe["input_seed"] + 1).standard_normal(
         (rows, config.prompt_length, config.txt_input_size), dtype=np.float32)
     mask = _prefix_mask(config.prompt_length, recipe["real_tokens"])
     params = nest(random_mmjit_weights(config, recipe["weight_seed"]))
-    return mmjit_forward(params, config, x.astype(dtype), context.astype(dtype), mask.astype(dtype))
+    return params, x.astype(dtype), context.astype(dtype), mask.astype(dtype)
 
 
 def tiny_sampler_image(recipe: dict, precision: str) -> np.ndarray:
-    """prompt -> tokenizer -> T5 -> CFG Euler sampler, the shared pipeline on a tiny model:
-    the final image state [B, 3, H, W] (float32, as `generate` returns it)."""
-    mmjit_config, t5_config = MMJiTConfig(**recipe["mmjit"]), T5Config(**recipe["t5"])
+    """prompt -> tokenizer -> T5 -> sampler (CFG Euler, or the student's with a "guidance_interval"
+    in the recipe), the shared pipeline on a tiny model: the final image state [B, 3, H, W]
+    (float32, as `generate` returns it)."""
+    student = "guidance_interval" in recipe
+    mmjit_config = (MeanFlowConfig if student else MMJiTConfig)(**recipe["mmjit"])
+    t5_config = T5Config(**recipe["t5"])
     seed = recipe["weight_seed"]
 
     def loaded(config, tensors):
@@ -169,8 +189,9 @@ def tiny_sampler_image(recipe: dict, precision: str) -> np.ndarray:
         PromptTokenizer(make_t5_style_tokenizer(tokenizer_pieces(t5_config.vocab_size - 3)),
                         mmjit_config.prompt_length),
     )
+    sampler = {"guidance_interval": tuple(recipe["guidance_interval"])} if student else {"a_min": recipe["a_min"]}
     request = Request(recipe["prompt"], recipe["steps"], recipe["cfg_scale"], recipe["width"],
-                      recipe["height"], recipe["seed"], a_min=recipe["a_min"])
+                      recipe["height"], recipe["seed"], **sampler)
     return generate(model, NumpyRunner(model.mmjit, model.t5, precision), request).images
 
 
@@ -231,6 +252,19 @@ ITEMS = (
           "seed": 703, "height": 32, "width": 48},
          tiny_sampler_image,
          # The runner hands back float32 even in fp64, hence the float32-rounding floor here.
+         (FloatCheck("fp64", rtol=1e-6, atol=1e-6), FloatCheck("fp32", rtol=2e-4, atol=2e-5),
+          PixelCheck("fp32"))),
+    Item("student.x0",
+         {"config": dataclasses.asdict(MEAN_FLOW_TINY), "weight_seed": 801, "input_seed": 802, "height": 32,
+          "width": 48, "real_tokens": [6, 0], "h": [0.25, 0.5], "omega": [12.0, 1.0], "t_min": [0.2, 0.0],
+          "t_max": [0.8, 1.0]},
+         tiny_student_x0,
+         (FloatCheck("fp64", rtol=1e-9, atol=1e-10), FloatCheck("fp32", rtol=1e-4, atol=1e-5))),
+    Item("student.image",
+         {"mmjit": dataclasses.asdict(MEAN_FLOW_TINY), "t5": dataclasses.asdict(T5_TINY), "weight_seed": 901,
+          "prompt": "a red cat sitting on a boat", "steps": 4, "cfg_scale": 12.0, "guidance_interval": [0.2, 0.8],
+          "seed": 903, "height": 32, "width": 48},
+         tiny_sampler_image,
          (FloatCheck("fp64", rtol=1e-6, atol=1e-6), FloatCheck("fp32", rtol=2e-4, atol=2e-5),
           PixelCheck("fp32"))),
     Item("default_model.png",

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 import minit2i.reference.layers as layers
+import minit2i.reference.mean_flow as mean_flow
 import minit2i.reference.mmjit as mmjit
 import minit2i.reference.sampler as sampler
 import minit2i.reference.t5 as t5
@@ -16,7 +17,7 @@ from minit2i import golden
 from minit2i.cli import main
 from minit2i.core.errors import MiniT2IError
 
-NETWORK_ITEMS = ["t5.hidden", "mmjit.x0", "sampler.image"]
+NETWORK_ITEMS = ["t5.hidden", "mmjit.x0", "sampler.image", "student.x0", "student.image"]
 CACHED_TABLES = (layers.sincos_2d_table, layers.text_rope_angles, layers.image_rope_angles,
                  layers.text_rope, layers.joint_rope)
 
@@ -53,6 +54,8 @@ def test_recording_passes_every_check():
     assert [(o.item, o.check) for o in outcomes] == [
         ("t5.hidden", "fp64"), ("t5.hidden", "fp32"), ("mmjit.x0", "fp64"), ("mmjit.x0", "fp32"),
         ("sampler.image", "fp64"), ("sampler.image", "fp32"), ("sampler.image", "fp32/pixels"),
+        ("student.x0", "fp64"), ("student.x0", "fp32"),
+        ("student.image", "fp64"), ("student.image", "fp32"), ("student.image", "fp32/pixels"),
         ("default_model.png", "fp32/pixels"),
     ]
     assert all(o.passed for o in outcomes), "\n".join(o.line() for o in outcomes)
@@ -126,6 +129,24 @@ def test_cfg_formula_is_caught(monkeypatch):
     assert {item for item, _ in found} == {"sampler.image", "default_model.png"}
 
 
+def test_rotated_student_prefix_is_caught(monkeypatch):
+    monkeypatch.setattr(mean_flow, "unrotated_prefix", lambda rope, count: rope)
+    assert failures() >= {("student.x0", "fp64"), ("student.x0", "fp32"), ("student.image", "fp64")}
+    assert failing_items() == {"student.x0", "student.image"}
+
+
+def test_sine_first_scalar_embedding_is_caught(monkeypatch):
+    real = mean_flow.timestep_embedding
+
+    def sine_first(values, dim, dtype=np.float32):
+        embedding = real(values, dim, dtype)
+        return np.concatenate([embedding[:, dim // 2:], embedding[:, :dim // 2]], axis=1)
+
+    monkeypatch.setattr(mean_flow, "timestep_embedding", sine_first)
+    assert failures() >= {("student.x0", "fp64"), ("student.image", "fp64")}
+    assert failing_items() == {"student.x0", "student.image"}
+
+
 # ---------------------------------------------------------------------------------------------
 # Command line, recording and damaged recordings
 
@@ -160,7 +181,8 @@ def test_record_refuses_to_overwrite_without_force(tmp_path, capsys):
 
 def test_record_then_check_round_trip(tmp_path):
     names = golden.record(tmp_path / "fresh")
-    assert names == ["default_model.png.pixels", "mmjit.x0", "sampler.image", "sampler.image.pixels", "t5.hidden"]
+    assert names == ["default_model.png.pixels", "mmjit.x0", "sampler.image", "sampler.image.pixels",
+                     "student.image", "student.image.pixels", "student.x0", "t5.hidden"]
     assert all(o.passed for o in golden.check(tmp_path / "fresh"))
     # Same machine, same recipes: the new recording matches the committed one to float64 rounding.
     _, fresh = golden.load(tmp_path / "fresh")
