@@ -1,7 +1,9 @@
 """Divergence tracer (`minit2i trace`): where do two backends or precisions part ways?
 
 Both sides run the same prompt through the T5 encoder and one MMJiT forward on the seed's noise
-at t = 0 (the batch the sampler sends: [cond ; uncond]). Every stage output is caught through
+at t = 0 (the batch the sampler sends: [cond ; uncond]); for a Mean Flow student, its first
+sampler step with its recipe (one row; h, omega and the guidance interval as `generate` would
+pass them, plus the "aux_tokens" stage). Every stage output is caught through
 the `on_layer(name, value)` hooks of `t5_encode` and `mmjit_forward`, which the NumPy reference
 and the CuPy twin share ("t5.block.{i}", "patch_embed", "txt_embed", "preamble.{i}",
 "double.{i}.img", "double.{i}.txt", "final_layer"), and compared layer by layer.
@@ -21,9 +23,10 @@ import numpy as np
 
 from minit2i.core.checks import Range
 from minit2i.core.errors import MiniT2IError
+from minit2i.reference.mean_flow_sampler import step_lengths
 from minit2i.reference.sampler import initial_noise
 
-from .pipeline import BACKENDS, Model, check_backend, make_runner
+from .pipeline import BACKENDS, Model, check_backend, is_student, make_runner, sampling_defaults
 
 # Default tolerance (rtol, atol) by the less precise side. fp32: float32 rounding reaches ~1e-6
 # of a layer's scale on the tiny and default models (measured against fp64), so 1e-5 leaves a
@@ -69,23 +72,30 @@ class Adapter:
     to_host: Callable
 
 
-def numpy_adapter(runner) -> Adapter:
+def numpy_adapter(runner, student: dict | None) -> Adapter:
     """The reference functions, in the runner's dtype (fp32 or fp64)."""
+    from minit2i.reference.mean_flow import mean_flow_forward
     from minit2i.reference.mmjit import mmjit_forward
     from minit2i.reference.t5 import t5_encode
 
     dtype = runner.dtype
+
+    def denoise(x, context, mask, on_layer):
+        x, context, mask = x.astype(dtype), context.astype(dtype), mask.astype(dtype)
+        if student is None:
+            return mmjit_forward(runner.mmjit_params, runner.mmjit_config, x, context, mask, on_layer)
+        scalars = [np.full(len(x), student[name]) for name in STUDENT_INPUTS]
+        return mean_flow_forward(runner.mmjit_params, runner.mmjit_config, x, *scalars, context, mask, on_layer)
+
     return Adapter(
         encode=lambda ids, mask, on_layer: t5_encode(
             runner.t5_params, runner.t5_config, ids, mask.astype(dtype), dtype, on_layer),
-        denoise=lambda x, context, mask, on_layer: mmjit_forward(
-            runner.mmjit_params, runner.mmjit_config, x.astype(dtype), context.astype(dtype),
-            mask.astype(dtype), on_layer),
+        denoise=denoise,
         to_host=lambda value: np.array(value, dtype=np.float64),
     )
 
 
-def cupy_adapter(runner) -> Adapter:
+def cupy_adapter(runner, student: dict | None) -> Adapter:
     """The CuPy twin: T5 in fp32, MMJiT in the runner's dtype; arrays go up, layers come down."""
     from minit2i.accelerated.t5 import t5_encode
 
@@ -94,10 +104,16 @@ def cupy_adapter(runner) -> Adapter:
     def on_device(array):
         return cp.ascontiguousarray(cp.asarray(array).astype(runner.dtype))
 
+    def denoise(x, context, mask, on_layer):
+        x, context, mask = on_device(x), on_device(context), on_device(mask)
+        if student is None:
+            return runner.denoise(x, context, mask, on_layer)
+        scalars = [cp.asarray(np.full(len(x), student[name], dtype=np.float32)) for name in STUDENT_INPUTS]
+        return runner.denoise_student(x, *scalars, context, mask, on_layer)
+
     return Adapter(
         encode=lambda ids, mask, on_layer: t5_encode(runner.t5_params, runner.t5_config, ids, mask, on_layer),
-        denoise=lambda x, context, mask, on_layer: runner.denoise(
-            on_device(x), on_device(context), on_device(mask), on_layer),
+        denoise=denoise,
         to_host=lambda value: runner.to_host(value).astype(np.float64),
     )
 
@@ -105,9 +121,22 @@ def cupy_adapter(runner) -> Adapter:
 ADAPTERS = {"numpy": numpy_adapter, "cupy": cupy_adapter, "cudasim": cupy_adapter}
 
 
+STUDENT_INPUTS = ("h", "omega", "t_min", "t_max")
+
+
 def make_adapter(model: Model, side: Side) -> Adapter:
     """Build the side's runner (the cupy one raises the no-GPU MiniT2IError) and wrap it."""
-    return ADAPTERS[side.backend](make_runner(model, side.backend, side.precision))
+    return ADAPTERS[side.backend](make_runner(model, side.backend, side.precision), first_student_step(model))
+
+
+def first_student_step(model: Model) -> dict | None:
+    """A Mean Flow student's inputs at its sampler's first step under its recipe (None for MMJiT)."""
+    if not is_student(model):
+        return None
+    settings = sampling_defaults(model)
+    t_min, t_max = settings["guidance_interval"]
+    return {"h": float(step_lengths(settings["steps"])[0]), "omega": settings["cfg_scale"],
+            "t_min": t_min, "t_max": t_max}
 
 
 @dataclass(frozen=True)
@@ -151,8 +180,11 @@ def trace(model: Model, a: Side, b: Side, prompt: str, seed: int, width: int, he
     rtol, atol = tolerance or default_tolerance(a, b)
     ids, mask = model.tokenizer([prompt])
     noise = initial_noise(seed, 1, model.mmjit.config.in_channels, height, width)
-    x = np.concatenate([noise, noise])
-    x_mask = np.concatenate([mask, np.zeros_like(mask)])  # [cond ; uncond], as the sampler batches it
+    if is_student(model):  # one row: guidance is an input of the network
+        x, x_mask = noise, mask
+    else:
+        x = np.concatenate([noise, noise])
+        x_mask = np.concatenate([mask, np.zeros_like(mask)])  # [cond ; uncond], as the sampler batches it
     layers_a = run_side(make_adapter(model, a), ids, mask, x, x_mask)
     layers_b = run_side(make_adapter(model, b), ids, mask, x, x_mask, context=layers_a["t5.output"])
     missing = [name for name in layers_a if name not in layers_b]
@@ -196,7 +228,8 @@ def format_report(diffs: list[LayerDiff], a: Side, b: Side, tolerance: tuple[flo
 
 def add_parser(sub) -> None:
     p = sub.add_parser("trace", help="compare two backends/precisions layer by layer",
-                       description="Run the T5 encoder and one MMJiT forward (noise at t=0) on two sides "
+                       description="Run the T5 encoder and one MMJiT forward (noise at t=0; a Mean Flow "
+                                   "student: its first sampler step) on two sides "
                                    "and print, per layer, how far they are apart and the first layer "
                                    "beyond tolerance. Without --model/--t5 the built-in demo model is used.")
     p.add_argument("--a", default="numpy:fp64", help="reference side, backend:precision (default numpy:fp64)")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+import minit2i.reference.mean_flow as mean_flow
 import minit2i.reference.mmjit as mmjit
 import minit2i.reference.t5 as t5
 from minit2i.cli import main
@@ -139,3 +140,37 @@ def test_trace_against_the_twin_on_cudasim_prints_every_layer(model, precision):
     assert all(d.max_abs > 0 for d in diffs)  # really another implementation, not the reference again
     report = format_report(diffs, FP64, b, default_tolerance(FP64, b))
     assert all(name in report for name in TINY_LAYERS) and "no divergence" in report
+
+
+STUDENT_LAYERS = TINY_LAYERS[:4] + ["aux_tokens"] + TINY_LAYERS[4:]
+
+
+@pytest.fixture(scope="module")
+def student(tiny_student):
+    return load_model(*tiny_student)
+
+
+def test_student_trace_reports_its_prefix_and_one_row(student):
+    """A Mean Flow student is traced at its first sampler step: one row (no uncond branch), the
+    prefix stage reported, and its text stream A + L = 9 + 16 tokens long."""
+    diffs = run(student)
+    assert [d.name for d in diffs] == STUDENT_LAYERS
+    assert first_divergence(diffs) is None
+    by_name = {d.name: d for d in diffs}
+    assert by_name["aux_tokens"].shape == (1, 9, 64)
+    assert by_name["txt_embed"].shape == (1, 25, 64)
+    assert by_name["double.1.img"].shape == (1, 6, 64)
+    for d in diffs:
+        assert 1e-9 < d.max_rel < 1e-5, d
+
+
+def test_student_prefix_perturbation_is_the_first_divergence(student, monkeypatch):
+    real = mean_flow.aux_tokens
+
+    def off_in_float32(*args):
+        prefix = real(*args)
+        return prefix + np.float32(1e-3) if prefix.dtype == np.float32 else prefix
+
+    monkeypatch.setattr(mean_flow, "aux_tokens", off_in_float32)
+    first = first_divergence(run(student))
+    assert first.name == "aux_tokens" and first.max_abs == pytest.approx(1e-3, rel=1e-2)
