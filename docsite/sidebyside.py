@@ -53,6 +53,11 @@ class Section:
             self.last_line = number
         self.code.append(line)
 
+    def drop_trailing_blank_lines(self) -> Section:
+        while self.code and not self.code[-1].strip():
+            self.code.pop()
+        return self
+
     def add_prose(self, lines: list[str]) -> None:
         """A paragraph (or more) of prose, after a blank line if there is prose already."""
         if lines and self.prose:
@@ -99,7 +104,7 @@ def assemble(events) -> list[Section]:
                 flush_comments()
             current.add_code(number, payload)
     flush_comments()
-    return [s for s in sections if not s.is_empty()]
+    return [s.drop_trailing_blank_lines() for s in sections if not s.is_empty()]
 
 
 def comment_prose(text: str) -> str:
@@ -231,7 +236,7 @@ def fence(code: str) -> str:
 def section_markdown(section: Section, language: str, prose: str) -> str:
     """One row of the page: the prose column (headed by the section's name), then the code column."""
     heading = f"{'#' * section.level} `{section.name}`\n\n" if section.name else ""
-    code = "\n".join(section.code).rstrip()
+    code = "\n".join(section.code)
     code_column = ""
     if code:
         marks = fence(code)
