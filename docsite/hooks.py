@@ -39,9 +39,9 @@ SOURCE_FOLDERS = ("core", "reference", "accelerated", "cudasim", "minit2i", "tra
 SKIPPED_PARTS = {"__pycache__", ".ipynb_checkpoints"}
 STYLESHEET = "assets/sidebyside.css"
 LINK = re.compile(r"(!?\[([^\]]*)\]\()([^)\s]+)(\))")
-FENCED = re.compile(r"^(`{3,}).*?^\1[ \t]*$", re.S | re.M)
+FENCED = re.compile(r"^(`{3,}).*?^\1[ \t]*$", re.DOTALL | re.MULTILINE)
 IDENTIFIER = re.compile(r"^`([A-Za-z_][\w.]*)(?:\(\))?`$")
-MATH = re.compile(r'<(span|div) class="arithmatex">\\([(\[])(.*?)\\[)\]]</\1>', re.S)
+MATH = re.compile(r'<(span|div) class="arithmatex">\\([(\[])(.*?)\\[)\]]</\1>', re.DOTALL)
 
 # Filled by on_files on each build: repository path -> page (src_uri), page -> repository path,
 # and the names of the sections of each side-by-side page.
@@ -95,8 +95,8 @@ def code_page(path: Path, anchors: dict[str, str], twin_map: dict[tuple[str, str
     model_link = relative_link("docs/model.md", name)
     rows = []
     for twin_path, function in twin_names(source) if language == "cuda" else []:
-        prose = [f"**NumPy twin**: [`{function}`]({relative_link(twin_path, name)}), the function this kernel "
-                 "computes; the reference is the oracle its tests compare it with."]
+        prose = [(f"**NumPy twin**: [`{function}`]({relative_link(twin_path, name)}), the function this kernel "
+                  "computes; the reference is the oracle its tests compare it with.")]
         rows.append(section_markdown(function_section((ROOT / twin_path).read_text(), function, prose), "python",
                                      "\n".join(prose)))
     sections = sections_of(source, language)

@@ -23,7 +23,7 @@ from markdown.extensions.toc import slugify
 LANGUAGES = {".py": "python", ".cu": "cuda", ".cuh": "cuda", ".cpp": "cpp", ".h": "cpp"}
 COMMENT_MARKERS = {"python": "#", "cuda": "//", "cpp": "//"}
 MODEL_SECTION = re.compile(r"model\.md,? (?:section )?(\d+(?:\.\d+)?)")
-HEADING = re.compile(r"^#{2,3} (\d+(?:\.\d+)?)\.? .*$", re.M)
+HEADING = re.compile(r"^#{2,3} (\d+(?:\.\d+)?)\.? .*$", re.MULTILINE)
 # jupytext "percent" cells: the marker lines are notebook structure, not prose.
 CELL_MARKER = re.compile(r"^%%( \[markdown\])?$")
 TWIN = re.compile(r"NumPy twin: (.+)")
@@ -109,7 +109,7 @@ def assemble(events) -> list[Section]:
 
 def comment_prose(text: str) -> str:
     """A comment's text after its marker; a blank line for a jupytext cell marker."""
-    text = text[1:] if text.startswith(" ") else text
+    text = text.removeprefix(" ")
     return "" if CELL_MARKER.match(text.strip()) else text
 
 
@@ -118,10 +118,10 @@ def keep_indented_lines(lines: list[str]) -> list[str]:
     kept, in_block = [], False
     for line in lines:
         indented = line.startswith("  ") and bool(line.strip())
-        if indented and not in_block and kept and kept[-1]:
-            kept.append("")
-        elif not indented and in_block and line:
-            kept.append("")
+        starts_block = indented and not in_block and kept and kept[-1]
+        ends_block = in_block and not indented and line
+        if starts_block or ends_block:
+            kept.append("")  # an indented code block needs a blank line on each side
         kept.append("    " + line[2:] if indented else line)
         in_block = indented
     return kept
