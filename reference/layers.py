@@ -30,7 +30,10 @@ def linear(x, weight, bias=None):
 
 
 def rms_norm(x, weight, eps: float = 1e-6):
-    """[..., D], [D] -> [..., D]: x / sqrt(mean(x^2) + eps) * weight (no mean, no bias)."""
+    r"""[..., D], [D] -> [..., D]: x / sqrt(mean(x^2) + eps) * weight (no mean, no bias).
+
+    $$y = \frac{x}{\sqrt{\frac{1}{D}\sum_{i} x_i^2 + \epsilon}} \odot w$$
+    """
     inv_rms = 1.0 / np.sqrt(np.mean(np.square(x), axis=-1, keepdims=True) + x.dtype.type(eps))
     return x * inv_rms * weight
 
@@ -41,7 +44,10 @@ def silu(x):
 
 
 def swiglu(x, w1, w2, w3):
-    """[..., D] -> [..., D]: W2 (SiLU(W1 x) * W3 x), no biases (model.md 3.9)."""
+    r"""[..., D] -> [..., D]: W2 (SiLU(W1 x) * W3 x), no biases (model.md 3.9).
+
+    $$y = W_2\,\big(\mathrm{SiLU}(W_1 x) \odot W_3 x\big), \qquad \mathrm{SiLU}(z) = z\,\sigma(z)$$
+    """
     return linear(silu(linear(x, w1)) * linear(x, w3), w2)
 
 
@@ -72,7 +78,9 @@ def merge_heads(x):
 
 
 def attention(q, k, v, scale: float, bias=None):
-    """Softmax attention over all keys: softmax(q k^T * scale + bias) v.
+    r"""Softmax attention over all keys: softmax(q k^T * scale + bias) v.
+
+    $$O = \mathrm{softmax}\big(s\,q\,k^\top + \mathrm{bias}\big)\,v$$
 
     q [B, H, Lq, Dh], k/v [B, H, Lk, Dh], bias broadcastable to [B, H, Lq, Lk] -> [B, H, Lq, Dh].
     """
@@ -83,9 +91,13 @@ def attention(q, k, v, scale: float, bias=None):
 
 
 def apply_rope(x, cos, sin):
-    """Half-split ("rotate_half") rotary embedding (model.md 3.6).
+    r"""Half-split ("rotate_half") rotary embedding (model.md 3.6).
 
-    x [B, H, L, Dh], cos/sin [L, Dh/2] -> [B, H, L, Dh]; pairs are (j, j + Dh/2).
+    x [B, H, L, Dh], cos/sin [L, Dh/2] -> [B, H, L, Dh]; pairs are (j, j + Dh/2):
+
+    $$\begin{pmatrix} y_j \\ y_{j + D_h/2} \end{pmatrix} =
+    \begin{pmatrix} \cos a_j & -\sin a_j \\ \sin a_j & \cos a_j \end{pmatrix}
+    \begin{pmatrix} x_j \\ x_{j + D_h/2} \end{pmatrix}$$
     """
     half = x.shape[-1] // 2
     x1, x2 = x[..., :half], x[..., half:]

@@ -34,10 +34,12 @@ from .layers import (
 
 
 def embed_image(images, embedder, config: MMJiTConfig):
-    """Bottleneck patch embed + 2-D sin/cos table: [B, C, H, W] -> [B, N, D] (model.md 3.3, 3.4).
+    r"""Bottleneck patch embed + 2-D sin/cos table: [B, C, H, W] -> [B, N, D] (model.md 3.3, 3.4).
 
-    proj1 (conv k=p, s=p, no bias) is a matmul on channel-slowest flattened patches; proj2 is a
-    1x1 conv, i.e. a linear layer. Nothing sits between them.
+    $$\mathrm{img} = (P\,W_1^\top)\,W_2^\top + b_2 + E_{\sin/\cos}$$
+
+    proj1 (conv k=p, s=p, no bias) is a matmul $P\,W_1^\top$ on the channel-slowest flattened
+    patches P; proj2 is a 1x1 conv, i.e. a linear layer. Nothing sits between them.
     """
     p = config.patch_size
     grid_h, grid_w = images.shape[2] // p, images.shape[3] // p
@@ -49,7 +51,9 @@ def embed_image(images, embedder, config: MMJiTConfig):
 
 
 def mask_text(context, mask, mask_token):
-    """[B, L, Dc], [B, L], [1, 1, Dc] -> [B, L, Dc]: padded positions become mask_token (model.md 3.2).
+    r"""[B, L, Dc], [B, L], [1, 1, Dc] -> [B, L, Dc]: padded positions become mask_token (model.md 3.2).
+
+    $$c'_{b,l} = \begin{cases} c_{b,l} & m_{b,l} > 0.5 \\ \mathrm{mask\_token} & \text{otherwise} \end{cases}$$
 
     This is the only use of the mask in MMJiT: there is no attention mask anywhere.
     """
@@ -57,7 +61,11 @@ def mask_text(context, mask, mask_token):
 
 
 def project_qkv(h, qkv, q_norm, k_norm, num_heads: int):
-    """h [B, L, D] -> q, k, v each [B, H, L, Dh]; q and k RMS-normed per head (before RoPE)."""
+    r"""h [B, L, D] -> q, k, v each [B, H, L, Dh]; q and k RMS-normed per head (before RoPE).
+
+    $$[q\,|\,k\,|\,v] = h\,W_{qkv}^\top + b_{qkv}, \qquad q \leftarrow \mathrm{RMSNorm}(q), \quad
+    k \leftarrow \mathrm{RMSNorm}(k)$$
+    """
     q, k, v = np.split(linear(h, qkv["weight"], qkv["bias"]), 3, axis=-1)
     q = rms_norm(split_heads(q, num_heads), q_norm["weight"])
     k = rms_norm(split_heads(k, num_heads), k_norm["weight"])
@@ -65,7 +73,11 @@ def project_qkv(h, qkv, q_norm, k_norm, num_heads: int):
 
 
 def preamble_block(txt, block, rope, config: MMJiTConfig):
-    """Text-only pre-norm block with 1-D RoPE (model.md 3.8): [B, L, D] -> [B, L, D]."""
+    r"""Text-only pre-norm block with 1-D RoPE (model.md 3.8): [B, L, D] -> [B, L, D].
+
+    $$t \leftarrow t + \mathrm{Attn}\big(\mathrm{RMSNorm}(t)\big)\,W_o^\top + b_o, \qquad
+    t \leftarrow t + \mathrm{SwiGLU}\big(\mathrm{RMSNorm}(t)\big)$$
+    """
     cos, sin = rope
     q, k, v = project_qkv(rms_norm(txt, block["norm1"]["weight"]), block["qkv"],
                           block["q_norm"], block["k_norm"], config.num_heads)
@@ -75,10 +87,14 @@ def preamble_block(txt, block, rope, config: MMJiTConfig):
 
 
 def double_block(img, txt, block, rope, config: MMJiTConfig):
-    """Double-stream block with joint attention over [txt ; img] (model.md 3.10).
+    r"""Double-stream block with joint attention over [txt ; img] (model.md 3.10).
 
     img [B, N, D], txt [B, L, D] -> (img, txt). Each stream has its own norms, qkv, output
-    projection and MLP; one q_norm/k_norm pair is shared by both streams.
+    projection and MLP; one q_norm/k_norm pair is shared by both streams. The two streams meet
+    only in one attention over the joint sequence, text first (model.md 3.7):
+
+    $$[o_t ; o_i] = \mathrm{softmax}\!\left(\frac{q\,k^\top}{\sqrt{D_h}}\right) v, \qquad
+    q = \mathrm{RoPE}([q_t ; q_i]),\; k = \mathrm{RoPE}([k_t ; k_i]),\; v = [v_t ; v_i]$$
     """
     cos, sin = rope
     length = txt.shape[1]
@@ -97,7 +113,10 @@ def double_block(img, txt, block, rope, config: MMJiTConfig):
 
 
 def final_layer(img, final):
-    """[B, N, D] -> [B, N, p*p*C]: RMSNorm then linear, image tokens only (model.md 3.11)."""
+    r"""[B, N, D] -> [B, N, p*p*C]: RMSNorm then linear, image tokens only (model.md 3.11).
+
+    $$\mathrm{out} = \mathrm{RMSNorm}(\mathrm{img})\,W^\top + b$$
+    """
     return linear(rms_norm(img, final["norm_final"]["weight"]), final["linear"]["weight"], final["linear"]["bias"])
 
 

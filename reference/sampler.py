@@ -1,10 +1,11 @@
-"""x0 -> velocity Euler sampler with classifier-free guidance (model.md 4).
+r"""x0 -> velocity Euler sampler with classifier-free guidance (model.md 4).
 
 t runs from 0 (noise) to 1 (data) on a uniform grid. At every step the network predicts x0 for
 the conditional and the unconditional branch in ONE batched forward ([cond ; uncond], the
 uncond half with an all-zero mask), guidance mixes the two, and
 
-    v = (x0_cfg - x) / max(1 - t, a_min),     x <- x + (t_next - t) * v.
+$$v = \frac{x_0^{\mathrm{cfg}} - x}{\max(1 - t,\ a_{\min})}, \qquad x \leftarrow x + (t_{\mathrm{next}} - t)\,v,
+\qquad x_0^{\mathrm{cfg}} = x_0^{u} + s\,(x_0^{c} - x_0^{u})$$
 
 Because cond and uncond share x and the denominator, guidance on x0 equals guidance on v.
 """

@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-DOCS = sorted([ROOT / "README.md", ROOT / "golden" / "README.md", *(ROOT / "docs").glob("*.md")])
+DOCS = sorted([ROOT / "README.md", ROOT / "golden" / "README.md", ROOT / "notebooks" / "README.md",
+               ROOT / "docsite" / "README.md", *(ROOT / "docs").glob("*.md")])
 LINK = re.compile(r"!?\[([^\]]*)\]\(([^)\s]+)\)")
 FENCE = re.compile(r"^```.*?^```", re.S | re.M)
 IDENTIFIER = re.compile(r"^`([A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*)(?:\(\))?`$")
@@ -126,7 +127,7 @@ def test_figure_script_draws_the_dataflow_and_the_steps(figures):
 MODEL_DOC = ROOT / "docs" / "model.md"
 SECTION_REF = re.compile(r"model\.md,? (?:section )?(\d+(?:\.\d+)?(?:(?:-|, )\d+(?:\.\d+)?)*)(?: item (\d+))?")
 TOP_FOLDERS = ("core", "reference", "accelerated", "cudasim", "minit2i", "training", "tests", "docs", "benchmarks",
-               "scripts", "golden", ".ci")
+               "scripts", "golden", "notebooks", "docsite", ".ci")
 PATH_REF = re.compile(r"(?<![\w./<-])((?:%s)/[\w./-]*\w)(?![\w<*-])" % "|".join(re.escape(f) for f in TOP_FOLDERS))
 # Where a clone cannot follow: our private notes, a developer's machine, a tracker.
 OUTSIDE = re.compile(r"\.\./shared|\bshared/(?:spec|notes|hooks)|/wor[k]/|\bissue[ #-]?\d+", re.I)

@@ -10,6 +10,7 @@
 // shared memory in fp32; lane j scores key j against the warp's 8 rows, the warp reduces the
 // running max/sum, then every lane accumulates its own output dims (d = lane + 32c). Head dims
 // up to 128, any value (52 for L/16): loads and stores are predicated on d < head_dim.
+// NumPy twin: reference/layers.py attention
 #include "common.cuh"
 
 // WARPS, ROWS_PER_WARP, ROWS_PER_BLOCK, KEY_TILE, MAX_DIMS_PER_LANE and MIN_BLOCKS_PER_SM are

@@ -16,6 +16,7 @@
 // Finally each row is divided by its sum and stored. All WMMA pointers are 32-byte aligned and
 // every row stride a multiple of 16 bytes; 16-bit rows are padded by 16 bytes (SKEW) so the
 // rows of a fragment load start in different banks.
+// NumPy twin: reference/layers.py attention
 #include "common.cuh"
 #include <mma.h>
 

@@ -3,6 +3,7 @@
 //   add_rms_norm:  residual += delta + bias; out = rms_norm(residual)   (one read of delta,
 //                  one read+write of residual, one write of out: the residual add that
 //                  follows every attention projection and the norm that precedes the MLP)
+// NumPy twin: reference/layers.py rms_norm
 #include "common.cuh"
 
 // `x` is not __restrict__: add_rms_norm passes the residual it has just written, which must not

@@ -6,6 +6,7 @@
 // The offset lets the text and image streams of a double block write straight into one joint
 // [txt ; img] buffer, so the bias add, split_heads, both norms, RoPE and the concatenation are
 // one pass instead of seven (T5 uses it with norm and RoPE off, as bias-free split_heads).
+// NumPy twin: reference/mmjit.py project_qkv, reference/layers.py apply_rope
 #include "common.cuh"
 
 // MAX_PAIRS_PER_LANE (head_dim <= 64 * it) is #defined ahead of this text from KERNEL_CONSTANTS

@@ -4,6 +4,7 @@
 //                                 captured CUDA graph can be replayed with a new factor)
 // and the next forward's input [x ; x] is written in the network dtype. The state x and the
 // guided x0 stay fp32 whatever the network dtype, so 100 bf16 steps do not accumulate rounding.
+// NumPy twin: reference/sampler.py guided_x0, reference/sampler.py sample
 #include "common.cuh"
 
 template <typename T>

@@ -2,6 +2,7 @@
 // upload): packed [rows, 2*hidden] -> out [rows, hidden], out = act(gate) * up.
 //   swiglu: act = SiLU (MMJiT MLP);  geglu: act = tanh-GELU (T5 v1.1 gated FFN).
 // Saves the two separate activation/multiply passes and one [rows, hidden] temporary.
+// NumPy twin: reference/layers.py swiglu, reference/t5.py gated_gelu_ffn
 #include "common.cuh"
 
 __device__ __forceinline__ float silu(float a) { return a / (1.0f + expf(-a)); }

@@ -1,0 +1,147 @@
+"""The documentation site (mkdocs.yml, docsite/): it builds with no warning, its side-by-side pages
+put prose and equations beside the code they explain, and a dangling link fails the build.
+
+The side-by-side cutter (docsite/sidebyside.py) is checked on small sources first."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REASON = "the site needs the [docs] extra (mkdocs-material, pymdown-extensions, latex2mathml)"
+pytest.importorskip("mkdocs", reason=REASON)
+pytest.importorskip("material", reason=REASON)
+pytest.importorskip("pymdownx", reason=REASON)
+pytest.importorskip("latex2mathml", reason=REASON)
+
+ROOT = Path(__file__).resolve().parent.parent
+KERNELS = ROOT / "accelerated" / "kernels"
+# What a copy of the repository needs to build the site: everything but the environment and caches.
+NOT_COPIED = shutil.ignore_patterns(".git", ".venv", "build", "__pycache__", ".pytest_cache", ".hypothesis", "*.ipynb")
+
+
+def load_sidebyside():
+    spec = importlib.util.spec_from_file_location("sidebyside", ROOT / "docsite" / "sidebyside.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclass looks itself up there
+    spec.loader.exec_module(module)
+    return module
+
+
+sidebyside = load_sidebyside()
+
+
+def test_a_docstring_is_the_prose_beside_its_function():
+    source = ('"""Module prose."""\n\nimport os\n\n\n# Why f exists.\ndef f(x):\n    """What f does: $x^2$."""\n'
+              '    return x * x\n\n\nclass C:\n    def m(self):\n        """A method."""\n        return 1\n')
+    module, f, c, method = sidebyside.sections_of(source, "python")
+    assert module.prose == ["Module prose."] and module.code == ["import os"]
+    assert (f.name, f.prose, f.code) == ("f", ["Why f exists.", "", "What f does: $x^2$."],
+                                         ["def f(x):", "    return x * x"])
+    assert (f.first_line, f.last_line) == (7, 9)
+    assert (c.name, method.name, method.level, method.code) == ("C", "C.m", 3, ["    def m(self):", "        return 1"])
+
+
+def test_a_comment_after_code_opens_a_section_but_one_inside_brackets_stays_code():
+    source = "x = 1\n# Now y.\ny = [\n    # the first item\n    1,\n]\n"
+    first, second = sidebyside.sections_of(source, "python")
+    assert first.code == ["x = 1"]
+    assert second.prose == ["Now y."] and "    # the first item" in second.code
+
+
+def test_cuda_comments_are_prose_except_inside_a_macro():
+    source = "// Adds.\n//   out = a + b\nint a;\n// Then the macro.\n#define M(x) \\\n    // kept \\\n    x\n"
+    first, second = sidebyside.sections_of(source, "cuda")
+    assert first.prose == ["Adds.", "", "    out = a + b"] and first.code == ["int a;"]
+    assert second.prose == ["Then the macro."] and "    // kept \\" in second.code
+
+
+def test_a_section_of_the_spec_becomes_a_link_to_its_heading():
+    anchors = sidebyside.model_anchors((ROOT / "docs" / "model.md").read_text())
+    doc = "model" + ".md"  # spelled in pieces: tests/test_docs.py checks the section numbers this file names
+    linked = sidebyside.link_model_sections(f"see {doc} 3.10 and {doc} 9.9", "../docs/model.md", anchors)
+    assert linked == (f"see [{doc} 3.10](../docs/model.md#310-double-stream-block-with-joint-attention-over-txt-img)"
+                      f" and {doc} 9.9")
+
+
+def test_a_fence_outlasts_the_backticks_in_the_code():
+    assert sidebyside.fence("x = 1") == "```"
+    assert sidebyside.fence('FENCE = "````"') == "`````"
+
+
+def test_every_kernel_names_numpy_twins_that_exist():
+    for source in sorted(KERNELS.glob("*.cu")):
+        twins = sidebyside.twin_names(source.read_text())
+        assert twins, f"{source.name} has no 'NumPy twin:' comment"
+        for path, name in twins:
+            section = sidebyside.function_section((ROOT / path).read_text(), name, [])
+            assert section.code[0].startswith(f"def {name}(")
+    with pytest.raises(KeyError, match="no function nowhere"):
+        sidebyside.function_section((ROOT / "reference" / "layers.py").read_text(), "nowhere", [])
+
+
+def build_site(root: Path, site: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "NO_MKDOCS_2_WARNING": "1"}
+    return subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "-f", str(root / "mkdocs.yml"),
+                           "-d", str(site)], check=False, capture_output=True, text=True, env=env,
+                          timeout=300)
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("site")
+    result = build_site(ROOT, folder)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return folder, result.stderr
+
+
+def test_the_site_builds_strict_with_no_warning(site):
+    folder, log = site
+    assert "WARNING" not in log and "ERROR" not in log
+    assert (folder / "index.html").exists() and (folder / "search" / "search_index.json").exists()
+
+
+def rows(html: str) -> list[str]:
+    return html.split('<div class="sbs-row">')[1:]
+
+
+def test_the_mmjit_page_puts_prose_and_equations_beside_the_code(site):
+    folder, _ = site
+    page = (folder / "reference" / "mmjit.py" / "index.html").read_text()
+    double_block = next(row for row in rows(page) if 'class="nf">double_block</span>' in row)
+    prose, code = double_block.split('<div class="sbs-code">')
+    assert "Double-stream block with joint attention" in prose and '<math xmlns' in prose and 'display="block"' in prose
+    assert '"""' not in code and "merge_heads" in code
+    assert "arithmatex" not in page, "an equation was left unconverted"
+    assert 'href="../../model/#310-double-stream-block-with-joint-attention-over-txt-img"' in prose
+
+
+def test_links_in_the_guides_open_the_side_by_side_rows(site):
+    folder, _ = site
+    guide = (folder / "reading-guide" / "index.html").read_text()
+    assert 'href="../reference/mmjit.py/#double_block"' in guide
+    assert 'href="../accelerated/t5.py/#t5_encode"' in guide
+    assert not re.search(r'href="[^"]*\.py"', guide), "a link still points at a raw source file"
+
+
+def test_a_kernel_page_starts_with_its_numpy_twin(site):
+    folder, _ = site
+    first = rows((folder / "accelerated" / "kernels" / "rmsnorm.cu" / "index.html").read_text())[0]
+    assert "NumPy twin" in first and 'class="nf">rms_norm</span>' in first
+
+
+def test_a_planted_dangling_link_fails_the_build(tmp_path):
+    copy = tmp_path / "repository"
+    shutil.copytree(ROOT, copy, ignore=NOT_COPIED)
+    with (copy / "docs" / "sampler.md").open("a") as guide:
+        guide.write("\nSee [the missing page](nowhere.md).\n")
+    result = build_site(copy, tmp_path / "site")
+    assert result.returncode != 0
+    assert "nowhere.md" in result.stderr
