@@ -29,28 +29,41 @@ from .mmjit import embed_image, mask_text, transformer_body
 
 @lru_cache(maxsize=8)
 def embedding_frequencies(dim: int):
-    """[dim/2] float64 frequencies f_k = 10000^(-k/(dim/2)), k = 0..dim/2-1 (model.md 9.1)."""
+    r"""[dim/2] float64 frequencies, k = 0..dim/2-1 (model.md 9.1).
+
+    $$f_k = 10000^{-k/(\mathrm{dim}/2)}$$
+    """
     half = dim // 2
     return np.exp(-np.log(10000.0) * np.arange(half, dtype=np.float64) / half)
 
 
 def timestep_embedding(values, dim: int, dtype=np.float32):
-    """[B] scalars -> [B, dim]: [cos(s f_k) | sin(s f_k)], cosines first (model.md 9.1)."""
+    r"""[B] scalars -> [B, dim], cosines first (model.md 9.1).
+
+    $$e(s) = [\cos(s f_0), \dots, \cos(s f_{\mathrm{dim}/2-1}), \sin(s f_0), \dots, \sin(s f_{\mathrm{dim}/2-1})]$$
+    """
     angles = np.asarray(values, dtype=np.float64)[:, None] * embedding_frequencies(dim)
     return np.concatenate([np.cos(angles), np.sin(angles)], axis=1).astype(dtype)
 
 
 def scalar_embedder(values, embedder, dim: int, dtype):
-    """[B] scalars -> [B, D]: sinusoid, Linear(dim -> D), SiLU, Linear(D -> D), both with bias."""
+    r"""[B] scalars -> [B, D]: sinusoid, Linear(dim -> D), SiLU, Linear(D -> D), both with bias.
+
+    $$\mathrm{emb}(s) = \mathrm{SiLU}(e(s)\,W_1^\top + b_1)\,W_2^\top + b_2$$
+    """
     first, second = embedder["mlp"]["0"], embedder["mlp"]["2"]
     hidden = silu(linear(timestep_embedding(values, dim, dtype), first["weight"], first["bias"]))
     return linear(hidden, second["weight"], second["bias"])
 
 
 def aux_tokens(params, config: MeanFlowConfig, pooled, h, omega, t_min, t_max):
-    """The prefix [B, A, D] in the order of `aux_token_groups` (model.md 9.1).
+    r"""The prefix [B, A, D] in the order of `aux_token_groups` (model.md 9.1).
 
     pooled [B, Dc]; h, omega, t_min, t_max [B]. omega enters as 1 - 1/omega (0 = no guidance).
+
+    $$\mathrm{aux} = [T_{ctx} + \bar c\,W_{pool}^\top \;|\; T_\omega + \mathrm{emb}_\omega(1 - 1/\omega)
+    \;|\; T_{min} + \mathrm{emb}_{min}(t_{min}) \;|\; T_{max} + \mathrm{emb}_{max}(t_{max})
+    \;|\; T_{time} + \mathrm{emb}_h(h)]$$
     """
     dtype = pooled.dtype
     scalars = {"omega": 1.0 - 1.0 / np.asarray(omega, np.float64), "t_min": t_min, "t_max": t_max, "time": h}
@@ -62,8 +75,12 @@ def aux_tokens(params, config: MeanFlowConfig, pooled, h, omega, t_min, t_max):
 
 
 def unrotated_prefix(rope, count: int):
-    """(cos, sin) [L, Dh/2] -> the same tables with the first `count` rows at angle 0 (cos 1,
-    sin 0), so those rows leave RoPE exactly as they came: x * 1 - y * 0 = x (model.md 9.2)."""
+    r"""(cos, sin) [L, Dh/2] -> the same tables with the first `count` rows at angle 0, so those
+    rows leave RoPE exactly as they came (model.md 9.2):
+
+    $$\cos\theta_l = 1,\ \sin\theta_l = 0 \quad (l < \mathrm{count}) \qquad\Rightarrow\qquad
+    x \cdot 1 - y \cdot 0 = x$$
+    """
     cos, sin = (table.copy() for table in rope)
     cos[:count], sin[:count] = 1, 0
     return cos, sin

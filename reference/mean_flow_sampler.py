@@ -30,7 +30,10 @@ def mean_flow_time_grid(steps: int) -> np.ndarray:
 
 
 def mean_flow_step_factors(steps: int) -> np.ndarray:
-    """[steps] float64 factors f_i = (t_i - t_{i+1}) / clip(t_i, 0.05, 1); the last is exactly 1."""
+    r"""[steps] float64 factors; the last is exactly 1.
+
+    $$f_i = \frac{t_i - t_{i+1}}{\mathrm{clip}(t_i, 0.05, 1)}$$
+    """
     t = mean_flow_time_grid(steps)
     return (t[:-1] - t[1:]) / np.clip(t[:-1], MIN_TIME, 1.0)
 
