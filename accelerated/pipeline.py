@@ -45,8 +45,7 @@ class CupyRunner:
         self.dtype = precision_dtype(precision)
         self.use_graph = use_graph
         self.mmjit_config, self.t5_config = mmjit.config, t5.config
-        student = isinstance(mmjit.config, MeanFlowConfig)
-        upload, self.forward = (upload_mean_flow, mean_flow_forward) if student else (upload_mmjit, mmjit_forward)
+        upload = upload_mean_flow if isinstance(mmjit.config, MeanFlowConfig) else upload_mmjit
         self.mmjit_params = upload(nest(mmjit.tensors), mmjit.config, self.dtype)
         self.t5_params = upload_t5(nest(t5.tensors), t5.config)
 
@@ -59,11 +58,15 @@ class CupyRunner:
         """ids, mask [B, L] (host) -> T5 last hidden state, device float32 [B, L, d_model]."""
         return t5_encode(self.t5_params, self.t5_config, ids, mask)
 
-    def denoise(self, x, *inputs, **options):
-        """One forward of the loaded denoiser on device arrays -> x0 [B, C, H, W]. MMJiT: x [B, C, H, W],
-        context [B, L, Dc], mask [B, L]; the student: x, h, omega, t_min, t_max (float32 [B]),
-        context, mask; both with an optional on_layer last."""
-        return self.forward(self.mmjit_params, self.mmjit_config, x, *inputs, **options)
+    def denoise(self, x, context, mask, on_layer=None):
+        """One MMJiT forward on device arrays: [B, C, H, W], [B, L, Dc], [B, L] -> x0 [B, C, H, W]."""
+        return mmjit_forward(self.mmjit_params, self.mmjit_config, x, context, mask, on_layer)
+
+    def denoise_student(self, x, h, omega, t_min, t_max, context, mask, on_layer=None):
+        """One Mean Flow student forward on device arrays: [B, C, H, W], scalars float32 [B] each,
+        [B, L, Dc], [B, L] -> x0 [B, C, H, W]."""
+        return mean_flow_forward(self.mmjit_params, self.mmjit_config, x, h, omega, t_min, t_max, context, mask,
+                                 on_layer)
 
     def sample(self, noise, context, mask, steps, cfg_scale, a_min, callback=None) -> np.ndarray:
         """Host noise [B, C, H, W] -> final image state [B, C, H, W] as float32 NumPy."""
@@ -74,8 +77,8 @@ class CupyRunner:
     def sample_mean_flow(self, noise, context, mask, steps, omega, interval, callback=None) -> np.ndarray:
         """The student's few-step sampler: host noise [B, C, H, W] -> final image state [B, C, H, W]
         as float32 NumPy (guidance scale omega, guidance interval (t_min, t_max))."""
-        state = sample_mean_flow(self.denoise, noise, *self.prompt_on_device(context, mask), steps, omega, interval,
-                                 callback, self.use_graph)
+        state = sample_mean_flow(self.denoise_student, noise, *self.prompt_on_device(context, mask), steps, omega,
+                                 interval, callback, self.use_graph)
         return self.to_host(state)
 
     def prompt_on_device(self, context, mask):
