@@ -185,16 +185,22 @@ def test_whole_sampler_matches_reference(student, precision):
     earlier steps' errors: each state is a convex combination (1 - f) z + f x0 of fp32 values,
     so it is off by at most the largest earlier x0 error plus the input's rounding to the dtype
     (u), and the network passes an input error on with a gain of about 1 (tiny random weights).
-    Bound: 2 STAGE_BOUND. The callback sees the reference's step indices and times."""
+    Bound: 2 STAGE_BOUND. The callback sees the reference's step indices and times, and at the
+    last step (a graph replay) the x0 the image landed on: state = z + 1 (x0 - z) rounds twice in
+    fp32, so |state - x0| <= 3 u_fp32 M, M the largest |value| of the run (states are convex
+    combinations of the noise and the x0s)."""
     dtype = dtype_for(precision)
     context, context64, mask = prompt(dtype)
     seen_ref, seen = [], []
     expected = reference_sample(student, context64, mask, callback=seen_ref.append)
     runner = RUNNER(student.mmjit, student.t5, precision)
-    got = twin_sample(runner, context, mask, callback=lambda info: seen.append((info.index, info.t)))
+    got = twin_sample(runner, context, mask, callback=lambda info: seen.append((info.index, info.t, to_f64(info.x0))))
     assert got.shape == expected.shape and got.dtype == np.float32
     assert within(float(np.max(np.abs(got - expected)) / np.max(np.abs(expected))), 2 * STAGE_BOUND[precision])
-    assert seen == [(info.index, info.t) for info in seen_ref] == [(0, 1.0), (1, 0.75), (2, 0.5), (3, 0.25)]
+    assert [(i, t) for i, t, _ in seen] == [(info.index, info.t) for info in seen_ref] == [
+        (0, 1.0), (1, 0.75), (2, 0.5), (3, 0.25)]
+    largest = max(np.max(np.abs(initial_noise(7, 3, 3, HEIGHT, WIDTH))), *(np.max(np.abs(x0)) for *_, x0 in seen))
+    assert np.max(np.abs(got - seen[-1][2])) <= 3 * UNIT_ROUNDOFF["fp32"] * largest
 
 
 # A 4-step grid whose step lengths all differ (.1, .3, .4, .2): on the uniform grid every h is
