@@ -58,7 +58,8 @@ def sample(denoise: Callable, noise, context, mask, steps: int, cfg_scale: float
 def run_steps(step: Callable[[], None], per_step: Iterable, write_scalars: Callable, use_graph: bool,
               after_step: Callable[[int], None] | None = None) -> None:
     """Run `step` once per item of `per_step`, after `write_scalars(item)` has put that step's
-    scalars into the device memory the step reads.
+    scalars into the device memory the step reads (the loop of `sample` and of the student's
+    `sample_mean_flow`).
 
     With `use_graph`, step 0 runs eagerly and step 1 is captured (`try_capture`) and replayed for
     every later step; the scalars written before a replay are what it reads, since the graph holds
