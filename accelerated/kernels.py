@@ -382,6 +382,18 @@ def cfg_euler(state, next_input, x0_both, x0_guided, cfg_scale: float, factor):
         (_blocks(n),), (THREADS,), (state, next_input, x0_both, x0_guided, np.int64(n), np.float32(cfg_scale), factor))
 
 
+def euler_step(state, next_input, x0, factor):
+    """One Euler step in place: state float32 [B, ...] += f (x0 - state); next_input [B, ...] (x0's
+    dtype) <- the new state. factor: float32 device array [1] (read at run time, as in cfg_euler)."""
+    n = state.size
+    _check("state", state, np.float32)
+    _check("x0", x0, x0.dtype, state.shape)
+    _check("next_input", next_input, x0.dtype, state.shape)
+    _check("factor", factor, np.float32, (1,))
+    _kernel("sampler.cu", "euler_step", x0.dtype)(
+        (_blocks(n),), (THREADS,), (state, next_input, x0, np.int64(n), factor))
+
+
 @device_cache(maxsize=None)
 def _placeholder_for_device(device_id: int):
     return cp.zeros(1, dtype=np.float32)

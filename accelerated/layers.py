@@ -51,6 +51,13 @@ def linear(x, layer):
     return y
 
 
+def silu(x):
+    """[...] -> [...] in x's dtype: x * sigmoid(x), computed in fp32 and rounded once, like a kernel
+    (CuPy's own 16-bit elementwise math is not relied on)."""
+    x32 = x.astype(cp.float32)
+    return (x32 / (1.0 + cp.exp(-x32))).astype(x.dtype)
+
+
 def gated_mlp(x, mlp, activation: str):
     """[..., D] -> [..., D]: W_down(act(W_gate x) * W_up x) with W_gate|W_up in one GEMM."""
     return project(kernels.gated_activation(project(x, mlp["gate_up"]["w_t"]), activation), mlp["down"]["w_t"])

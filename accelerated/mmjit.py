@@ -81,10 +81,10 @@ def embed_image(images, params, config: MMJiTConfig):
     return tokens
 
 
-def embed_text(context, mask, params):
-    """context [B, L, Dc], mask [B, L] -> [B, L, D]: mask_token at padding, then txt_embedder."""
-    masked = cp.where(mask[..., None] > 0.5, context, params["mask_token"])
-    return project(masked, params["txt_embedder"]["w_t"])
+def mask_text(context, mask, mask_token):
+    """[B, L, Dc], [B, L], [Dc] -> [B, L, Dc]: padded positions become mask_token (MMJiT's only use
+    of the mask)."""
+    return cp.where(mask[..., None] > 0.5, context, mask_token)
 
 
 def attention_inputs(batch: int, total_length: int, config: MMJiTConfig, dtype):
@@ -134,6 +134,15 @@ def final_layer(img, params):
     return linear(kernels.rms_norm(img, params["final_norm"], NORM_EPS), params["final_linear"])
 
 
+def layer_reporter(on_layer):
+    """on_layer (or None) -> report(name, value) handing it a device copy: the blocks update the
+    residual streams in place, so a reported array would otherwise change under the caller."""
+    def report(name, value):
+        if on_layer:
+            on_layer(name, value.copy())
+    return report
+
+
 def mmjit_forward(params, config: MMJiTConfig, images, context, mask, on_layer=None):
     """Predict x0 on the device.
 
@@ -141,27 +150,32 @@ def mmjit_forward(params, config: MMJiTConfig, images, context, mask, on_layer=N
     x0 [B, C, H, W] (C-contiguous, network dtype). `on_layer(name, value)` sees a device copy of
     every stage output under the reference's names.
     """
-    p = config.patch_size
-    grid_h, grid_w = images.shape[2] // p, images.shape[3] // p
+    grid_h, grid_w = images.shape[2] // config.patch_size, images.shape[3] // config.patch_size
     length = context.shape[1]
-
-    def report(name, value):
-        if on_layer:
-            on_layer(name, value.copy())  # blocks update the residual streams in place
-
+    report = layer_reporter(on_layer)
     img = embed_image(images, params, config)
     report("patch_embed", img)
-    txt = embed_text(context, mask, params)
+    txt = project(mask_text(context, mask, params["mask_token"]), params["txt_embedder"]["w_t"])
     report("txt_embed", txt)
-    rope = device_text_rope(length, config.head_dim)
+    return transformer_body(img, txt, params, config, grid_h, grid_w, device_text_rope(length, config.head_dim),
+                            device_joint_rope(length, grid_h, grid_w, config.head_dim), report)
+
+
+def transformer_body(img, txt, params, config: MMJiTConfig, grid_h: int, grid_w: int, txt_rope, rope, report):
+    """Everything after the embeddings: preamble blocks (text only, `txt_rope`), double blocks
+    (joint, `rope`), final layer, unpatchify.
+
+    img [B, N, D], txt [B, L, D] (both updated in place), device rope tables (cos, sin) float32
+    [L, Dh/2] and [L + N, Dh/2] -> x0 [B, C, H, W] (C-contiguous). Shared with the Mean Flow
+    student, which only brings other tokens and tables.
+    """
     for i, block in enumerate(params["preamble"]):
-        txt = preamble_block(txt, block, rope, config)
+        txt = preamble_block(txt, block, txt_rope, config)
         report(f"preamble.{i}", txt)
-    rope = device_joint_rope(length, grid_h, grid_w, config.head_dim)
     for i, block in enumerate(params["double"]):
         img, txt = double_block(img, txt, block, rope, config)
         report(f"double.{i}.img", img)
         report(f"double.{i}.txt", txt)
     out = final_layer(img, params)
     report("final_layer", out)
-    return cp.ascontiguousarray(unpatchify(out, grid_h, grid_w, p, config.in_channels))
+    return cp.ascontiguousarray(unpatchify(out, grid_h, grid_w, config.patch_size, config.in_channels))

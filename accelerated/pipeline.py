@@ -8,8 +8,11 @@ import numpy as np
 
 from minit2i.core.checkpoint import LoadedWeights, nest
 from minit2i.core.errors import MiniT2IError
+from minit2i.core.mean_flow_config import MeanFlowConfig
 
 from .kernels import bfloat16_dtype, require_gpu, use_array_module
+from .mean_flow import mean_flow_forward, upload_mean_flow
+from .mean_flow_sampler import sample_mean_flow
 from .mmjit import mmjit_forward, upload_mmjit
 from .sampler import sample
 from .t5 import t5_encode, upload_t5
@@ -27,7 +30,8 @@ def precision_dtype(precision: str):
 
 
 class CupyRunner:
-    """T5 (fp32) + MMJiT (fp32/fp16/bf16) + sampler on one NVIDIA GPU; weights uploaded once.
+    """T5 (fp32) + MMJiT or its Mean Flow student (fp32/fp16/bf16) + sampler on one NVIDIA GPU;
+    weights uploaded once.
 
     fp32 GEMMs run without TF32 (CuPy's default unless CUPY_TF32=1 is set), for parity with
     the reference. `use_graph` (default on) replays sampler steps 1.. as a captured CUDA graph,
@@ -41,7 +45,8 @@ class CupyRunner:
         self.dtype = precision_dtype(precision)
         self.use_graph = use_graph
         self.mmjit_config, self.t5_config = mmjit.config, t5.config
-        self.mmjit_params = upload_mmjit(nest(mmjit.tensors), mmjit.config, self.dtype)
+        upload = upload_mean_flow if isinstance(mmjit.config, MeanFlowConfig) else upload_mmjit
+        self.mmjit_params = upload(nest(mmjit.tensors), mmjit.config, self.dtype)
         self.t5_params = upload_t5(nest(t5.tensors), t5.config)
 
     @staticmethod
@@ -57,12 +62,29 @@ class CupyRunner:
         """One MMJiT forward on device arrays: [B, C, H, W], [B, L, Dc], [B, L] -> x0 [B, C, H, W]."""
         return mmjit_forward(self.mmjit_params, self.mmjit_config, x, context, mask, on_layer)
 
+    def denoise_student(self, x, h, omega, t_min, t_max, context, mask, on_layer=None):
+        """One Mean Flow student forward on device arrays: [B, C, H, W], scalars float32 [B] each,
+        [B, L, Dc], [B, L] -> x0 [B, C, H, W]."""
+        return mean_flow_forward(self.mmjit_params, self.mmjit_config, x, h, omega, t_min, t_max, context, mask,
+                                 on_layer)
+
     def sample(self, noise, context, mask, steps, cfg_scale, a_min, callback=None) -> np.ndarray:
         """Host noise [B, C, H, W] -> final image state [B, C, H, W] as float32 NumPy."""
-        context = self.cp.asarray(context).astype(self.dtype)
-        mask = self.cp.asarray(mask, dtype=np.float32)  # only compared with 0.5: no bf16 ufunc needed
-        state = sample(self.denoise, noise, context, mask, steps, cfg_scale, a_min, callback, self.use_graph)
+        state = sample(self.denoise, noise, *self.prompt_on_device(context, mask), steps, cfg_scale, a_min,
+                       callback, self.use_graph)
         return self.to_host(state)
+
+    def sample_mean_flow(self, noise, context, mask, steps, omega, interval, callback=None) -> np.ndarray:
+        """The student's few-step sampler: host noise [B, C, H, W] -> final image state [B, C, H, W]
+        as float32 NumPy (guidance scale omega, guidance interval (t_min, t_max))."""
+        state = sample_mean_flow(self.denoise_student, noise, *self.prompt_on_device(context, mask), steps, omega,
+                                 interval, callback, self.use_graph)
+        return self.to_host(state)
+
+    def prompt_on_device(self, context, mask):
+        """T5 context [B, L, Dc] and mask [B, L] -> device arrays: context in the network dtype, mask fp32."""
+        # the mask is only compared with 0.5: no bf16 ufunc needed
+        return self.cp.asarray(context).astype(self.dtype), self.cp.asarray(mask, dtype=np.float32)
 
     def to_host(self, array) -> np.ndarray:
         """Device or host array -> float32 NumPy (a device-to-host copy for device arrays)."""
@@ -92,6 +114,10 @@ class CudasimRunner(CupyRunner):
     def sample(self, *args, **kwargs) -> np.ndarray:
         with _build_faults_as_user_errors():
             return super().sample(*args, **kwargs)
+
+    def sample_mean_flow(self, *args, **kwargs) -> np.ndarray:
+        with _build_faults_as_user_errors():
+            return super().sample_mean_flow(*args, **kwargs)
 
 
 @contextlib.contextmanager

@@ -16,7 +16,7 @@ says why and the sampler goes on eagerly (see docs/kernels.md).
 from __future__ import annotations
 
 import logging
-from typing import Callable
+from typing import Callable, Iterable
 
 import numpy as np
 
@@ -49,13 +49,29 @@ def sample(denoise: Callable, noise, context, mask, steps: int, cfg_scale: float
         x0_both = denoise(next_input, both_context, both_mask)
         kernels.cfg_euler(state, next_input, x0_both, x0_guided, cfg_scale, factor)
 
-    graph = None
     t = time_grid(steps)
+    after_step = (lambda i: callback(StepInfo(i, float(t[i]), state, x0_guided))) if callback else None
+    run_steps(step, step_factors(steps, a_min), lambda f: factor.fill(np.float32(f)), use_graph, after_step)
+    return state
+
+
+def run_steps(step: Callable[[], None], per_step: Iterable, write_scalars: Callable, use_graph: bool,
+              after_step: Callable[[int], None] | None = None) -> None:
+    """Run `step` once per item of `per_step`, after `write_scalars(item)` has put that step's
+    scalars into the device memory the step reads (the loop of `sample` and of the student's
+    `sample_mean_flow`).
+
+    With `use_graph`, step 0 runs eagerly and step 1 is captured (`try_capture`) and replayed for
+    every later step; the scalars written before a replay are what it reads, since the graph holds
+    their addresses, not their values. `per_step` is iterated lazily, one item per step.
+    `after_step(i)` runs once step i has finished on the device.
+    """
+    graph = None
     own_stream = use_graph  # capture needs a stream of its own (still used if capture fails)
     stream = capture_stream() if own_stream else cp.cuda.get_current_stream()
     with stream:
-        for i, f in enumerate(step_factors(steps, a_min)):
-            factor.fill(np.float32(f))
+        for i, item in enumerate(per_step):
+            write_scalars(item)
             if use_graph and graph is None and i > 0:
                 graph = try_capture(step, stream)
                 use_graph = graph is not None
@@ -63,13 +79,12 @@ def sample(denoise: Callable, noise, context, mask, steps: int, cfg_scale: float
                 graph.launch(stream)
             else:
                 step()
-            if callback:
+            if after_step:
                 # Wait for the step so per-step timings measure GPU work, not kernel launches.
                 stream.synchronize()
-                callback(StepInfo(i, float(t[i]), state, x0_guided))
+                after_step(i)
     if own_stream:
         stream.synchronize()  # the caller reads the state on the default stream
-    return state
 
 
 class CapturedStep:

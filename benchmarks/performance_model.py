@@ -3,7 +3,8 @@
     python benchmarks/performance_model.py            # the tables of docs/performance-model.md
 
 Counted from the code of `accelerated/` (CuPy twin) and `training/torch_model.py` (PyTorch eager
-with SDPA) for one batched [cond ; uncond] forward. A component is one kind of launch: its count
+with SDPA) for one batched [cond ; uncond] forward, one forward of the Mean Flow student (batch 1,
+guidance is an input) and one T5 encoding. A component is one kind of launch: its count
 per forward, FLOPs and DRAM bytes (inputs read once, outputs written once; L2 reuse ignored).
 Roofline time = max(FLOPs / peak, bytes / bandwidth); the predicted time divides it by an
 achieved fraction of that roofline (EFFICIENCY) and adds per launch either the host time of a
@@ -20,7 +21,15 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
 
+from minit2i.core.mean_flow_config import (  # noqa: E402
+    MEAN_FLOW_B16,
+    MEAN_FLOW_RECIPE,
+    SCALAR_EMBEDDERS,
+    MeanFlowConfig,
+    aux_token_groups,
+)
 from minit2i.core.mmjit_config import MMJIT_B16, MMJIT_L16, MMJiTConfig  # noqa: E402
+from minit2i.core.t5_config import T5_FLAN_LARGE, T5Config  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -61,20 +70,39 @@ class Component:
     bytes: float
 
 
+def gemm_component(name: str, rows: int, k: int, n: int, count: int, item: int) -> Component:
+    """`count` GEMMs [rows, k] @ [k, n]: 2 rows k n FLOPs each, A and B read and C written once."""
+    return Component(name, "gemm", count, 2.0 * rows * k * n * count, item * (rows * k + k * n + rows * n) * count)
+
+
+def memory_component(name: str, elements: float, count: int, item: int) -> Component:
+    """`count` memory-bound launches that read + write `elements` elements in all."""
+    return Component(name, "memory", count, 0.0, item * elements)
+
+
+def forward_batch(config: MMJiTConfig) -> int:
+    """Images per forward for one image: [cond ; uncond] for MMJiT, 1 for the student."""
+    return 1 if isinstance(config, MeanFlowConfig) else 2
+
+
 def forward_components(config: MMJiTConfig, size: int, item: int, batch: int = 2) -> list[Component]:
-    """The CuPy twin's launches in one forward of `batch` images (item: bytes per element)."""
+    """The CuPy twin's launches in one forward of `batch` images (item: bytes per element). The Mean
+    Flow student's text stream is its A prefix tokens and the L prompt tokens, and its prefix adds
+    `prefix_components`."""
     d, hidden, heads, head_dim = config.hidden_size, config.mlp_hidden, config.num_heads, config.head_dim
-    n_img, n_txt = batch * (size // config.patch_size) ** 2, batch * config.prompt_length
-    joint = config.prompt_length + (size // config.patch_size) ** 2
+    student = isinstance(config, MeanFlowConfig)
+    text = config.prompt_length + (config.num_aux_tokens if student else 0)
+    n_img, n_txt, n_prompt = batch * (size // config.patch_size) ** 2, batch * text, batch * config.prompt_length
+    joint = text + (size // config.patch_size) ** 2
     pre, dbl = config.txt_preamble_depth, config.depth_double
     padded = -(-head_dim // 16) * 16 if item == 2 else head_dim  # tensor cores work on whole 16-wide tiles
     streams = ((n_txt, pre + dbl), (n_img, dbl))  # (rows, blocks) per stream
 
     def gemm(name, rows, k, n, count):
-        return Component(name, "gemm", count, 2.0 * rows * k * n * count, item * (rows * k + k * n + rows * n) * count)
+        return gemm_component(name, rows, k, n, count, item)
 
-    def memory(name, elements, count):  # elements read + written by all `count` launches together
-        return Component(name, "memory", count, 0.0, item * elements)
+    def memory(name, elements, count):
+        return memory_component(name, elements, count, item)
 
     def attention(length, count):
         flops = 4.0 * batch * heads * length * length * padded * count
@@ -84,13 +112,13 @@ def forward_components(config: MMJiTConfig, size: int, item: int, batch: int = 2
     return [
         gemm("GEMM patch proj1", n_img, config.patch_dim, config.pca_channels, 1),
         gemm("GEMM patch proj2", n_img, config.pca_channels, d, 1),
-        gemm("GEMM text embedder", n_txt, config.txt_input_size, d, 1),
+        gemm("GEMM text embedder", n_prompt, config.txt_input_size, d, 1),
         *(gemm(f"GEMM qkv ({label})", rows, d, 3 * d, blocks) for label, (rows, blocks) in zip(("txt", "img"), streams)),
         *(gemm(f"GEMM attn proj ({label})", rows, d, d, blocks) for label, (rows, blocks) in zip(("txt", "img"), streams)),
         *(gemm(f"GEMM w1|w3 ({label})", rows, d, 2 * hidden, blocks) for label, (rows, blocks) in zip(("txt", "img"), streams)),
         *(gemm(f"GEMM w2 ({label})", rows, hidden, d, blocks) for label, (rows, blocks) in zip(("txt", "img"), streams)),
         gemm("GEMM final", n_img, d, config.patch_dim, 1),
-        attention(config.prompt_length, pre),
+        attention(text, pre),
         attention(joint, dbl),
         memory("rms_norm", 2 * d * (rows_all + n_img), pre + 2 * dbl + 1),  # norm1 per stream + final norm
         memory("add_rms_norm", 4 * d * rows_all, pre + 2 * dbl),
@@ -100,7 +128,64 @@ def forward_components(config: MMJiTConfig, size: int, item: int, batch: int = 2
         memory("attention output slices (CuPy copy)", 2 * d * (n_txt + n_img) * dbl, 2 * dbl),
         # patchify and unpatchify copies, proj2 and final bias adds, sin/cos add, mask compare + where
         memory("embed/final elementwise (CuPy)", 6 * n_img * config.patch_dim + 5 * n_img * d
-               + 2 * n_txt * config.txt_input_size, 7),
+               + 2 * n_prompt * config.txt_input_size, 7),
+        *(prefix_components(config, item, batch) if student else []),
+    ]
+
+
+def prefix_components(config: MeanFlowConfig, item: int, batch: int) -> list[Component]:
+    """The student's prefix (accelerated/mean_flow.py): 9 small GEMMs and 64 CuPy elementwise
+    launches per forward. Elementwise: 1 - 1/omega (2); per scalar embedder the sinusoid (scale,
+    cos, sin, concatenate, cast: 5), two bias adds and the fp32 SiLU (cast, negate, exp, add,
+    divide, cast: 6), 13 x 4; the pooled prompt (cast to fp32, mean, cast: 3); one broadcast add
+    per group and their concatenation (6); [prefix ; text] (1)."""
+    d, dc, f, a = config.hidden_size, config.txt_input_size, config.frequency_embedding_size, config.num_aux_tokens
+    scalars, groups = len(SCALAR_EMBEDDERS), len(aux_token_groups(config))
+    text = batch * (a + config.prompt_length)
+    launches = 2 + 13 * scalars + 3 + groups + 1 + 1
+    # the pooled prompt's fp32 copy (written, read) dominates the bytes with the text concatenation
+    elements = (batch * config.prompt_length * dc * (1 + 8 / item) + 2 * text * d + 4 * batch * a * d
+                + 13 * scalars * 3 * batch * max(f, d) * 4 / item)
+    return [
+        gemm_component("GEMM prefix: pooled prompt", batch, dc, d, 1, item),
+        gemm_component("GEMM prefix: scalar embedders, first", batch, f, d, scalars, item),
+        gemm_component("GEMM prefix: scalar embedders, second", batch, d, d, scalars, item),
+        memory_component("prefix elementwise (CuPy)", elements, launches, item),
+    ]
+
+
+def sampler_launches(config: MMJiTConfig) -> int:
+    """Launches of a sampler step besides the forward: the factor fill and cfg_euler; the student
+    fills h too and runs euler_step."""
+    return 3 if isinstance(config, MeanFlowConfig) else 2
+
+
+def t5_components(config: T5Config, length: int, batch: int = 1) -> list[Component]:
+    """accelerated/t5.py's launches for one encoding, fp32. Per block: rms_norm, [q|k|v] GEMM,
+    qkv_heads (split only), attention on CUDA cores with the position bias [H, L, L] and key mask,
+    o GEMM, add_rms_norm, [wi_0|wi_1] GEMM, geglu, wo GEMM, residual add; once: the embedding
+    gather, the position-bias gather and its transposed copy, the final rms_norm."""
+    item, layers, rows = 4, config.num_layers, batch * length
+    d, inner, ff, heads, d_kv = config.d_model, config.inner_dim, config.d_ff, config.num_heads, config.d_kv
+
+    def gemm(name, k, n):
+        return gemm_component(name, rows, k, n, layers, item)
+
+    def memory(name, elements, count):
+        return memory_component(name, elements, count, item)
+
+    attention_bytes = (4 * batch * heads * length * d_kv + heads * length * length) * item * layers
+    return [
+        gemm("GEMM qkv", d, 3 * inner), gemm("GEMM o", inner, d),
+        gemm("GEMM wi_0|wi_1", d, 2 * ff), gemm("GEMM wo", ff, d),
+        Component(f"attention L={length}", "attention", layers, 4.0 * batch * heads * length * length * d_kv * layers,
+                  attention_bytes),
+        memory("rms_norm", 2 * d * rows * (layers + 1), layers + 1),
+        memory("add_rms_norm", 4 * d * rows * layers, layers),
+        memory("qkv_heads", 6 * inner * rows * layers, layers),
+        memory("geglu", 3 * ff * rows * layers, layers),
+        memory("residual add (CuPy)", 3 * d * rows * layers, layers),
+        memory("embedding and position-bias gathers (CuPy)", 2 * rows * d + 4 * heads * length * length, 3),
     ]
 
 
@@ -143,24 +228,37 @@ def gpu_ms(c: Component, device: Device, item: int, a: Assumptions) -> float:
     return roofline_ms(c, device, item) / efficiency(c, item, a)
 
 
-def step_ms(components, device: Device, item: int, a: Assumptions, launch_us: float, replayed: bool) -> float:
-    """One sampler step (forward + cfg_euler and the factor fill): GPU time with the gaps between
-    kernels; eagerly, the longer of that and the host time (the host queues launches ahead)."""
-    launches = sum(c.launches for c in components) + 2
+def step_ms(components, device: Device, item: int, a: Assumptions, launch_us: float, replayed: bool,
+            extra_launches: int = 2) -> float:
+    """One sampler step (forward + `extra_launches`: cfg_euler and the factor fill by default): GPU
+    time with the gaps between kernels; eagerly, the longer of that and the host time (the host
+    queues launches ahead)."""
+    launches = sum(c.launches for c in components) + extra_launches
     gpu = sum(gpu_ms(c, device, item, a) for c in components) + launches * a.graph_gap_us / 1e3
     return gpu if replayed else max(gpu, launches * launch_us / 1e3)
 
 
 def cupy_run_ms(config, size, steps, device, item, a: Assumptions, graph: bool = True) -> float:
-    """accelerated.sampler.sample: step 0 eager, step 1 captured (recorded at host speed, then
-    launched), steps 2.. replayed; without graphs every step is eager."""
-    components = forward_components(config, size, item)
-    eager = step_ms(components, device, item, a, a.cupy_launch_us, replayed=False)
+    """accelerated.sampler.sample (or the student's sample_mean_flow, the same loop): step 0 eager,
+    step 1 captured (recorded at host speed, then launched), steps 2.. replayed; without graphs
+    every step is eager."""
+    components, extra = forward_components(config, size, item, forward_batch(config)), sampler_launches(config)
+    eager = step_ms(components, device, item, a, a.cupy_launch_us, replayed=False, extra_launches=extra)
     if not graph or steps < 2:
         return steps * eager
-    replay = step_ms(components, device, item, a, a.cupy_launch_us, replayed=True)
-    capture_host = (sum(c.launches for c in components) + 2) * a.cupy_launch_us / 1e3
+    replay = step_ms(components, device, item, a, a.cupy_launch_us, replayed=True, extra_launches=extra)
+    capture_host = (sum(c.launches for c in components) + extra) * a.cupy_launch_us / 1e3
     return eager + capture_host + (steps - 1) * replay
+
+
+def t5_ms(config: T5Config, length: int, device: Device, a: Assumptions) -> float:
+    """One T5 encoding, eager (it runs once per prompt), fp32."""
+    return step_ms(t5_components(config, length), device, 4, a, a.cupy_launch_us, replayed=False, extra_launches=0)
+
+
+def image_ms(config: MMJiTConfig, size: int, steps: int, device: Device, item: int, a: Assumptions) -> float:
+    """One image from its prompt: T5 once, then the sampler with graph replay."""
+    return t5_ms(T5_FLAN_LARGE, config.prompt_length, device, a) + cupy_run_ms(config, size, steps, device, item, a)
 
 
 def torch_run_ms(config, size, steps, device, item, a: Assumptions) -> float:
@@ -172,10 +270,10 @@ def torch_run_ms(config, size, steps, device, item, a: Assumptions) -> float:
 # Markdown tables
 
 
-def component_table(config: MMJiTConfig, size: int, item: int, a: Assumptions = Assumptions()) -> list[str]:
+def component_table(components: list[Component], item: int, a: Assumptions = Assumptions()) -> list[str]:
     rows = ["| component | launches | GFLOP | MB | H100 roofline µs | H100 predicted µs | A100 roofline µs | A100 predicted µs |",
             "|---|---|---|---|---|---|---|---|"]
-    for c in forward_components(config, size, item):
+    for c in components:
         cells = [f"{1e3 * f(c, dev, item, *extra):.0f}" for dev in (H100, A100)
                  for f, extra in ((roofline_ms, ()), (gpu_ms, (a,)))]
         rows.append(f"| {c.name} | {c.launches} | {c.flops / 1e9:.1f} | {c.bytes / 1e6:.1f} | {' | '.join(cells)} |")
@@ -206,13 +304,37 @@ def sensitivity_table(a: Assumptions = Assumptions(), steps: int = 10) -> list[s
     return rows
 
 
+MODELS = {"B/16": (MMJIT_B16, 100), "B/16-MF": (MEAN_FLOW_B16, MEAN_FLOW_RECIPE["steps"])}  # default steps
+
+
+def image_table(a: Assumptions = Assumptions(), size: int = 512) -> list[str]:
+    """One image with each model's default steps on an H100, T5 included."""
+    rows = ["| model | steps | forward batch | text tokens | precision | T5 ms | first step + capture ms | "
+            "replayed step ms | image ms |", "|---|---|---|---|---|---|---|---|---|"]
+    for label, (config, steps) in MODELS.items():
+        text = config.prompt_length + (config.num_aux_tokens if isinstance(config, MeanFlowConfig) else 0)
+        t5 = t5_ms(T5_FLAN_LARGE, config.prompt_length, H100, a)
+        for precision, item in (("bf16", 2), ("fp32", 4)):
+            components, extra = forward_components(config, size, item, forward_batch(config)), sampler_launches(config)
+            replay = step_ms(components, H100, item, a, a.cupy_launch_us, replayed=True, extra_launches=extra)
+            first = cupy_run_ms(config, size, steps, H100, item, a) - (steps - 1) * replay
+            rows.append(f"| {label} | {steps} | {forward_batch(config)} | {text} | {precision} | {t5:.1f} | "
+                        f"{first:.1f} | {replay:.2f} | {image_ms(config, size, steps, H100, item, a):.1f} |")
+    return rows
+
+
 def tables() -> dict[str, list[str]]:
     """Every generated table of docs/performance-model.md, by heading."""
     return {
-        "B/16, 512x512, bf16: one CFG forward (batch 2)": component_table(MMJIT_B16, 512, 2),
-        "B/16, 512x512, fp32: one CFG forward (batch 2)": component_table(MMJIT_B16, 512, 4),
-        "L/16, 512x512, bf16: one CFG forward (batch 2)": component_table(MMJIT_L16, 512, 2),
+        "B/16, 512x512, bf16: one CFG forward (batch 2)": component_table(forward_components(MMJIT_B16, 512, 2), 2),
+        "B/16, 512x512, fp32: one CFG forward (batch 2)": component_table(forward_components(MMJIT_B16, 512, 4), 4),
+        "L/16, 512x512, bf16: one CFG forward (batch 2)": component_table(forward_components(MMJIT_L16, 512, 2), 2),
+        "B/16-MF, 512x512, bf16: one student forward (batch 1)": component_table(
+            forward_components(MEAN_FLOW_B16, 512, 2, batch=1), 2),
+        "T5 (FLAN-T5-large), 256 tokens, fp32: one encoding": component_table(
+            t5_components(T5_FLAN_LARGE, MMJIT_B16.prompt_length), 4),
         "10 steps, 512x512, predicted": summary_table(),
+        "One 512x512 image with the default steps on an H100 SXM, T5 included, predicted": image_table(),
         "Sensitivity of the B/16 bf16 H100 prediction": sensitivity_table(),
     }
 

@@ -32,9 +32,11 @@ from .module import Module
 # The names offered as `cupy.<name>`; `cuda` and `cupyx` hold the cupy.cuda.* and cupyx.* ones.
 __all__ = ["float16", "float32", "float64", "int32", "int64", "ndarray", "asarray", "ascontiguousarray", "asnumpy",
            "empty", "empty_like", "zeros", "zeros_like", "ones", "full", "concatenate", "where", "matmul", "RawModule",
-           "RawKernel", "cuda"]
+           "RawKernel", "cuda", "cos", "sin", "exp"]
 
 float16, float32, float64, int32, int64 = np.float16, np.float32, np.float64, np.int32, np.int64
+# Elementwise functions: NumPy's ufuncs reach `ndarray.__array_ufunc__`, which records them in a capture.
+cos, sin, exp = np.cos, np.sin, np.exp
 
 class CUDARuntimeError(RuntimeError):
     pass

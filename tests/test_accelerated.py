@@ -1,32 +1,39 @@
 """CuPy twin vs the NumPy reference: every kernel, every T5/MMJiT stage, the whole sampler.
 
-Runs on the GPU when CuPy sees one; otherwise on cudasim (the same CUDA sources compiled for
-the CPU, one fiber per CUDA thread, CuPy played by cudasim.standin). On cudasim every kernel
-test runs each launch under all four schedules, which must leave bit-identical results.
-References run in float64 on the same dtype-rounded inputs. Error measure: max |twin - ref| /
-max |ref| ("relative") unless a test says otherwise.
-
-Bounds, from the unit roundoff u (fp32 2^-24, fp16 2^-11, bf16 2^-8): a kernel computes in
-fp32 and rounds its output once, so its error is at most u_dtype (the store) + n * u_fp32 for
-an fp32 reduction over n terms (the worst case gamma_n of summation); `kernel_bound` adds a
-factor 2 of headroom for the few elementwise fp32 ops (exp, tanh, divide) around it. A network
-stage chains about a dozen roundings of the storage dtype: STAGE_BOUND is 20 u (fp16 1e-2 ->
-3e-2 kept, bf16 8e-2), fp32 1e-4 (TF32 off).
+Device, error measure and bounds (from the unit roundoff): tests/gpu_parity.py. On cudasim
+every kernel test runs each launch under all four schedules, which must leave bit-identical
+results.
 """
 
 from __future__ import annotations
 
 import warnings
-from contextlib import nullcontext
 
 import numpy as np
 import pytest
+from gpu_parity import (  # noqa: F401 (device, report_worst_error: autouse fixtures)
+    BACKEND,
+    PRECISIONS,
+    RUNNER,
+    STAGE_BOUND,
+    UNIT_ROUNDOFF,
+    collect,
+    cp,
+    device,
+    dtype_for,
+    every_schedule,
+    kernel_bound,
+    relative_error,
+    report_worst_error,
+    rounded,
+    to_f64,
+    within,
+)
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from minit2i.accelerated import kernels
 from minit2i.accelerated.mmjit import mmjit_forward, upload_mmjit
-from minit2i.accelerated.pipeline import CudasimRunner, CupyRunner, precision_dtype
 from minit2i.accelerated.sampler import sample as gpu_sample
 from minit2i.accelerated.t5 import t5_encode as gpu_t5_encode
 from minit2i.accelerated.t5 import upload_t5
@@ -40,85 +47,7 @@ from minit2i.reference.t5 import key_mask_bias
 from minit2i.reference.t5 import t5_encode as ref_t5_encode
 
 pytestmark = pytest.mark.gpu  # on the GPU when there is one (scripts/gpu-check runs every test so marked)
-
-
-def _runner_class():
-    """CupyRunner where CuPy sees a GPU, CudasimRunner everywhere else."""
-    try:
-        kernels.require_gpu()
-    except MiniT2IError:
-        return CudasimRunner
-    return CupyRunner
-
-
-RUNNER = _runner_class()
-BACKEND = RUNNER.name
-cp = kernels.cp
-UNIT_ROUNDOFF = {"fp32": 2.0**-24, "fp16": 2.0**-11, "bf16": 2.0**-8}
-STAGE_BOUND = {"fp32": 1e-4, "fp16": 3e-2, "bf16": 8e-2}
-PRECISIONS = list(UNIT_ROUNDOFF)
 FAST = settings(max_examples=12, deadline=None)
-
-
-ERRORS: list[tuple[float, float]] = []  # (error, bound) of each check in the running test
-
-
-def within(error: float, bound: float) -> bool:
-    """error < bound, remembered for the test's `worst_error` report property."""
-    ERRORS.append((error, bound))
-    return error < bound
-
-
-@pytest.fixture(autouse=True)
-def report_worst_error(request):
-    """Keep the check nearest its bound as the junit property `worst_error` ("error bound"):
-    scripts/gpu-check reports it per kernel and dtype."""
-    ERRORS.clear()
-    yield
-    if ERRORS:
-        error, bound = max(ERRORS, key=lambda pair: pair[0] / pair[1])
-        request.node.user_properties.append(("worst_error", f"{error:.3g} {bound:.3g}"))
-
-
-def kernel_bound(precision: str, reduction_length: int) -> float:
-    """2 * (u_dtype + n * u_fp32): one rounding on the store plus fp32 summation over n terms."""
-    return 2 * (UNIT_ROUNDOFF[precision] + reduction_length * UNIT_ROUNDOFF["fp32"])
-
-
-@pytest.fixture(scope="module", autouse=True)
-def device():
-    """Point the twin at this module's device (another test module may have chosen another)."""
-    RUNNER.array_module()
-
-
-def every_schedule():
-    """On cudasim: run each launch under all schedules and insist on bit-identical results."""
-    if BACKEND != "cudasim":
-        return nullcontext()
-    from minit2i import cudasim
-
-    return cudasim.schedules(cudasim.SCHEDULES, seed=1)
-
-
-def dtype_for(precision):
-    try:
-        return precision_dtype(precision)
-    except MiniT2IError as err:
-        pytest.skip(str(err))
-
-
-def rounded(array, dtype):
-    """Host array -> (device array in dtype, the same values as host float64)."""
-    device = cp.asarray(np.asarray(array, np.float32)).astype(dtype)
-    return device, to_f64(device)
-
-
-def to_f64(device):
-    return cp.asnumpy(device.astype(cp.float32)).astype(np.float64)
-
-
-def relative_error(device, expected):
-    return float(np.max(np.abs(to_f64(device) - expected)) / max(np.max(np.abs(expected)), 1e-30))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -320,10 +249,6 @@ def test_wrappers_reject_strided_and_mistyped_arrays():
 @pytest.fixture(scope="module")
 def tiny(tiny_model):
     return load_model(*tiny_model)
-
-
-def collect(store):
-    return lambda name, value: store.__setitem__(name, value)
 
 
 @pytest.mark.parametrize("precision", PRECISIONS)

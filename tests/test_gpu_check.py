@@ -69,7 +69,7 @@ def test_report_names_every_kernel_and_dtype(report):
     parity_line = next(line for line in summary.splitlines() if line.startswith("* parity"))
     assert "passed" in parity_line.split(": ", 2)[2] and "failed" not in parity_line  # counts of 0 are left out
     assert "test_tensor_core_attention_matches_softmax_attention[64-65-31-1-bf16]:" in summary
-    for kernel in ("rms_norm", "add_rms_norm", "swiglu", "geglu", "qkv_heads", "cfg_euler"):
+    for kernel in ("rms_norm", "add_rms_norm", "swiglu", "geglu", "qkv_heads", "cfg_euler", "euler_step"):
         for suffix in ("f32", "f16", "bf16"):
             assert f"| {kernel}_{suffix} |" in summary
     assert "| flash_attention_f32 |" in summary and "| flash_attention_tc_bf16 |" in summary
@@ -91,7 +91,7 @@ def test_import_root_maps_every_layer_folder(gpu_check, tmp_path):
 
 
 def test_gpu_tests_are_the_marked_files(gpu_check):
-    assert gpu_check.gpu_test_files() == ["tests/test_accelerated.py"]
+    assert gpu_check.gpu_test_files() == ["tests/test_accelerated.py", "tests/test_accelerated_mean_flow.py"]
 
 
 def test_ncu_csv_is_read_per_kernel_and_metric(gpu_check):

@@ -39,7 +39,7 @@ EXPECTED_KERNELS = {
     "rope.cu": {"qkv_heads": kernels.HEAD_WARPS * 32},
     "attention.cu": {"flash_attention": kernels.ATTENTION_WARPS * 32},
     "attention_tc.cu": {"flash_attention_tc": kernels.TC_WARPS * 32},
-    "sampler.cu": {"cfg_euler": kernels.THREADS},
+    "sampler.cu": {"cfg_euler": kernels.THREADS, "euler_step": kernels.THREADS},
 }
 # Stems not defined for every dtype: attention runs fp32 on CUDA cores, fp16 / bf16 on tensor cores.
 ONLY_SUFFIXES = {"flash_attention": ("f32",), "flash_attention_tc": ("f16", "bf16")}

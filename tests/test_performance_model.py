@@ -10,8 +10,12 @@ import numpy as np
 import pytest
 
 from minit2i.accelerated import kernels
-from minit2i.accelerated.pipeline import CudasimRunner
+from minit2i.accelerated.mean_flow import mean_flow_forward, upload_mean_flow
+from minit2i.accelerated.pipeline import CudasimRunner, precision_dtype
+from minit2i.core.checkpoint import nest
+from minit2i.core.mean_flow_config import MEAN_FLOW_B16, MEAN_FLOW_RECIPE, MEAN_FLOW_TINY
 from minit2i.core.mmjit_config import MMJIT_B16, MMJIT_L16
+from minit2i.default_model import random_mmjit_weights
 from minit2i.pipeline import load_model, make_runner
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -47,6 +51,24 @@ def test_gemm_and_attention_flops_match_the_benchmark_count(model, config):
     assert flops == pytest.approx(load_script("gpu").forward_flops(config, 512, 2), rel=1e-12)
 
 
+def launches(monkeypatch, forward) -> tuple[dict, int]:
+    """({fused kernel: launches}, cuBLAS GEMMs) of one call of `forward` on cudasim."""
+    gemms = []
+    real_gemm = kernels.gemm
+    monkeypatch.setattr(kernels, "gemm", lambda *a: gemms.append(1) or real_gemm(*a))
+    kernels.launch_counts.clear()
+    forward()
+    return dict(kernels.launch_counts), len(gemms)
+
+
+def predicted_launches(components) -> tuple[dict, int]:
+    """The same counts as the model predicts them (bf16: attention on the tensor-core kernel)."""
+    predicted = {c.name: c.launches for c in components}
+    attention = sum(n for name, n in predicted.items() if name.startswith("attention L="))
+    fused = {name: predicted[name] for name in ("rms_norm", "add_rms_norm", "qkv_heads", "swiglu")}
+    return fused | {"flash_attention_tc": attention}, sum(n for name, n in predicted.items() if name.startswith("GEMM"))
+
+
 def test_launches_per_forward_match_a_forward_on_cudasim(model, tiny_model, monkeypatch):
     """Run one bf16 forward of the tiny model on cudasim and count its fused kernels
     (kernels.launch_counts) and cuBLAS GEMMs: the model predicts the same numbers."""
@@ -54,22 +76,35 @@ def test_launches_per_forward_match_a_forward_on_cudasim(model, tiny_model, monk
     runner = make_runner(tiny, "cudasim", "bf16")
     cp = CudasimRunner.array_module()
     config, size = tiny.mmjit.config, 32
-    gemms = []
-    real_gemm = kernels.gemm
-    monkeypatch.setattr(kernels, "gemm", lambda *a: gemms.append(1) or real_gemm(*a))
-    kernels.launch_counts.clear()
     images = cp.zeros((2, config.in_channels, size, size), np.float32).astype(runner.dtype)
     context = cp.zeros((2, config.prompt_length, config.txt_input_size), np.float32).astype(runner.dtype)
-    runner.denoise(images, context, cp.ones((2, config.prompt_length), np.float32))
-    predicted = {c.name: c.launches for c in model.forward_components(config, size, item=2)}
-    attention = sum(n for name, n in predicted.items() if name.startswith("attention L="))
-    assert dict(kernels.launch_counts) == {
-        name: predicted[name] for name in ("rms_norm", "add_rms_norm", "qkv_heads", "swiglu")} | {
-        "flash_attention_tc": attention}
-    assert len(gemms) == sum(n for name, n in predicted.items() if name.startswith("GEMM"))
+    mask = cp.ones((2, config.prompt_length), np.float32)
+    counted = launches(monkeypatch, lambda: runner.denoise(images, context, mask))
+    assert counted == predicted_launches(model.forward_components(config, size, item=2))
+
+
+def test_student_launches_per_forward_match_a_forward_on_cudasim(model, monkeypatch):
+    """The same for one bf16 forward of the tiny Mean Flow student (batch 1): the trunk's
+    launches on a text stream of A + L rows, plus the prefix's 9 GEMMs."""
+    cp = CudasimRunner.array_module()
+    config, size = MEAN_FLOW_TINY, 32
+    dtype = precision_dtype("bf16")
+    params = upload_mean_flow(nest(random_mmjit_weights(config, 3)), config, dtype)
+    images = cp.zeros((1, config.in_channels, size, size), np.float32).astype(dtype)
+    context = cp.zeros((1, config.prompt_length, config.txt_input_size), np.float32).astype(dtype)
+    scalars = [cp.full(1, value, np.float32) for value in (0.25, 12.0, 0.2, 0.8)]
+    counted = launches(monkeypatch, lambda: mean_flow_forward(params, config, images, *scalars, context,
+                                                              cp.ones((1, config.prompt_length), np.float32)))
+    assert counted == predicted_launches(model.forward_components(config, size, item=2, batch=1))
 
 
 def test_the_b16_bf16_h100_prediction_is_the_documented_one(model):
     docs = (ROOT / "docs" / "performance-model.md").read_text()
     predicted = model.cupy_run_ms(MMJIT_B16, 512, 10, model.H100, 2, model.Assumptions())
     assert f"guided bf16 generation on an H100 SXM: {predicted:.0f} ms**" in docs
+
+
+def test_the_mean_flow_h100_image_prediction_is_the_documented_one(model):
+    docs = (ROOT / "docs" / "performance-model.md").read_text()
+    predicted = model.image_ms(MEAN_FLOW_B16, 512, MEAN_FLOW_RECIPE["steps"], model.H100, 2, model.Assumptions())
+    assert f"B/16-MF image (T5 + 4 steps, bf16) on an H100 SXM: {predicted:.0f} ms**" in docs
