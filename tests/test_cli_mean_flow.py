@@ -113,3 +113,17 @@ def test_guidance_interval_is_refused_for_a_base_model(tiny_model, tmp_path, cap
     assert code == 2 and err.count("\n") == 1
     assert "--guidance-interval is an input of Mean Flow students" in err
     assert not (tmp_path / "cat.png").exists()
+
+
+def test_cudasim_backend_draws_the_same_image(tiny_student, tmp_path, capsys):
+    """The CuPy twin on cudasim, fp32: the whole sampler is within 2e-4 of the reference relative
+    to max|x| (tests/test_accelerated_mean_flow.py; measured 5e-7). Pixels are floor(127.5 x + 128),
+    so with max|x| < 4 the image moves by < 0.1 level and a pixel can only flip to the next level
+    where x sits on a level boundary: every pixel within 1 level."""
+    args = ["generate", "-p", "a red cat", *student_args(tiny_student), "-q"]
+    assert run(capsys, *args, "-o", "numpy.png")[0] == 0
+    code, _, err = run(capsys, *args, "-o", "cudasim.png", "--backend", "cudasim")
+    assert code == 0, err
+    a, b = read_pixels(tmp_path / "numpy.png").astype(int), read_pixels(tmp_path / "cudasim.png").astype(int)
+    assert np.abs(a - b).max() <= 1
+    assert np.mean(a != b) < 0.01
