@@ -108,23 +108,26 @@ class ModelFiles:
         return Model(self.mmjit.load(), self.t5.load(), self.tokenizer, self.sampling)
 
 
-def open_model(model, t5=None, tokenizer_path=None, variant: str = "minit2i-b-16") -> ModelFiles:
+def open_model(model, t5=None, tokenizer_path=None, variant: str = "minit2i-b-16",
+               jax_tree: str | None = None) -> ModelFiles:
     """Find and cross-check the MMJiT, the T5 (its width must match) and the tokenizer (its ids
     must fit the T5 embedding), reading configs and headers only.
 
     `model` and `t5` are paths or Hub repo ids (`minit2i.hub`: cached, else downloaded, a wrong T5
     refused from its header first). Without `t5`, the encoder the transformer's config.json names
-    (`llm`, google/flan-t5-large) is used.
+    (`llm`, google/flan-t5-large) is used. `jax_tree` chooses the parameter tree of a JAX (Orbax)
+    checkpoint (`--jax-tree`; by default the official one).
     """
     # Imported here: the GPU parity run (scripts/gpu-check) uses this module on machines whose
     # huggingface_hub predates the 2.x line hub.py needs, and only repo ids need the Hub.
     from .hub import resolve_model, resolve_t5
 
-    mmjit = inspect_mmjit(resolve_model(model, variant), variant)
+    mmjit = inspect_mmjit(resolve_model(model, variant, jax_tree), variant, jax_tree)
     t5 = t5 if t5 is not None else mmjit.text_encoder
     if t5 is None:
         raise MiniT2IError(
-            f"--t5 is missing, and {model} has no config.json naming its text encoder ('llm'); "
+            f"--t5 is missing, and {model} has no config.json naming its text encoder ('llm') nor the text "
+            "width of a known flan-t5; "
             "pass --t5 (google/flan-t5-large, or a path to it)"
         )
     width = mmjit.config.txt_input_size
@@ -140,9 +143,10 @@ def open_model(model, t5=None, tokenizer_path=None, variant: str = "minit2i-b-16
     return ModelFiles(mmjit, encoder, tokenizer, read_sampling(mmjit.config_source))
 
 
-def load_model(model, t5=None, tokenizer_path=None, variant: str = "minit2i-b-16") -> Model:
+def load_model(model, t5=None, tokenizer_path=None, variant: str = "minit2i-b-16",
+               jax_tree: str | None = None) -> Model:
     """`open_model`, then read the tensors."""
-    return open_model(model, t5, tokenizer_path, variant).load()
+    return open_model(model, t5, tokenizer_path, variant, jax_tree).load()
 
 
 def read_sampling(config_source: str) -> dict:
