@@ -165,20 +165,20 @@ def check_orbax_checkpoint(folder: Path, tree_request: str | None = None) -> Che
     tree = _choose_tree(folder, paths, tree_request)
     root = denoiser_root(paths, tree.root)
     arrays = OrbaxArrays(folder)
-    index, keys, permutations = {}, {}, {}
+    index, keys, layouts = {}, {}, {}
     for path in paths:
         if path[:len(root)] == root:
             name, permutation = torch_name(path[len(root):])
             keys[name] = ".".join(path)
-            dtype, shape = arrays.info(keys[name])
-            index[name], permutations[keys[name]] = (dtype, torch_shape(shape, permutation), folder), permutation
+            dtype, shape, driver = arrays.info(keys[name])
+            index[name], layouts[keys[name]] = (dtype, torch_shape(shape, permutation), folder), (driver, permutation)
     config, source, assumed, ignored, expected = _check_denoiser(index, None, f"{folder} ({tree.label} tree)")
     checkpoint = _checkpoint(config, [folder], ".".join(root) + ".", source, assumed, ignored, index,
                              {k: keys[k] for k in expected})
     width_name = T5_NAMES_BY_WIDTH.get(config.txt_input_size)
     checkpoint.text_encoder = f"google/{width_name}" if width_name else None
     checkpoint.format, checkpoint.tree = "Orbax (JAX)", tree
-    checkpoint.open_file = partial(OrbaxArrays, permutations=permutations)
+    checkpoint.open_file = partial(OrbaxArrays, layouts=layouts)
     return checkpoint
 
 

@@ -4,8 +4,8 @@ A checkpoint folder (`checkpoint_<step>/`, or `checkpoint/` on the Hub) holds `_
 file naming every leaf of the saved tree by its key path, and an OCDBT key-value store
 (`manifest.ocdbt`, `d/`, `ocdbt.process_0/`) in which each leaf is a zarr array under its dotted
 path (`params.net.img_embedder.proj1.kernel`). `read_tree_paths` lists the leaves from
-`_METADATA`; `OrbaxArrays.info` reads one leaf's zarr metadata (dtype, shape) and `.tensor` its
-data, so that a checkpoint is checked from metadata alone before any array is read, as a
+`_METADATA`; `OrbaxArrays.info` reads one leaf's zarr metadata (dtype, shape, zarr version) and
+`.tensor` its data, so that a checkpoint is checked from metadata alone before any array is read, as a
 safetensors file is from its header.
 """
 
@@ -59,25 +59,24 @@ def _key_path(path: Path, name: str, leaf) -> tuple[str, ...]:
 
 
 class OrbaxArrays:
-    """The arrays of one Orbax checkpoint folder, by dotted leaf key. `permutations` maps a key to
-    the axis order `tensor` gives its array (the Flax -> torch layout)."""
+    """The arrays of one Orbax checkpoint folder, by dotted leaf key. `layouts` maps a key to the
+    tensorstore driver of its zarr version and the axis order `tensor` gives its array (the Flax ->
+    torch layout), as `info` found them."""
 
-    def __init__(self, folder: Path, permutations: dict[str, tuple[int, ...] | None] | None = None):
+    def __init__(self, folder: Path, layouts: dict[str, tuple[str, tuple[int, ...] | None]] | None = None):
         self.tensorstore = require_tensorstore()
         self.folder = folder
-        self.permutations = permutations or {}
+        self.layouts = layouts or {}
         self.kvstore_spec = {"driver": "ocdbt", "base": folder.resolve().as_uri() + "/"}
         self.context = self.tensorstore.Context()
         self.store = self._call(lambda: self.tensorstore.KvStore.open(self.kvstore_spec, context=self.context).result())
-        self.drivers: dict[str, str] = {}
 
-    def info(self, key: str) -> tuple[str, tuple[int, ...]]:
-        """(stored dtype label, shape) of a leaf, from its zarr metadata alone."""
+    def info(self, key: str) -> tuple[str, tuple[int, ...], str]:
+        """(stored dtype label, shape, tensorstore driver) of a leaf, from its zarr metadata alone."""
         for name, driver in ZARR_DRIVERS:
             result = self._call(lambda: self.store.read(f"{key}/{name}").result())
             if result.state == "value":
-                self.drivers[key] = driver
-                return self._array_metadata(key, name, bytes(result.value))
+                return *self._array_metadata(key, name, bytes(result.value)), driver
         raise MiniT2IError(f"{self.folder}: _METADATA lists {key}, but the checkpoint holds no array of that "
                            "name; the checkpoint is incomplete: re-download it")
 
@@ -95,11 +94,11 @@ class OrbaxArrays:
         return STORED_DTYPES.get(dtype, dtype), tuple(shape)
 
     def tensor(self, key: str) -> np.ndarray:
-        """The leaf's data as float32, in the axis order of `permutations` (after `info`)."""
-        spec = {"driver": self.drivers[key], "kvstore": self.kvstore_spec, "path": key}
+        """The leaf's data as float32, in the driver and axis order `layouts` gives it."""
+        driver, permutation = self.layouts[key]
+        spec = {"driver": driver, "kvstore": self.kvstore_spec, "path": key}
         data = self._call(lambda: self.tensorstore.open(spec, context=self.context, open=True).result().read().result())
         data = np.asarray(data, dtype=np.float32)  # bfloat16 (ml_dtypes) and float16 widen exactly
-        permutation = self.permutations.get(key)
         return np.ascontiguousarray(data.transpose(permutation)) if permutation else data
 
     def _call(self, call):
