@@ -83,7 +83,8 @@ class OrbaxArrays:
     def _array_metadata(self, key: str, name: str, raw: bytes) -> tuple[str, tuple[int, ...]]:
         where = f"{self.folder}: {key}/{name}"
         if len(raw) > ARRAY_METADATA_LIMIT:
-            raise MiniT2IError(f"{where} is {len(raw)} bytes, more than array metadata can be; re-download the checkpoint")
+            raise MiniT2IError(f"{where} is {len(raw)} bytes, more than array metadata can be; "
+                               "re-download the checkpoint")
         meta = parse_json(raw, "the array metadata", where)
         shape = meta.get("shape") if isinstance(meta, dict) else None
         dtype = meta.get("dtype", meta.get("data_type")) if isinstance(meta, dict) else None

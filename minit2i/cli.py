@@ -391,23 +391,21 @@ def describe(path, variant: str = "minit2i-b-16", jax_tree: str | None = None) -
 
     from .model_files import (
         find_mmjit_files,
-        find_orbax_checkpoint,
         find_t5_files,
         inspect_mmjit,
         inspect_t5,
+        is_orbax_folder,
         local_listing,
         looks_like_t5,
     )
 
     root = existing_path(path)
-    if find_orbax_checkpoint(root) is not None:
-        is_t5 = False
-    elif root.is_dir() and looks_like_t5(local_listing(root)):  # by its files, so a damaged one is blamed as a T5
+    if root.is_dir() and looks_like_t5(local_listing(root)):  # by its files, so a damaged one is blamed as a T5
         is_t5 = True
     else:
         files, _ = _try_find(path, variant, find_mmjit_files, find_t5_files)
-        names = read_index(files)
-        is_t5 = any(k in names for k in ("shared.weight", "encoder.embed_tokens.weight"))
+        is_t5 = not is_orbax_folder(files[0]) and any(
+            k in read_index(files) for k in ("shared.weight", "encoder.embed_tokens.weight"))
     checkpoint = inspect_t5(path) if is_t5 else inspect_mmjit(path, variant, jax_tree)
     kind = "T5 encoder" if is_t5 else "MiniT2I MMJiT transformer"
     fields = ", ".join(f"{k}={v}" for k, v in dataclasses.asdict(checkpoint.config).items())
@@ -422,9 +420,9 @@ def describe(path, variant: str = "minit2i-b-16", jax_tree: str | None = None) -
     if checkpoint.assumed:
         lines.insert(4, f"              assumed (not in the shapes, no config.json): {checkpoint.assumed}")
     if not is_t5:
-        lines.insert(2, f"  format:     {checkpoint.format}")
         lines.append(f"  prefix:     {checkpoint.prefix or '(none)'}")
     if checkpoint.tree is not None:
+        lines.insert(2, f"  format:     {checkpoint.format}")
         lines.append(f"  tree:       {checkpoint.tree.label}: {checkpoint.tree.why}")
         lines.append(f"  other trees: {', '.join(checkpoint.tree.others) or 'none'} (--jax-tree chooses one)")
     if checkpoint.text_encoder and checkpoint.tree is not None:

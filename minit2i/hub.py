@@ -46,7 +46,6 @@ from minit2i.core.checkpoint import check_mmjit_header, check_orbax_tree, check_
 from minit2i.core.checks import human_size, write_atomically
 from minit2i.core.errors import MiniT2IError
 from minit2i.core.mmjit_config import VARIANT_ALIASES
-from minit2i.core.orbax_file import ORBAX_METADATA
 
 from .model_files import (
     MMJIT_WEIGHTS,
@@ -55,6 +54,7 @@ from .model_files import (
     cached_snapshot,
     choose_mmjit,
     choose_t5,
+    is_orbax_choice,
     local_listing,
     looks_like_t5,
     read_shard_index,
@@ -232,7 +232,7 @@ def download(model: HubModel, missing: list[str]) -> Path:
     _record_main(cache_folder(model.repo_id), info.sha)
     todo = [name for name in choice.weights if not (snapshot / name).is_file()]
     if todo:
-        if posixpath.basename(choice.index or "") == ORBAX_METADATA:  # an Orbax store has no header to range-read
+        if is_orbax_choice(choice):  # an Orbax store has no header to range-read
             check_orbax_tree((snapshot / choice.index).parent, model.jax_tree)
         else:
             header = _hub(model, todo, lambda: remote_header(api, model.repo_id, info.sha, choice.weights))

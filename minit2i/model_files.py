@@ -154,7 +154,8 @@ def looks_like_t5(names: set[str]) -> bool:
 
 
 def find_mmjit_files(path: str | Path, variant: str = "minit2i-b-16") -> tuple[list[Path], Path | None]:
-    """Resolve any accepted local MMJiT location to (safetensors files, config.json or None)."""
+    """Resolve any accepted local MMJiT location to (safetensors files, config.json or None), or
+    to ([its folder], None) for an Orbax checkpoint (`is_orbax_folder`)."""
     root = existing_path(path, "--model")
     if root.is_file():
         return [root], _sibling_config(root)
@@ -163,7 +164,23 @@ def find_mmjit_files(path: str | Path, variant: str = "minit2i-b-16") -> tuple[l
     if looks_like_t5(names):
         raise MiniT2IError(f"--model {path} holds a T5 text encoder ({short_list(sorted(names), 3)}), not the MiniT2I "
                            "transformer; pass it as --t5 and the transformer folder as --model")
-    return _local_files(root, choose_mmjit(names, variant, str(root)))
+    if ORBAX_FOLDER.fullmatch(root.name) and ORBAX_METADATA not in names:
+        raise MiniT2IError(f"--model {path} is named like a JAX (Orbax) checkpoint folder but has no {ORBAX_METADATA}; "
+                           "the checkpoint is incomplete: download or copy it again")
+    choice = choose_mmjit(names, variant, str(root))
+    if is_orbax_choice(choice):
+        return [root / posixpath.dirname(choice.index)], None
+    return _local_files(root, choice)
+
+
+def is_orbax_choice(choice: Choice) -> bool:
+    """Whether `choose_mmjit` chose an Orbax checkpoint (its `_METADATA` stands as the index)."""
+    return posixpath.basename(choice.index or "") == ORBAX_METADATA
+
+
+def is_orbax_folder(path: Path) -> bool:
+    """Whether a `find_mmjit_files` result names an Orbax checkpoint folder rather than weight files."""
+    return path.is_dir() and (path / ORBAX_METADATA).exists()
 
 
 def find_t5_files(path: str | Path) -> tuple[list[Path], Path | None]:
@@ -203,22 +220,6 @@ def local_listing(root: Path) -> set[str]:
     for pattern in ("*", "*/*", "*/transformer/*", "checkpoint*/**/*"):  # the last: Orbax checkpoints' stores
         names.update(p.relative_to(root).as_posix() for p in root.glob(pattern) if not p.is_dir())
     return names
-
-
-def find_orbax_checkpoint(path: str | Path) -> Path | None:
-    """The Orbax checkpoint folder a local model path names (`choose_orbax`'s order, in an HF cache
-    too), or None when it names none; a folder named like a checkpoint without its `_METADATA`
-    is refused (an interrupted download or copy)."""
-    root = existing_path(path, "--model")
-    if not root.is_dir():
-        return None
-    root = _hf_cache_snapshot(root, "mmjit")
-    listed = [*root.glob(ORBAX_METADATA), *root.glob("*/" + ORBAX_METADATA)]
-    folder = choose_orbax({p.relative_to(root).as_posix() for p in listed})
-    if folder is None and ORBAX_FOLDER.fullmatch(root.name):
-        raise MiniT2IError(f"--model {path} is named like a JAX (Orbax) checkpoint folder but has no {ORBAX_METADATA}; "
-                           "the checkpoint is incomplete: download or copy it again")
-    return None if folder is None else root / folder
 
 
 def _local_files(root: Path, choice: Choice) -> tuple[list[Path], Path | None]:
@@ -294,13 +295,12 @@ def _read_ref(ref: Path) -> tuple[str | None, str | None]:
 def inspect_mmjit(path: str | Path, variant: str = "minit2i-b-16", jax_tree: str | None = None) -> Checkpoint:
     """Find and check a local MMJiT checkpoint from its headers and config.json alone (an Orbax
     one from its metadata, reading the parameter tree `jax_tree` names, by default the official one)."""
-    orbax = find_orbax_checkpoint(path)
-    if orbax is not None:
-        return check_orbax_checkpoint(orbax, jax_tree)
+    files, config_path = find_mmjit_files(path, variant)
+    if is_orbax_folder(files[0]):
+        return check_orbax_checkpoint(files[0], jax_tree)
     if jax_tree is not None:
         raise MiniT2IError(f"--jax-tree chooses a tree of a JAX (Orbax) checkpoint, but {path} is not one; "
                            "drop --jax-tree")
-    files, config_path = find_mmjit_files(path, variant)
     checkpoint = check_mmjit_header(read_index(files), config_path, files)
     checkpoint.text_encoder = named_text_encoder(config_path)
     return checkpoint

@@ -126,8 +126,7 @@ def open_model(model, t5=None, tokenizer_path=None, variant: str = "minit2i-b-16
     t5 = t5 if t5 is not None else mmjit.text_encoder
     if t5 is None:
         raise MiniT2IError(
-            f"--t5 is missing, and {model} has no config.json naming its text encoder ('llm') nor the text "
-            "width of a known flan-t5; "
+            f"--t5 is missing, and {model} has no config.json naming its text encoder ('llm'); "
             "pass --t5 (google/flan-t5-large, or a path to it)"
         )
     width = mmjit.config.txt_input_size
