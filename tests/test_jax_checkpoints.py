@@ -332,3 +332,34 @@ def test_convert_keeps_the_student_bit_for_bit(student_checkpoint, tmp_path, cap
     for name, value in converted.load().tensors.items():
         assert value.dtype == original[name].dtype and value.tobytes() == original[name].tobytes(), name
     assert sorted(original) == sorted(converted.shapes)
+
+
+def test_a_jax_repo_id_downloads_only_its_checkpoint_once(base_checkpoint, tiny_model, tmp_path, monkeypatch):
+    import threading
+
+    from test_hub import FakeHub, run_cli
+
+    monkeypatch.chdir(tmp_path)
+    checkpoint = cache_files(base_checkpoint)
+    server = FakeHub({"tiny-org/tiny-jax": {**checkpoint, "README.md": b"# card\n",
+                                            "checkpoint_100/_METADATA": b"{}"}})
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        env = {"HF_ENDPOINT": server.url}
+        _, t5 = tiny_model
+        first = run_cli(tmp_path, env, "generate", "-p", "a cat", "--model", "tiny-org/tiny-jax", "--t5", t5,
+                        *SMALL[:-1], "-o", "first.png")  # without -q: the download note
+        assert first.returncode == 0, first.stderr
+        notes = [line for line in first.stderr.splitlines() if line.startswith("minit2i:")]
+        assert len(notes) == 1 and notes[0].startswith("minit2i: downloading tiny-org/tiny-jax checkpoint/")
+        fetched = {path.split("/", 5)[-1] for method, path, _ in server.requests if method == "GET" and "/resolve/" in path}
+        assert fetched == set(checkpoint)
+        before = len(server.requests)
+        again = run_cli(tmp_path, env, "generate", "-p", "a cat", "--model", "tiny-org/tiny-jax", "--t5", t5, *SMALL,
+                        "-o", "again.png")
+        assert (again.returncode, again.stderr, len(server.requests)) == (0, "", before)
+        np.testing.assert_array_equal(pixels("first.png"), pixels("again.png"))
+    finally:
+        server.stopping.set()
+        server.shutdown()
+        server.server_close()
