@@ -352,7 +352,8 @@ def test_a_jax_repo_id_downloads_only_its_checkpoint_once(base_checkpoint, tiny_
         assert first.returncode == 0, first.stderr
         notes = [line for line in first.stderr.splitlines() if line.startswith("minit2i:")]
         assert len(notes) == 1 and notes[0].startswith("minit2i: downloading tiny-org/tiny-jax checkpoint/")
-        fetched = {path.split("/", 5)[-1] for method, path, _ in server.requests if method == "GET" and "/resolve/" in path}
+        fetched = {path.split("/", 5)[-1] for method, path, _ in server.requests
+                   if method == "GET" and "/resolve/" in path}
         assert fetched == set(checkpoint)
         before = len(server.requests)
         again = run_cli(tmp_path, env, "generate", "-p", "a cat", "--model", "tiny-org/tiny-jax", "--t5", t5, *SMALL,
