@@ -135,9 +135,11 @@ def is_repo_id(spec) -> bool:
             and not text.endswith(".safetensors") and not os.path.lexists(os.path.expanduser(text)))
 
 
-# The official JAX repos (MiniT2I/MiniT2I-B-16-jax, ...) hold one Orbax checkpoint folder, `checkpoint/`.
+# The official JAX repos (MiniT2I/MiniT2I-B-16-jax, ...) hold an Orbax checkpoint folder: `checkpoint/` as
+# the Mean Flow code's loader expects, or `checkpoint_<step>/` as the base code's does; offline, with
+# nothing cached, the pattern fetches either.
 JAX_REPO_SUFFIX = "-jax"
-JAX_REPO_FILES = "checkpoint/*"
+JAX_REPO_FILES = "checkpoint*"
 
 
 def mmjit_model(repo_id: str, variant: str = "minit2i-b-16", jax_tree: str | None = None) -> HubModel:

@@ -207,7 +207,7 @@ def test_a_jax_repo_id_offline_and_not_cached_is_one_line(offline_hub, capsys, t
     monkeypatch.chdir(tmp_path)
     code, _, err = cli(capsys, "generate", "-p", "a cat", "--model", "MiniT2I/MiniT2I-B-16-jax", "-q")
     assert code == 2 and err.count("\n") == 1
-    assert 'hf download MiniT2I/MiniT2I-B-16-jax --include "checkpoint/*"' in err
+    assert 'hf download MiniT2I/MiniT2I-B-16-jax --include "checkpoint*"' in err
 
 
 # ---------------------------------------------------------------------------------------------
