@@ -3,18 +3,23 @@
 `check_mmjit_header` / `check_t5_header` judge a checkpoint from its safetensors headers and its
 config alone (names, shapes, dtypes, the config itself), so a wrong file is refused before any
 tensor is read; `minit2i.hub` runs the same checks on a Hub file's header before downloading
-it. The resulting `Checkpoint` is what `info` describes; `Checkpoint.load` reads the tensors.
+it. `check_orbax_checkpoint` does the same for an official JAX (Orbax) checkpoint from its
+`_METADATA` and array metadata. The resulting `Checkpoint` is what `info` describes;
+`Checkpoint.load` reads the tensors, through the reader of the checkpoint's format.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 
 from .checks import Range, short_list
 from .errors import MiniT2IError
+from .flax_layout import TreeChoice, choose_tree, denoiser_root, torch_name, torch_shape
 from .mean_flow_config import MeanFlowConfig, infer_mean_flow_config, is_mean_flow, mean_flow_expected_shapes
 from .mmjit_config import (
     MMJIT_ASSUMED,
@@ -24,6 +29,7 @@ from .mmjit_config import (
     infer_mmjit_config,
     mmjit_expected_shapes,
 )
+from .orbax_file import OrbaxArrays, read_tree_paths
 from .safetensors_file import SUPPORTED_DTYPES, MappedFile
 from .t5_config import (
     T5_ASSUMED,
@@ -86,7 +92,9 @@ class Checkpoint:
 
     `locations` maps each live tensor's name (stripped of any key prefix) to its name in the
     file and the file; `assumed` names the config values that neither a config.json nor the
-    shapes gave. `info` stops here; `load()` reads the tensors.
+    shapes gave. `info` stops here; `load()` reads the tensors, opening each file with
+    `open_file` (a safetensors memory map, or an Orbax folder's arrays; `tree` says which
+    parameter tree of an Orbax checkpoint was chosen).
     """
 
     config: MMJiTConfig | T5Config
@@ -99,6 +107,9 @@ class Checkpoint:
     stored_dtypes: list[str]
     assumed: str = ""
     text_encoder: str | None = None  # the T5 repo a MiniT2I config.json names (`llm`)
+    format: str = "safetensors"
+    open_file: Callable = field(default=MappedFile, repr=False)  # path -> object with .tensor(stored name)
+    tree: TreeChoice | None = None
 
     @property
     def num_parameters(self) -> int:
@@ -106,11 +117,11 @@ class Checkpoint:
 
     def load(self) -> LoadedWeights:
         """Read every live tensor as float32; a NaN or Inf in any of them is a damaged file."""
-        maps: dict[Path, MappedFile] = {}
+        maps = {}
         tensors = {}
         for name, (stored_name, path) in self.locations.items():
             if path not in maps:
-                maps[path] = MappedFile(path)
+                maps[path] = self.open_file(path)
             tensors[name] = maps[path].tensor(stored_name)
             bad = tensors[name].size - int(np.count_nonzero(np.isfinite(tensors[name])))
             if bad:
@@ -136,20 +147,70 @@ def check_mmjit_header(index, config_path: Path | None, files: list) -> Checkpoi
             f"{files[0]}: tensors outside the {prefix!r} prefix: {short_list(others)}; "
             "pass the MiniT2I transformer file alone"
         )
+    config, source, assumed, ignored, expected = _check_denoiser(stripped, config_path, files[0])
+    return _checkpoint(config, files, prefix, source, assumed, ignored, stripped,
+                       {k: prefix + k for k in expected})
+
+
+def check_orbax_checkpoint(folder: Path, tree_request: str | None = None) -> Checkpoint:
+    """Check an official JAX (Orbax) checkpoint folder from `_METADATA` and each leaf's array
+    metadata: the parameter tree (`choose_tree`), then our names and torch-layout shapes
+    (model.md 2.5) against the schema, as `check_mmjit_header` does. No array data is read.
+
+    The tree's denoiser leaves are all checked, so a checkpoint with leaves of no known form is
+    refused naming them; the config is inferred from the shapes (the checkpoint has no
+    config.json) and the text encoder is the flan-t5 of the denoiser's text width, as the
+    official code maps them."""
+    paths = read_tree_paths(folder)
+    tree = _choose_tree(folder, paths, tree_request)
+    root = denoiser_root(paths, tree.root)
+    arrays = OrbaxArrays(folder)
+    index, keys, layouts = {}, {}, {}
+    for path in paths:
+        if path[:len(root)] == root:
+            name, permutation = torch_name(path[len(root):])
+            keys[name] = ".".join(path)
+            dtype, shape, driver = arrays.info(keys[name])
+            index[name], layouts[keys[name]] = (dtype, torch_shape(shape, permutation), folder), (driver, permutation)
+    config, source, assumed, ignored, expected = _check_denoiser(index, None, f"{folder} ({tree.label} tree)")
+    checkpoint = _checkpoint(config, [folder], ".".join(root) + ".", source, assumed, ignored, index,
+                             {k: keys[k] for k in expected})
+    width_name = T5_NAMES_BY_WIDTH.get(config.txt_input_size)
+    checkpoint.text_encoder = f"google/{width_name}" if width_name else None
+    checkpoint.format, checkpoint.tree = "Orbax (JAX)", tree
+    checkpoint.open_file = partial(OrbaxArrays, layouts=layouts)
+    return checkpoint
+
+
+def check_orbax_tree(folder: Path, tree_request: str | None = None) -> TreeChoice:
+    """The parameter tree `check_orbax_checkpoint` would read, from `_METADATA` alone (the Hub
+    check before a download: a wrong `--jax-tree` or a file that is no checkpoint is refused)."""
+    return _choose_tree(folder, read_tree_paths(folder), tree_request)
+
+
+def _choose_tree(folder: Path, paths, tree_request: str | None) -> TreeChoice:
+    try:
+        return choose_tree(paths, tree_request, student=any("time_tokens" in path for path in paths))
+    except MiniT2IError as err:
+        raise MiniT2IError(f"{folder} {err}") from None
+
+
+def _check_denoiser(stripped, config_path: Path | None, label):
+    """(config, its source, assumed values, ignored names, expected schema) of an MMJiT or Mean
+    Flow student's tensors, `stripped` mapping our names to (dtype, shape, file)."""
     shapes = {k: v[1] for k, v in stripped.items() if not k.startswith(MMJIT_DEAD_PREFIXES)}
     # The student is an MMJiT with more tensors; its time tokens tell the two apart (model.md 9.1).
     cls, infer, schema, what = ((MeanFlowConfig, infer_mean_flow_config, mean_flow_expected_shapes,
                                  "Mean Flow student") if is_mean_flow(shapes) else
                                 (MMJiTConfig, infer_mmjit_config, mmjit_expected_shapes, "MMJiT"))
-    config, source, assumed = _config(cls, config_path, infer, shapes, files[0], MMJIT_ASSUMED)
+    config, source, assumed = _config(cls, config_path, infer, shapes, label, MMJIT_ASSUMED)
     expected = schema(config)
     ignored = check_tensors(
         stripped, expected, MMJIT_DEAD_PREFIXES,
-        f"{files[0]} does not match the {what} config ({source})",
+        f"{label} does not match the {what} config ({source})",
         "pass an unmodified MiniT2I transformer checkpoint (and its config.json)",
     )
-    return _checkpoint(config, files, prefix, source, assumed, ignored, stripped,
-                       {k: prefix + k for k in expected})
+    return config, source, assumed, ignored, expected
 
 
 def check_t5_header(index, config_path: Path | None, files: list, expected_d_model: int | None = None) -> Checkpoint:

@@ -144,6 +144,18 @@ def mmjit_expected_shapes(cfg: MMJiTConfig) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
+# Width of the dead t_embedder's sinusoid in the torch port (model.md 2.4).
+DEAD_FREQUENCY_SIZE = 256
+
+
+def mmjit_dead_shapes(cfg: MMJiTConfig) -> dict[str, tuple[int, ...]]:
+    """The dead tensors the torch port declares and loads strictly (model.md 2.4), torch layout."""
+    c = cfg.cond_vec_size
+    return {"t_embedder.mlp.0.weight": (c, DEAD_FREQUENCY_SIZE), "t_embedder.mlp.0.bias": (c,),
+            "t_embedder.mlp.2.weight": (c, c), "t_embedder.mlp.2.bias": (c,),
+            "pooled_embedder.weight": (c, cfg.txt_input_size)}
+
+
 def infer_mmjit_config(shapes: dict[str, tuple[int, ...]]) -> MMJiTConfig:
     """Read the architecture off the tensor shapes; image_size and prompt_length keep defaults."""
     need = ["img_embedder.proj1.weight", "img_embedder.proj2.weight", "txt_embedder.weight",

@@ -18,7 +18,7 @@ from minit2i.core.checks import writable_folder
 from minit2i.core.errors import MiniT2IError
 
 # Subcommands living in their own modules: name -> module with add_parser(subparsers) and run(args).
-SUBCOMMAND_MODULES = ["minit2i.golden", "minit2i.trace"]
+SUBCOMMAND_MODULES = ["minit2i.golden", "minit2i.trace", "minit2i.convert"]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -156,10 +156,12 @@ def add_generate_parser(sub) -> None:
     p.add_argument("-n", "--negative-prompt", default=None,
                    help="not supported by MiniT2I (its unconditional branch is an all-zero text mask)")
     p.add_argument("-m", "--model", "--diffusion-model", dest="model", default=None,
-                   help="MiniT2I transformer: a Hub repo id (MiniT2I/MiniT2I: cached, else downloaded) or a "
-                        "path (.safetensors file, diffusers folder, pipeline repo, HF snapshot or HF cache "
-                        "folder); an existing path wins over a repo id of the same name")
+                   help="MiniT2I transformer: a Hub repo id (MiniT2I/MiniT2I, MiniT2I/MiniT2I-B-16-jax: cached, "
+                        "else downloaded) or a path (.safetensors file, diffusers folder, pipeline repo, JAX "
+                        "checkpoint folder, HF snapshot or HF cache folder); an existing path wins over a repo "
+                        "id of the same name")
     p.add_argument("--variant", default="minit2i-b-16", help="variant inside a pipeline repo (b16, l16, ...)")
+    add_jax_tree_argument(p)
     p.add_argument("--t5", "--t5xxl", dest="t5", default=None,
                    help="text encoder: a Hub repo id or a path (model.safetensors, its folder or an HF cache "
                         "folder); default: the one --model's config.json names (google/flan-t5-large)")
@@ -227,7 +229,7 @@ def run_generate(args) -> int:
     outputs = [check_writable(p) for p in output_paths(Path(args.output), args.batch_count)]
     preview_dir = _preview_dir(args.preview_dir)
     model_path, t5_path = _model_paths(args)
-    files = open_model(model_path, t5_path, args.tokenizer, args.variant)
+    files = open_model(model_path, t5_path, args.tokenizer, args.variant, args.jax_tree)
     settings = sampling_defaults(files) | given
     request = Request(args.prompt, seed=args.seed, batch_count=args.batch_count, **settings)
     validate(request, files, given)
@@ -258,6 +260,14 @@ def run_generate(args) -> int:
     for path in outputs:
         emit(str(path))
     return 0
+
+
+def add_jax_tree_argument(parser) -> None:
+    """--jax-tree: which parameter tree of a JAX (Orbax) training checkpoint to read."""
+    parser.add_argument("--jax-tree", default=None, metavar="TREE",
+                        help="parameter tree of a JAX (Orbax) checkpoint: params (online), ema (the highest EMA "
+                             "key) or ema:KEY; default: the official choice (the highest EMA key; a Mean Flow "
+                             "student's params), `minit2i info` lists the trees")
 
 
 def _model_paths(args) -> tuple[str | Path, str | Path | None]:
@@ -337,6 +347,7 @@ def add_info_parser(sub) -> None:
                    help="MiniT2I transformer or T5 weights (file or folder), or a Hub repo id; "
                         "default: the built-in demo model")
     p.add_argument("--variant", default="minit2i-b-16")
+    add_jax_tree_argument(p)
     p.set_defaults(run=run_info)
 
 
@@ -347,12 +358,12 @@ def run_info(args) -> int:
         emit(describe_demo_model())
         return 0
     if not is_repo_id(args.path):
-        emit(describe(args.path, args.variant))
+        emit(describe(args.path, args.variant, args.jax_tree))
         return 0
     text, snapshot = describe_repo(args.path, args.variant)
     emit(text)
     if snapshot is not None:
-        emit(describe(snapshot, args.variant))
+        emit(describe(snapshot, args.variant, args.jax_tree))
     return 0
 
 
@@ -378,16 +389,25 @@ def describe_demo_model() -> str:
     ])
 
 
-def describe(path, variant: str = "minit2i-b-16") -> str:
+def describe(path, variant: str = "minit2i-b-16", jax_tree: str | None = None) -> str:
     """A short report on what `path` holds, trying MMJiT first, then T5, from the safetensors
-    headers and config.json alone (no tensor is read: `info` on a 3 GB file is instant)."""
+    headers (an Orbax checkpoint's metadata) and config.json alone (no tensor is read: `info` on
+    a 3 GB file is instant)."""
     import dataclasses
 
     from minit2i.core.checks import existing_path
     from minit2i.core.mean_flow_config import MeanFlowConfig
     from minit2i.core.safetensors_file import read_index
 
-    from .model_files import find_mmjit_files, find_t5_files, inspect_mmjit, inspect_t5, local_listing, looks_like_t5
+    from .model_files import (
+        find_mmjit_files,
+        find_t5_files,
+        inspect_mmjit,
+        inspect_t5,
+        is_orbax_folder,
+        local_listing,
+        looks_like_t5,
+    )
     from .pipeline import describe_recipe
 
     root = existing_path(path)
@@ -395,9 +415,9 @@ def describe(path, variant: str = "minit2i-b-16") -> str:
         is_t5 = True
     else:
         files, _ = _try_find(path, variant, find_mmjit_files, find_t5_files)
-        names = read_index(files)
-        is_t5 = any(k in names for k in ("shared.weight", "encoder.embed_tokens.weight"))
-    checkpoint = inspect_t5(path) if is_t5 else inspect_mmjit(path, variant)
+        is_t5 = not is_orbax_folder(files[0]) and any(
+            k in read_index(files) for k in ("shared.weight", "encoder.embed_tokens.weight"))
+    checkpoint = inspect_t5(path) if is_t5 else inspect_mmjit(path, variant, jax_tree)
     student = isinstance(checkpoint.config, MeanFlowConfig)
     kind = "T5 encoder" if is_t5 else ("MiniT2I Mean Flow student (MMJiT + auxiliary prefix, model.md 9)" if student
                                        else "MiniT2I MMJiT transformer")
@@ -415,6 +435,12 @@ def describe(path, variant: str = "minit2i-b-16") -> str:
     if not is_t5:
         lines.append(f"  prefix:     {checkpoint.prefix or '(none)'}")
         lines.append(f"  sampler:    {describe_recipe(checkpoint)}")
+    if checkpoint.tree is not None:
+        lines.insert(2, f"  format:     {checkpoint.format}")
+        lines.append(f"  tree:       {checkpoint.tree.label}: {checkpoint.tree.why}")
+        lines.append(f"  other trees: {', '.join(checkpoint.tree.others) or 'none'} (--jax-tree chooses one)")
+    if checkpoint.text_encoder and checkpoint.tree is not None:
+        lines.append(f"  text encoder: {checkpoint.text_encoder} (the flan-t5 of its text width, as the official code)")
     if checkpoint.ignored:
         lines.append(f"  ignored:    {len(checkpoint.ignored)} tensors ({_ignored_groups(checkpoint.ignored)})")
     return "\n".join(lines)

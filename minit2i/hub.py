@@ -9,8 +9,9 @@ not a path is a repo id. A repo id becomes a snapshot folder of the Hugging Face
 * otherwise the Hub's file list (with sizes) is read, the same `choose_*` rules as for folders pick
   the files, the small ones (config.json, tokenizer.json, a shard index) are fetched, the weights'
   safetensors headers are checked with HTTP range reads (a wrong checkpoint is refused before its
-  data is downloaded), one line says what will be downloaded and how big, and huggingface_hub
-  downloads it (its progress bars, locks and resumable partial files);
+  data is downloaded; of a JAX (Orbax) checkpoint, the `_METADATA` naming its parameter trees is
+  fetched and the tree chosen first), one line says what will be downloaded and how big, and
+  huggingface_hub downloads it (its progress bars, locks and resumable partial files);
 * offline (`HF_HUB_OFFLINE=1`) or Hub unreachable: one `MiniT2IError` naming the repo, the files
   missing from the cache and the `hf download` command that fetches them.
 """
@@ -41,7 +42,7 @@ from huggingface_hub.errors import (
 from huggingface_hub.file_download import repo_folder_name
 from huggingface_hub.utils import get_session, validate_repo_id
 
-from minit2i.core.checkpoint import check_mmjit_header, check_t5_header
+from minit2i.core.checkpoint import check_mmjit_header, check_orbax_tree, check_t5_header
 from minit2i.core.checks import human_size, write_atomically
 from minit2i.core.errors import MiniT2IError
 from minit2i.core.mmjit_config import VARIANT_ALIASES
@@ -53,6 +54,7 @@ from .model_files import (
     cached_snapshot,
     choose_mmjit,
     choose_t5,
+    is_orbax_choice,
     local_listing,
     looks_like_t5,
     read_shard_index,
@@ -117,8 +119,9 @@ class HubModel:
     repo_id: str
     choose: Callable  # (names, where, read_shards) -> Choice, as weights.choose_*
     check: Callable  # (header index, config.json or None, labels) -> Checkpoint, as weights.check_*_header
-    usual: list[str]  # the files it needs when nothing tells otherwise (offline, nothing cached)
+    usual: list[str]  # the files it needs when nothing tells otherwise (offline, nothing cached); may be a pattern
     kind: str
+    jax_tree: str | None = None  # the parameter tree of a JAX (Orbax) checkpoint (--jax-tree)
 
 
 class HubUnreachable(MiniT2IError):
@@ -132,10 +135,18 @@ def is_repo_id(spec) -> bool:
             and not text.endswith(".safetensors") and not os.path.lexists(os.path.expanduser(text)))
 
 
-def mmjit_model(repo_id: str, variant: str = "minit2i-b-16") -> HubModel:
+# The official JAX repos (MiniT2I/MiniT2I-B-16-jax, ...) hold an Orbax checkpoint folder: `checkpoint/` as
+# the Mean Flow code's loader expects, or `checkpoint_<step>/` as the base code's does; offline, with
+# nothing cached, the pattern fetches either.
+JAX_REPO_SUFFIX = "-jax"
+JAX_REPO_FILES = "checkpoint*"
+
+
+def mmjit_model(repo_id: str, variant: str = "minit2i-b-16", jax_tree: str | None = None) -> HubModel:
     folder = VARIANT_ALIASES.get(variant.lower(), variant) + "/transformer/"
+    usual = [JAX_REPO_FILES] if repo_id.endswith(JAX_REPO_SUFFIX) else [folder + "config.json", folder + MMJIT_WEIGHTS]
     return HubModel(repo_id, lambda names, where, read_shards: choose_mmjit(names, variant, where),
-                    check_mmjit_header, [folder + "config.json", folder + MMJIT_WEIGHTS], "MiniT2I transformer")
+                    check_mmjit_header, usual, "MiniT2I transformer", jax_tree)
 
 
 def t5_model(repo_id: str, expected_d_model: int | None = None) -> HubModel:
@@ -151,9 +162,9 @@ def t5_model(repo_id: str, expected_d_model: int | None = None) -> HubModel:
     return HubModel(repo_id, choose, check, ["config.json", T5_WEIGHTS, "tokenizer.json"], "T5 encoder")
 
 
-def resolve_model(spec, variant: str = "minit2i-b-16"):
+def resolve_model(spec, variant: str = "minit2i-b-16", jax_tree: str | None = None):
     """`spec` unchanged if it is a path; for a repo id, the local snapshot folder holding the transformer."""
-    return local_snapshot(mmjit_model(str(spec), variant)) if is_repo_id(spec) else spec
+    return local_snapshot(mmjit_model(str(spec), variant, jax_tree)) if is_repo_id(spec) else spec
 
 
 def resolve_t5(spec, expected_d_model: int | None = None):
@@ -223,9 +234,12 @@ def download(model: HubModel, missing: list[str]) -> Path:
     _record_main(cache_folder(model.repo_id), info.sha)
     todo = [name for name in choice.weights if not (snapshot / name).is_file()]
     if todo:
-        header = _hub(model, todo, lambda: remote_header(api, model.repo_id, info.sha, choice.weights))
-        model.check(header, snapshot / choice.config if choice.config else None,
-                    [f"{model.repo_id}/{name}" for name in todo])
+        if is_orbax_choice(choice):  # an Orbax store has no header to range-read
+            check_orbax_tree((snapshot / choice.index).parent, model.jax_tree)
+        else:
+            header = _hub(model, todo, lambda: remote_header(api, model.repo_id, info.sha, choice.weights))
+            model.check(header, snapshot / choice.config if choice.config else None,
+                        [f"{model.repo_id}/{name}" for name in todo])
         log.info(f"downloading {model.repo_id} {', '.join(todo)}, {human_size(sum(sizes[n] for n in todo))}, once")
         for name in todo:
             fetch(name)
@@ -304,10 +318,12 @@ def _model_for_info(repo_id: str, names: set[str], variant: str) -> HubModel:
 
 
 def not_cached(model: HubModel, missing: list[str], why: str) -> HubUnreachable:
-    them = "it" if len(missing) == 1 else "them"
+    them = "it" if len(missing) == 1 and "*" not in missing[0] else "them"
+    # A pattern (a JAX checkpoint's folder, whose file names only the Hub knows) goes to --include.
+    names = " ".join(f'--include "{name}"' if "*" in name else name for name in missing)
     return HubUnreachable(
         f"{model.repo_id}: {', '.join(missing)} not in the Hugging Face cache ({constants.HF_HUB_CACHE}) "
-        f"and {why}; fetch {them} with: hf download {model.repo_id} {' '.join(missing)}"
+        f"and {why}; fetch {them} with: hf download {model.repo_id} {names}"
     )
 
 

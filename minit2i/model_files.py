@@ -5,7 +5,10 @@ Accepted places:
   * a diffusers model folder (`transformer/` with `diffusion_pytorch_model.safetensors`);
   * the MiniT2I pipeline repo (`minit2i-b-16/transformer/...`, variant picked by name);
   * an HF snapshot folder (`snapshots/<rev>`) or an HF cache repo folder (`models--org--name`),
-    or the HF hub cache root itself (it holds `models--MiniT2I--MiniT2I`, ...).
+    or the HF hub cache root itself (it holds `models--MiniT2I--MiniT2I`, ...);
+  * an official JAX (Orbax) checkpoint, as the official loader finds it: a checkpoint folder
+    (`checkpoint_<step>/`, or `checkpoint/` as on the Hub), a folder holding `checkpoint/`, or one
+    holding several `checkpoint_<step>/` (the latest step wins).
 
 Which files of a folder or Hub repo make up a model is decided once, on a listing of relative
 names (`choose_mmjit`, `choose_t5`): for a local folder the listing is read from disk, for a
@@ -23,10 +26,17 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from minit2i.core.checkpoint import Checkpoint, LoadedWeights, check_mmjit_header, check_t5_header
+from minit2i.core.checkpoint import (
+    Checkpoint,
+    LoadedWeights,
+    check_mmjit_header,
+    check_orbax_checkpoint,
+    check_t5_header,
+)
 from minit2i.core.checks import existing_path, read_json, read_json_object, read_limited, short_list, shown
 from minit2i.core.errors import MiniT2IError
 from minit2i.core.mmjit_config import VARIANT_ALIASES
+from minit2i.core.orbax_file import ORBAX_METADATA
 from minit2i.core.safetensors_file import read_index
 
 HF_REPOS = {"mmjit": "models--MiniT2I--MiniT2I", "t5": "models--google--flan-t5-large"}
@@ -39,6 +49,8 @@ T5_INDEX = "model.safetensors.index.json"
 REF_LIMIT = 4096  # refs/main holds a 40-character commit hash
 # Where tokenizer.json may sit, relative to the T5 weights' folder: a T5 repo, a pipeline's text_encoder/.
 TOKENIZER_PLACES = ("tokenizer.json", "../tokenizer/tokenizer.json", "../tokenizer.json")
+# The folder names the official JAX loader takes for a checkpoint (flax's `checkpoint_<step>`, the Hub's `checkpoint`).
+ORBAX_FOLDER = re.compile(r"checkpoint(_(\d+))?")
 
 
 @dataclass
@@ -57,7 +69,12 @@ class Choice:
 
 
 def choose_mmjit(names: set[str], variant: str, where: str) -> Choice:
-    """The transformer of a file listing: diffusers folder, its parent, a pipeline variant, or a lone file."""
+    """The transformer of a file listing: an Orbax checkpoint, a diffusers folder, its parent, a
+    pipeline variant, or a lone file."""
+    orbax = choose_orbax(names)
+    if orbax is not None:
+        metadata = orbax + ORBAX_METADATA
+        return Choice(sorted(n for n in names if n.startswith(orbax) and n != metadata), None, index=metadata)
     variant = VARIANT_ALIASES.get(variant.lower(), variant)
     for folder in ("", "transformer/", f"{variant}/transformer/"):
         if folder + MMJIT_WEIGHTS in names:
@@ -68,6 +85,17 @@ def choose_mmjit(names: set[str], variant: str, where: str) -> Choice:
             f"{where} has no variant {variant!r}; it has {', '.join(variants)}: pass --variant with one of them"
         )
     return _choice(names, _lone_safetensors(names, where, "MiniT2I transformer", MMJIT_WEIGHTS))
+
+
+def choose_orbax(names: set[str]) -> str | None:
+    """The Orbax checkpoint folder of a file listing, as a prefix ("" for the listing's own root),
+    by the official loader's order: the root itself, `checkpoint/`, the latest `checkpoint_<step>/`;
+    None when the listing holds none. A folder counts when it has its `_METADATA`."""
+    folders = {name.rpartition("/")[0] for name in names if name.rpartition("/")[2] == ORBAX_METADATA}
+    if "" in folders or "checkpoint" in folders:
+        return "" if "" in folders else "checkpoint/"
+    steps = {int(m.group(2)): folder for folder in folders if (m := ORBAX_FOLDER.fullmatch(folder)) and m.group(2)}
+    return steps[max(steps)] + "/" if steps else None
 
 
 def choose_t5(names: set[str], where: str, read_shards) -> Choice:
@@ -126,7 +154,8 @@ def looks_like_t5(names: set[str]) -> bool:
 
 
 def find_mmjit_files(path: str | Path, variant: str = "minit2i-b-16") -> tuple[list[Path], Path | None]:
-    """Resolve any accepted local MMJiT location to (safetensors files, config.json or None)."""
+    """Resolve any accepted local MMJiT location to (safetensors files, config.json or None), or
+    to ([its folder], None) for an Orbax checkpoint (`is_orbax_folder`)."""
     root = existing_path(path, "--model")
     if root.is_file():
         return [root], _sibling_config(root)
@@ -135,7 +164,23 @@ def find_mmjit_files(path: str | Path, variant: str = "minit2i-b-16") -> tuple[l
     if looks_like_t5(names):
         raise MiniT2IError(f"--model {path} holds a T5 text encoder ({short_list(sorted(names), 3)}), not the MiniT2I "
                            "transformer; pass it as --t5 and the transformer folder as --model")
-    return _local_files(root, choose_mmjit(names, variant, str(root)))
+    if ORBAX_FOLDER.fullmatch(root.name) and ORBAX_METADATA not in names:
+        raise MiniT2IError(f"--model {path} is named like a JAX (Orbax) checkpoint folder but has no {ORBAX_METADATA}; "
+                           "the checkpoint is incomplete: download or copy it again")
+    choice = choose_mmjit(names, variant, str(root))
+    if is_orbax_choice(choice):
+        return [root / posixpath.dirname(choice.index)], None
+    return _local_files(root, choice)
+
+
+def is_orbax_choice(choice: Choice) -> bool:
+    """Whether `choose_mmjit` chose an Orbax checkpoint (its `_METADATA` stands as the index)."""
+    return posixpath.basename(choice.index or "") == ORBAX_METADATA
+
+
+def is_orbax_folder(path: Path) -> bool:
+    """Whether a `find_mmjit_files` result names an Orbax checkpoint folder rather than weight files."""
+    return path.is_dir() and (path / ORBAX_METADATA).exists()
 
 
 def find_t5_files(path: str | Path) -> tuple[list[Path], Path | None]:
@@ -172,7 +217,7 @@ def local_listing(root: Path) -> set[str]:
     except OSError as err:
         raise MiniT2IError(f"cannot read the folder {root}: {err.strerror}; check its permissions") from None
     names = set()
-    for pattern in ("*", "*/*", "*/transformer/*"):
+    for pattern in ("*", "*/*", "*/transformer/*", "checkpoint*/**/*"):  # the last: Orbax checkpoints' stores
         names.update(p.relative_to(root).as_posix() for p in root.glob(pattern) if not p.is_dir())
     return names
 
@@ -247,9 +292,15 @@ def _read_ref(ref: Path) -> tuple[str | None, str | None]:
     return commit, None
 
 
-def inspect_mmjit(path: str | Path, variant: str = "minit2i-b-16") -> Checkpoint:
-    """Find and check a local MMJiT checkpoint from its headers and config.json alone."""
+def inspect_mmjit(path: str | Path, variant: str = "minit2i-b-16", jax_tree: str | None = None) -> Checkpoint:
+    """Find and check a local MMJiT checkpoint from its headers and config.json alone (an Orbax
+    one from its metadata, reading the parameter tree `jax_tree` names, by default the official one)."""
     files, config_path = find_mmjit_files(path, variant)
+    if is_orbax_folder(files[0]):
+        return check_orbax_checkpoint(files[0], jax_tree)
+    if jax_tree is not None:
+        raise MiniT2IError(f"--jax-tree chooses a tree of a JAX (Orbax) checkpoint, but {path} is not one; "
+                           "drop --jax-tree")
     checkpoint = check_mmjit_header(read_index(files), config_path, files)
     checkpoint.text_encoder = named_text_encoder(config_path)
     return checkpoint
@@ -262,9 +313,9 @@ def inspect_t5(path: str | Path, expected_d_model: int | None = None) -> Checkpo
     return check_t5_header(read_index(files), config_path, files, expected_d_model)
 
 
-def load_mmjit(path: str | Path, variant: str = "minit2i-b-16") -> LoadedWeights:
+def load_mmjit(path: str | Path, variant: str = "minit2i-b-16", jax_tree: str | None = None) -> LoadedWeights:
     """Load and check an MMJiT checkpoint; tensors keyed without the `model.net.` style prefix."""
-    return inspect_mmjit(path, variant).load()
+    return inspect_mmjit(path, variant, jax_tree).load()
 
 
 def load_t5(path: str | Path, expected_d_model: int | None = None) -> LoadedWeights:

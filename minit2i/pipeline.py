@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from minit2i.core.checkpoint import Checkpoint, LoadedWeights
-from minit2i.core.checks import Range, check_prompt, human_size, read_json_object
+from minit2i.core.checks import Range, check_prompt, human_size, read_json_object, shown
 from minit2i.core.errors import MiniT2IError
 from minit2i.core.images import to_pixels
 from minit2i.core.mean_flow_config import MEAN_FLOW_RECIPE, MeanFlowConfig
@@ -54,12 +54,14 @@ INTERVAL_END = Range(0, 1, integer=False)
 STUDENT_CFG_SCALE = Range(1, 1000, integer=False)
 
 
-def check_guidance_interval(interval) -> tuple[float, float]:
+def check_guidance_interval(interval, name: str = "--guidance-interval") -> tuple[float, float]:
     """(t_min, t_max), both in [0, 1] with t_min <= t_max, as --guidance-interval gives them."""
-    t_min, t_max = (INTERVAL_END.check("--guidance-interval", value) for value in interval)
+    if not (isinstance(interval, (list, tuple)) and len(interval) == 2):
+        raise MiniT2IError(f"{name} must be two numbers t_min t_max in [0, 1], found {shown(interval)}; "
+                           "e.g. 0.2 0.8")
+    t_min, t_max = (INTERVAL_END.check(name, value) for value in interval)
     if t_min > t_max:
-        raise MiniT2IError(f"--guidance-interval {t_min} {t_max} is empty: give the smaller end first, "
-                           f"e.g. --guidance-interval {t_max} {t_min}")
+        raise MiniT2IError(f"{name} {t_min} {t_max} is empty: give the smaller end first, e.g. {t_max} {t_min}")
     return t_min, t_max
 
 
@@ -126,19 +128,21 @@ class ModelFiles:
         return Model(self.mmjit.load(), self.t5.load(), self.tokenizer, self.sampling)
 
 
-def open_model(model, t5=None, tokenizer_path=None, variant: str = "minit2i-b-16") -> ModelFiles:
+def open_model(model, t5=None, tokenizer_path=None, variant: str = "minit2i-b-16",
+               jax_tree: str | None = None) -> ModelFiles:
     """Find and cross-check the MMJiT, the T5 (its width must match) and the tokenizer (its ids
     must fit the T5 embedding), reading configs and headers only.
 
     `model` and `t5` are paths or Hub repo ids (`minit2i.hub`: cached, else downloaded, a wrong T5
     refused from its header first). Without `t5`, the encoder the transformer's config.json names
-    (`llm`, google/flan-t5-large) is used.
+    (`llm`, google/flan-t5-large) is used. `jax_tree` chooses the parameter tree of a JAX (Orbax)
+    checkpoint (`--jax-tree`; by default the official one).
     """
     # Imported here: the GPU parity run (scripts/gpu-check) uses this module on machines whose
     # huggingface_hub predates the 2.x line hub.py needs, and only repo ids need the Hub.
     from .hub import resolve_model, resolve_t5
 
-    mmjit = inspect_mmjit(resolve_model(model, variant), variant)
+    mmjit = inspect_mmjit(resolve_model(model, variant, jax_tree), variant, jax_tree)
     t5 = t5 if t5 is not None else mmjit.text_encoder
     if t5 is None:
         raise MiniT2IError(
@@ -158,9 +162,10 @@ def open_model(model, t5=None, tokenizer_path=None, variant: str = "minit2i-b-16
     return ModelFiles(mmjit, encoder, tokenizer, read_sampling(mmjit.config_source))
 
 
-def load_model(model, t5=None, tokenizer_path=None, variant: str = "minit2i-b-16") -> Model:
+def load_model(model, t5=None, tokenizer_path=None, variant: str = "minit2i-b-16",
+               jax_tree: str | None = None) -> Model:
     """`open_model`, then read the tensors."""
-    return open_model(model, t5, tokenizer_path, variant).load()
+    return open_model(model, t5, tokenizer_path, variant, jax_tree).load()
 
 
 def read_sampling(config_source: str) -> dict:
@@ -176,10 +181,8 @@ def read_sampling(config_source: str) -> dict:
     found = {name: REQUEST_RANGES[name][1].check(f"{path}: sampling.{name}", block[name])
              for name in ("steps", "cfg_scale") if name in block}
     if "guidance_interval" in block:
-        interval = block["guidance_interval"]
-        if not (isinstance(interval, list) and len(interval) == 2):
-            raise MiniT2IError(f"{path}: sampling.guidance_interval must be [t_min, t_max]; fix or delete it")
-        found["guidance_interval"] = check_guidance_interval(interval)
+        found["guidance_interval"] = check_guidance_interval(block["guidance_interval"],
+                                                             f"{path}: sampling.guidance_interval")
     return found
 
 

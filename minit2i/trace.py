@@ -227,6 +227,8 @@ def format_report(diffs: list[LayerDiff], a: Side, b: Side, tolerance: tuple[flo
 
 
 def add_parser(sub) -> None:
+    from .cli import add_jax_tree_argument
+
     p = sub.add_parser("trace", help="compare two backends/precisions layer by layer",
                        description="Run the T5 encoder and one MMJiT forward (noise at t=0; a Mean Flow "
                                    "student: its first sampler step) on two sides "
@@ -240,6 +242,7 @@ def add_parser(sub) -> None:
     p.add_argument("-H", "--height", type=int, default=None, help="default: the model's image size")
     p.add_argument("-m", "--model", "--diffusion-model", dest="model", default=None)
     p.add_argument("--variant", default="minit2i-b-16")
+    add_jax_tree_argument(p)
     p.add_argument("--t5", "--t5xxl", dest="t5", default=None)
     p.add_argument("--tokenizer", default=None)
     p.add_argument("--rtol", type=float, default=None, help="default: by the less precise side")
@@ -260,7 +263,7 @@ def run(args) -> int:
     tolerance = (rtol if args.rtol is None else TOLERANCE_RANGE.check("--rtol", args.rtol),
                  atol if args.atol is None else TOLERANCE_RANGE.check("--atol", args.atol))
     model_path, t5_path = _model_paths(args)
-    files = open_model(model_path, t5_path, args.tokenizer, args.variant)
+    files = open_model(model_path, t5_path, args.tokenizer, args.variant, args.jax_tree)
     size = files.mmjit.config.image_size
     width = size if args.width is None else args.width
     height = size if args.height is None else args.height

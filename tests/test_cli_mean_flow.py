@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+import shutil
+
 import numpy as np
 import pytest
 from PIL import Image
@@ -95,7 +98,8 @@ def test_info_names_the_student_and_its_recipe(tiny_student, capsys):
 @pytest.mark.parametrize("flags, words", [
     (["--a-min", "0.05"], "--a-min is the floor of the base sampler's 1 - t"),
     (["--cfg-scale", "0.5"], "--cfg-scale for a Mean Flow student (omega, 1 = no guidance) must be a number in [1, "),
-    (["--guidance-interval", "0.9", "0.1"], "--guidance-interval 0.9 0.1 is empty: give the smaller end first"),
+    (["--guidance-interval", "0.9", "0.1"], "--guidance-interval 0.9 0.1 is empty: give the smaller end first, e.g. "
+                                            "0.1 0.9"),
     (["--guidance-interval", "0.2", "1.5"], "--guidance-interval must be a number in [0, 1], found 1.5"),
 ])
 def test_bad_student_flags_are_one_line_and_exit_2(tiny_student, tmp_path, capsys, flags, words):
@@ -127,3 +131,18 @@ def test_cudasim_backend_draws_the_same_image(tiny_student, tmp_path, capsys):
     a, b = read_pixels(tmp_path / "numpy.png").astype(int), read_pixels(tmp_path / "cudasim.png").astype(int)
     assert np.abs(a - b).max() <= 1
     assert np.mean(a != b) < 0.01
+
+
+@pytest.mark.parametrize("value, words", [
+    ("0.2-0.8", 'sampling.guidance_interval must be two numbers t_min t_max in [0, 1], found "0.2-0.8" (a string)'),
+    ([0.8, 0.2], "sampling.guidance_interval 0.8 0.2 is empty"),
+])
+def test_bad_guidance_interval_in_config_json_is_one_line(tiny_student, tmp_path, capsys, value, words):
+    transformer = tmp_path / "transformer"
+    shutil.copytree(tiny_student[0], transformer)
+    config = json.loads((transformer / "config.json").read_text())
+    (transformer / "config.json").write_text(json.dumps(config | {"sampling": {"guidance_interval": value}}))
+    code, _, err = run(capsys, "generate", "-p", "a red cat", "--model", str(transformer), "--t5",
+                       str(tiny_student[1]), "-o", "cat.png")
+    assert code == 2 and err.count("\n") == 1 and words in err
+    assert not (tmp_path / "cat.png").exists()

@@ -1,0 +1,105 @@
+"""`minit2i convert SRC DST.safetensors`: a MiniT2I transformer checkpoint, an official JAX (Orbax)
+one in particular, written as safetensors with a config.json beside it (docs/jax-checkpoints.md).
+
+The base MMJiT is written in the hub's diffusers key layout (`model.net.` prefix, model.md 2.1),
+with the dead `t_embedder` / `pooled_embedder` that the torch port loads strictly filled with
+zeros: their sum never reaches the output (model.md 2.4), so zeros change no image. The Mean
+Flow student is written under our names with no prefix, its live tensors only. The config.json
+names the text encoder (`llm`), so the converted file is read back like a released one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+
+from minit2i.core.checks import check_output_file, human_size, write_temporary
+from minit2i.core.config_fields import to_json
+from minit2i.core.errors import MiniT2IError
+from minit2i.core.mean_flow_config import MeanFlowConfig
+from minit2i.core.mmjit_config import mmjit_dead_shapes
+
+DIFFUSERS_PREFIX = "model.net."
+
+
+def add_parser(sub) -> None:
+    from .cli import add_jax_tree_argument
+
+    p = sub.add_parser("convert", help="write a transformer checkpoint (e.g. a JAX one) as safetensors",
+                       description="Read a MiniT2I transformer checkpoint (an official JAX/Orbax checkpoint, a "
+                                   "-jax Hub repo id, or any --model form) and write it as DST.safetensors with "
+                                   "a config.json beside it: the diffusers key layout for the base model, our "
+                                   "names for the Mean Flow student (docs/jax-checkpoints.md).")
+    p.add_argument("source", help="checkpoint path or Hub repo id (as --model takes)")
+    p.add_argument("destination", help="the .safetensors file to write; config.json is written beside it")
+    p.add_argument("--variant", default="minit2i-b-16", help="variant inside a pipeline repo (b16, l16, ...)")
+    add_jax_tree_argument(p)
+    p.add_argument("--force", action="store_true", help="replace an existing DST and the config.json beside it")
+    p.set_defaults(run=run)
+
+
+def run(args) -> int:
+    """The outputs are checked first, then the source's metadata, then its tensors are read."""
+    from .cli import emit
+    from .hub import resolve_model
+    from .model_files import inspect_mmjit
+
+    destination, config_path = check_outputs(Path(args.destination), args.force)
+    checkpoint = inspect_mmjit(resolve_model(args.source, args.variant, args.jax_tree), args.variant, args.jax_tree)
+    weights = checkpoint.load()
+    tensors = converted_tensors(weights.config, weights.tensors)
+    config = json.loads(to_json(weights.config)) | ({"llm": checkpoint.text_encoder} if checkpoint.text_encoder else {})
+    source = f"{checkpoint.format}, {checkpoint.tree.label} tree" if checkpoint.tree else checkpoint.format
+    write_together({destination: lambda f: f.write(safetensors_bytes(tensors, source)),
+                    config_path: lambda f: f.write(json.dumps(config, indent=2).encode())})
+    emit(f"wrote {destination} ({len(tensors)} tensors, {human_size(destination.stat().st_size)}, from the "
+         f"{source}) and {config_path}")
+    return 0
+
+
+def check_outputs(destination: Path, force: bool) -> tuple[Path, Path]:
+    """(DST, the config.json beside it), both writable and, without --force, not there yet."""
+    if destination.suffix != ".safetensors":
+        raise MiniT2IError(f"DST {destination} must be a .safetensors file name; e.g. "
+                           f"{destination.with_suffix('.safetensors').name}")
+    destination = check_output_file(destination, "DST")
+    config_path = check_output_file(destination.parent / "config.json", "DST's config.json")
+    existing = [str(p) for p in (destination, config_path) if os.path.lexists(p)]
+    if existing and not force:
+        raise MiniT2IError(f"{' and '.join(existing)} already exist(s); pass --force to replace, or choose "
+                           "another DST (an empty folder is best: config.json is written beside DST)")
+    return destination, config_path
+
+
+def converted_tensors(config, tensors: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The tensors as the file holds them: the student under our names; the base model with the
+    diffusers prefix and zero dead tensors (read by the official torch loaders, which are strict)."""
+    if isinstance(config, MeanFlowConfig):
+        return dict(tensors)
+    dead = {name: np.zeros(shape, np.float32) for name, shape in mmjit_dead_shapes(config).items()}
+    return {DIFFUSERS_PREFIX + name: value for name, value in {**tensors, **dead}.items()}
+
+
+def safetensors_bytes(tensors: dict[str, np.ndarray], source: str) -> bytes:
+    from safetensors.numpy import save
+
+    # "format": "pt" is what torch's safetensors loaders (diffusers) expect in a weights file.
+    return save({name: np.ascontiguousarray(value) for name, value in tensors.items()},
+                metadata={"format": "pt", "converted_from": source})
+
+
+def write_together(writers: dict[Path, object]) -> None:
+    """Write every file to a temporary file beside it, then rename them all: a failure while
+    writing leaves every target as it was."""
+    temporary = {}
+    try:
+        for path, write in writers.items():
+            temporary[path] = write_temporary(path, write)
+        for path, tmp in temporary.items():
+            os.replace(tmp, path)
+    finally:
+        for tmp in temporary.values():
+            Path(tmp).unlink(missing_ok=True)
