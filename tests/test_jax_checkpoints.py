@@ -334,6 +334,21 @@ def test_convert_keeps_the_student_bit_for_bit(student_checkpoint, tmp_path, cap
     assert sorted(original) == sorted(converted.shapes)
 
 
+def test_the_student_draws_from_orbax_and_converted_alike(student_checkpoint, tiny_student, tmp_path, capsys,
+                                                           monkeypatch):
+    """`generate` on the Orbax student and on its conversion: four steps, the same pixels."""
+    monkeypatch.chdir(tmp_path)
+    _, t5 = tiny_student
+    assert cli(capsys, "convert", student_checkpoint, "student.safetensors")[0] == 0
+    for model, png in ((student_checkpoint, "orbax.png"), ("student.safetensors", "converted.png")):
+        code, out, err = cli(capsys, "generate", "-p", "a red cat", "--model", model, "--t5", t5, "-W", "64", "-H", "64",
+                             "-o", png)
+        assert code == 0, err
+        assert "step 4" in out and "step 5" not in out
+    with Image.open("orbax.png") as a, Image.open("converted.png") as b:
+        assert np.array_equal(np.asarray(a), np.asarray(b))
+
+
 def test_a_jax_repo_id_downloads_only_its_checkpoint_once(base_checkpoint, tiny_model, tmp_path, monkeypatch):
     import threading
 
