@@ -18,8 +18,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 from PIL import Image
+from test_hub import cli, pixels
 
-from minit2i.cli import main
 from minit2i.core.mean_flow_config import MEAN_FLOW_TINY
 from minit2i.core.mmjit_config import MMJIT_TINY, mmjit_dead_shapes
 from minit2i.core.orbax_file import OrbaxArrays
@@ -90,15 +90,6 @@ def write(folder: Path, state: dict, step: int = 5) -> Path:
     return folder / f"checkpoint_{step}"
 
 
-def cli(capsys, *args):
-    code = main([str(a) for a in args])
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
-def pixels(path) -> np.ndarray:
-    with Image.open(path) as image:
-        return np.asarray(image)
 
 
 @pytest.fixture(scope="session")
