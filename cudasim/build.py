@@ -119,6 +119,15 @@ def _prelude_text() -> str:
     return "".join(p.read_text() for p in sorted(INCLUDE.iterdir())) + RUNTIME.read_text()
 
 
+def cache_key(source: str, name: str, flags) -> str:
+    """The cache folder's name: everything the library is built from. The header folder's path is
+    part of it because the debug info records it and `_frame_name` tells the runtime's frames
+    from the kernel's by it: a library built by a checkout elsewhere (a shared CUDASIM_CACHE)
+    would blame its race reports on cudasim.h instead of the kernel's line."""
+    parts = [_prelude_text(), str(INCLUDE), name, source, *flags, compiler_version()]
+    return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:20]
+
+
 def build(source: str, name: str = "kernel.cu", sanitize: bool = False, detectors: bool = False) -> Library:
     """Compile `source` (CUDA C text) into a cached shared library and describe its kernels.
 
@@ -129,8 +138,7 @@ def build(source: str, name: str = "kernel.cu", sanitize: bool = False, detector
         raise BuildError("a build has AddressSanitizer or the detectors, not both (g++ cannot combine them)")
     flags = SANITIZE_FLAGS if sanitize else FLAGS
     unit_flags = DETECTOR_UNIT_FLAGS if detectors else ()
-    key = hashlib.sha256("\0".join([_prelude_text(), name, source, *flags, *unit_flags, compiler_version()]).encode()).hexdigest()[:20]
-    folder = cache_dir() / key
+    folder = cache_dir() / cache_key(source, name, [*flags, *unit_flags])
     library = folder / "kernels.so"
     source_path = folder / name
     if not _intact(folder):

@@ -86,3 +86,33 @@ def test_the_cudasim_backend_reports_a_build_fault_in_one_line(tiny_model, tmp_p
     assert code == 2 and err == ("minit2i: error: the cudasim backend could not build its kernels: g++ could not "
                                  "compile kernels.cu for cudasim: (kernels.cu:1: error: something)\n")
     assert not (tmp_path / "x.png").exists()
+
+
+RACE = """
+extern "C" __global__ void reset_while_counting_for_the_build_tests(int* counter) {
+    if (threadIdx.x == 0) *counter = 0;
+    else atomicAdd(counter, 1);
+}
+"""
+
+
+def race_report() -> str:
+    from minit2i.cudasim import RaceError
+
+    with pytest.raises(RaceError) as info:
+        Module(RACE, name="race.cu").get_function("reset_while_counting_for_the_build_tests")(
+            (1,), (32,), (np.zeros(1, np.int32),))
+    return str(info.value)
+
+
+def test_a_cache_shared_with_a_checkout_elsewhere_still_blames_the_kernel_line(cache, tmp_path, monkeypatch):
+    """The debug info of a library names the header folder it was built with, and race reports
+    skip the runtime's frames by that folder: a library another checkout left in a shared cache
+    must not be reused, or the report blames cudasim.h instead of the kernel's line 4."""
+    elsewhere = tmp_path / "elsewhere" / "include"
+    shutil.copytree(build.INCLUDE, elsewhere)
+    with monkeypatch.context() as patch:
+        patch.setattr(build, "INCLUDE", elsewhere)
+        assert "on line 4;" in race_report()
+    assert "on line 4;" in race_report()
+    assert len(list(cache.glob("*/kernels.so"))) == 2
