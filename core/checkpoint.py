@@ -190,7 +190,7 @@ def check_orbax_tree(folder: Path, tree_request: str | None = None) -> TreeChoic
 
 def _choose_tree(folder: Path, paths, tree_request: str | None) -> TreeChoice:
     try:
-        return choose_tree(paths, tree_request, student=any("time_tokens" in path for path in paths))
+        return choose_tree(paths, tree_request, student=any(is_mean_flow(path) for path in paths))
     except MiniT2IError as err:
         raise MiniT2IError(f"{folder} {err}") from None
 

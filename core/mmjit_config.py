@@ -98,7 +98,9 @@ VARIANT_ALIASES = {
 }
 
 # Key prefixes of the different checkpoint files (model.md 2.1).
-MMJIT_PREFIXES = ("model.diffusion_model.model.net.", "model.diffusion_model.net.", "model.net.", "net.")
+# The hub's diffusers transformer file (model.md 2.1): the layout the demo model and `convert` write.
+DIFFUSERS_PREFIX = "model.net."
+MMJIT_PREFIXES = ("model.diffusion_model.model.net.", "model.diffusion_model.net.", DIFFUSERS_PREFIX, "net.")
 # Computed by the torch ports but never used by the output (model.md 2.4).
 MMJIT_DEAD_PREFIXES = ("t_embedder.", "pooled_embedder.")
 # Fields that tensor shapes cannot tell: without config.json they keep their defaults.

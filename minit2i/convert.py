@@ -20,9 +20,7 @@ from minit2i.core.checks import check_output_file, human_size, write_temporary
 from minit2i.core.config_fields import to_json
 from minit2i.core.errors import MiniT2IError
 from minit2i.core.mean_flow_config import MeanFlowConfig
-from minit2i.core.mmjit_config import mmjit_dead_shapes
-
-DIFFUSERS_PREFIX = "model.net."
+from minit2i.core.mmjit_config import DIFFUSERS_PREFIX, mmjit_dead_shapes
 
 
 def add_parser(sub) -> None:

@@ -26,7 +26,7 @@ from tokenizers import Tokenizer
 
 from minit2i.core.config_fields import to_json
 from minit2i.core.mean_flow_config import denoiser_expected_shapes
-from minit2i.core.mmjit_config import MMJiTConfig
+from minit2i.core.mmjit_config import DIFFUSERS_PREFIX, MMJiTConfig
 from minit2i.core.t5_config import T5Config, t5_expected_shapes
 from minit2i.core.tokenizer import make_t5_style_tokenizer
 
@@ -91,7 +91,7 @@ def _random_weights(shapes: dict[str, tuple[int, ...]], seed: int) -> dict[str, 
 
 
 def write_model(transformer_dir: Path, t5_dir: Path, mmjit: MMJiTConfig, t5: T5Config, seed: int,
-                prefix: str = "model.net.") -> None:
+                prefix: str = DIFFUSERS_PREFIX) -> None:
     """Write a complete model with seeded random weights (float32)."""
     save_model(transformer_dir, t5_dir, mmjit, t5, random_mmjit_weights(mmjit, seed), random_t5_weights(t5, seed + 1),
                make_t5_style_tokenizer(tokenizer_pieces(t5.vocab_size - 3)), prefix=prefix)
@@ -99,7 +99,7 @@ def write_model(transformer_dir: Path, t5_dir: Path, mmjit: MMJiTConfig, t5: T5C
 
 def save_model(transformer_dir: Path, t5_dir: Path, mmjit: MMJiTConfig, t5: T5Config,
                mmjit_weights: dict[str, np.ndarray], t5_weights: dict[str, np.ndarray], tokenizer: Tokenizer,
-               dtype=np.float32, prefix: str = "model.net.", sampling: dict | None = None) -> None:
+               dtype=np.float32, prefix: str = DIFFUSERS_PREFIX, sampling: dict | None = None) -> None:
     """Write a diffusers transformer folder and a T5 folder (with tokenizer.json), tensors in `dtype`.
 
     `sampling` (e.g. {"steps": 20, "cfg_scale": 3.0}) is stored in the transformer's config.json.
