@@ -272,13 +272,16 @@ def add_jax_tree_argument(parser) -> None:
 
 def _model_paths(args) -> tuple[str | Path, str | Path | None]:
     """(model, t5) as paths or Hub repo ids; t5 None means the one the model's config.json names."""
-    if args.model is None and args.t5 is None:
-        from .default_model import default_model_dir
+    from .default_model import built_in_model
 
+    if args.model is None and args.t5 is None:
+        transformer, t5, _ = built_in_model("demo")
         _say(args, "no --model/--t5 given: using the built-in demo model, a tiny MiniT2I trained on "
                    "coloured shapes (docs/demo-model.md)")
-        folder = default_model_dir()
-        return folder / "transformer", folder / "t5"
+        return transformer, t5
+    built_in = built_in_model(args.model)
+    if built_in is not None:
+        return built_in[0], args.t5 or built_in[1]
     if args.model is None:
         raise MiniT2IError("--model is missing: pass --model (e.g. MiniT2I/MiniT2I) with --t5, or neither "
                            "for the default model")
@@ -352,10 +355,11 @@ def add_info_parser(sub) -> None:
 
 
 def run_info(args) -> int:
+    from .default_model import built_in_model
     from .hub import describe_repo, is_repo_id
 
-    if args.path is None:
-        emit(describe_demo_model())
+    if args.path is None or built_in_model(args.path) is not None:
+        emit(describe_built_in(args.path or "demo"))
         return 0
     if not is_repo_id(args.path):
         emit(describe(args.path, args.variant, args.jax_tree))
@@ -367,25 +371,26 @@ def run_info(args) -> int:
     return 0
 
 
-def describe_demo_model() -> str:
-    """What the default model is, what it knows, and the report of both of its folders."""
-    from .default_model import default_model_dir
-    from .pipeline import open_model, sampling_defaults
+def describe_built_in(name: str) -> str:
+    """What a built-in model is, its sampler defaults, the words it knows, and the report of its
+    transformer and T5 folders."""
+    from .default_model import BUILT_IN_MODELS
+    from .pipeline import describe_recipe, open_model
 
-    folder = default_model_dir()
-    model = open_model(folder / "transformer", folder / "t5")
-    defaults = sampling_defaults(model)
+    transformer, t5, what = BUILT_IN_MODELS[name]
+    model = open_model(transformer, t5)
+    flag = "" if name == "demo" else f" --model {name}"
     return "\n".join([
-        "built-in demo model: a tiny MiniT2I trained on procedural coloured shapes (docs/demo-model.md)",
-        f"  folder:     {folder}",
-        f"  defaults:   {defaults['width']}x{defaults['height']}, {defaults['steps']} steps, "
-        f"guidance {defaults['cfg_scale']}",
+        f"built-in model {name}: {what} (docs/demo-model.md)",
+        f"  folders:    {transformer.parent}" + ("" if t5.parent == transformer.parent else f" (T5: {t5.parent})"),
+        f"  sampler:    {describe_recipe(model.mmjit)}",
         f"  words:      {' '.join(model.tokenizer.known_words())}",
-        "  try:        minit2i generate -p \"a large red circle at the left on a gray background\" -o shape.png",
+        f"  try:        minit2i generate{flag} -p \"a large red circle at the left on a gray background\" -o shape.png",
+        f"  also:       {', '.join(n for n in BUILT_IN_MODELS if n != name)} (minit2i info NAME)",
         "",
-        describe(folder / "transformer"),
+        describe(transformer),
         "",
-        describe(folder / "t5"),
+        describe(t5),
     ])
 
 

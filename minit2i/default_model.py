@@ -31,6 +31,8 @@ from minit2i.core.t5_config import T5Config, t5_expected_shapes
 from minit2i.core.tokenizer import make_t5_style_tokenizer
 
 DEMO_MODEL_DIR = Path(__file__).parent / "demo_model"
+# The four-step student distilled from it: only a transformer/ (it reads prompts with the demo T5).
+DEMO_STUDENT_DIR = Path(__file__).parent / "demo_model_mf"
 
 # A small English vocabulary so that prompts to random-weight test models tokenize into words.
 WORDS = (
@@ -45,6 +47,22 @@ WORDS = (
     "beautiful futuristic ancient cinematic colorful watercolor oil digital art 3d render high "
     "quality"
 ).split()
+
+
+# The built-in models by the name `--model` and `info` accept: (transformer folder, T5 folder, what it is).
+BUILT_IN_MODELS = {
+    "demo": (DEMO_MODEL_DIR / "transformer", DEMO_MODEL_DIR / "t5",
+             "a tiny MiniT2I trained on procedural coloured shapes"),
+    "demo-mf": (DEMO_STUDENT_DIR / "transformer", DEMO_MODEL_DIR / "t5",
+                "the demo model distilled into a four-step Mean Flow student"),
+}
+
+
+def built_in_model(name) -> tuple[Path, Path, str] | None:
+    """The built-in model called `name`, unless a file or folder of that name exists (a path wins)."""
+    if not isinstance(name, str) or name not in BUILT_IN_MODELS or Path(name).exists():
+        return None
+    return BUILT_IN_MODELS[name]
 
 
 def default_model_dir() -> Path:
@@ -104,18 +122,25 @@ def save_model(transformer_dir: Path, t5_dir: Path, mmjit: MMJiTConfig, t5: T5Co
 
     `sampling` (e.g. {"steps": 20, "cfg_scale": 3.0}) is stored in the transformer's config.json.
     """
-    transformer_dir.mkdir(parents=True, exist_ok=True)
+    save_transformer(transformer_dir, mmjit, mmjit_weights, dtype, prefix, sampling)
     t5_dir.mkdir(parents=True, exist_ok=True)
-
-    def stored(weights, name_prefix=""):
-        return {name_prefix + k: np.ascontiguousarray(v, dtype=dtype) for k, v in weights.items()}
-
-    save_file(stored(mmjit_weights, prefix), str(transformer_dir / "diffusion_pytorch_model.safetensors"))
-    config = json.loads(to_json(mmjit)) | ({"sampling": sampling} if sampling else {})
-    (transformer_dir / "config.json").write_text(json.dumps(config, indent=2))
-    save_file(stored(t5_weights), str(t5_dir / "model.safetensors"))
+    save_file(_stored(t5_weights, dtype), str(t5_dir / "model.safetensors"))
     (t5_dir / "config.json").write_text(to_json(t5))
     tokenizer.save(str(t5_dir / "tokenizer.json"))
+
+
+def save_transformer(folder: Path, mmjit: MMJiTConfig, weights: dict[str, np.ndarray], dtype=np.float32,
+                     prefix: str = DIFFUSERS_PREFIX, sampling: dict | None = None) -> None:
+    """Write a diffusers transformer folder (config.json with the optional "sampling" block, and
+    diffusion_pytorch_model.safetensors, tensors in `dtype` under `prefix`)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    save_file(_stored(weights, dtype, prefix), str(folder / "diffusion_pytorch_model.safetensors"))
+    config = json.loads(to_json(mmjit)) | ({"sampling": sampling} if sampling else {})
+    (folder / "config.json").write_text(json.dumps(config, indent=2))
+
+
+def _stored(weights: dict[str, np.ndarray], dtype, prefix: str = "") -> dict[str, np.ndarray]:
+    return {prefix + k: np.ascontiguousarray(v, dtype=dtype) for k, v in weights.items()}
 
 
 def tokenizer_pieces(limit: int) -> list[tuple[str, float]]:

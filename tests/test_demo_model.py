@@ -39,6 +39,6 @@ def test_a_small_evaluation_meets_its_floors():
 def test_info_describes_the_demo_model(capsys):
     assert main(["info"]) == 0
     out = capsys.readouterr().out
-    assert out.startswith("built-in demo model: a tiny MiniT2I trained on procedural coloured shapes")
+    assert out.startswith("built-in model demo: a tiny MiniT2I trained on procedural coloured shapes")
     assert "64x64" in out and "words:      a small large red orange" in out
     assert str(default_model_dir()) in out and "T5 encoder" in out and "MMJiT" in out

@@ -29,7 +29,7 @@ import numpy as np
 from minit2i.cli import OneLineParser, emit, guarded
 from minit2i.core.checks import Range, check_output_file, existing_path, write_atomically
 from minit2i.core.images import to_pixels
-from minit2i.reference.sampler import initial_noise, sample
+from minit2i.reference.sampler import initial_noise
 
 from . import shapes
 
@@ -37,6 +37,10 @@ ATTRIBUTES = ("background", "colour", "position", "size", "shape")
 MASK_DISTANCE = 50.0  # the closest shape/background pair (blue on navy) is 150 apart
 MIN_MASK_PIXELS = 16
 BORDER = 2
+# The background metric looks only at pixels at least this far (centre to centre) from the
+# intended shape: an edge may blur into its neighbours, a flat background should not move at all.
+CLEAR_DISTANCE = 4.0
+BACKGROUND_PERCENTILE = 99
 
 
 def _nearest(table: dict[str, tuple[int, int, int]], rgb: np.ndarray) -> str:
@@ -72,6 +76,34 @@ def classify(pixels: np.ndarray) -> dict[str, str | None]:
     return result
 
 
+def clear_of_shape(scene: shapes.Scene) -> np.ndarray:
+    """bool [H, W]: the pixels at least CLEAR_DISTANCE from every pixel of the scene's shape."""
+    shape = shapes.render_mask(scene.shape, shapes.SIZES[scene.size], shapes.POSITIONS[scene.position])
+    near = np.zeros_like(shape)
+    reach = int(np.ceil(CLEAR_DISTANCE))
+    padded = np.pad(shape, reach)
+    size = shape.shape[0]
+    for dy in range(-reach, reach + 1):
+        for dx in range(-reach, reach + 1):
+            if dx * dx + dy * dy < CLEAR_DISTANCE**2:
+                near |= padded[reach + dy:reach + dy + size, reach + dx:reach + dx + size]
+    return ~near
+
+
+def background_error(scenes, pixels) -> dict[str, float]:
+    """{background: the BACKGROUND_PERCENTILE-th percentile of |pixel - background colour| in
+    levels (the largest of the three channels), over the pixels clear of the intended shape of
+    every image on that background}. A faint patch grid or a stray colour shows up here; a clean
+    image scores 0."""
+    errors: dict[str, list[np.ndarray]] = {}
+    for (scene, _, _), image in zip(scenes, pixels):
+        colour = np.array(shapes.BACKGROUNDS[scene.background], dtype=np.int16)
+        deviation = np.abs(image.astype(np.int16) - colour).max(axis=-1)
+        errors.setdefault(scene.background, []).append(deviation[clear_of_shape(scene)])
+    return {name: float(np.percentile(np.concatenate(errors[name]), BACKGROUND_PERCENTILE))
+            for name in shapes.BACKGROUNDS if name in errors}
+
+
 def evaluation_scenes(prompts: int, seeds: int, held_out_prompts: int | None = None):
     """[(scene, seed, held_out)]: `prompts` held-in and `held_out_prompts` (default prompts // 2)
     held-out scenes, spread over the data set by a fixed generator, each with `seeds` seeds."""
@@ -85,32 +117,41 @@ def evaluation_scenes(prompts: int, seeds: int, held_out_prompts: int | None = N
 
 
 def accuracy_report(scenes, pixels) -> dict:
-    """{"held_in": {attribute: accuracy}, "held_out": {...}, "counts": {...}, "shapes": {...}} over
-    the images; "shapes" counts, per prompted shape, the shapes the checker read back."""
-    report, counts = {}, {}
+    """The checker's verdict over the images:
+
+    "held_in", "held_out": {attribute: accuracy}; "shape_by_size": {group: {size: shape accuracy}};
+    "counts": {group: images}; "shapes": per prompted shape, how often each shape was read back;
+    "background_error": `background_error` per background colour.
+    """
+    report, counts, by_size = {}, {}, {}
     shapes_found: dict[str, dict[str, int]] = {s: {} for s in shapes.SHAPES}
     for group, wanted in (("held_in", False), ("held_out", True)):
         pairs = [(scene, classify(p)) for (scene, _, held_out), p in zip(scenes, pixels) if held_out == wanted]
         counts[group] = len(pairs)
         if pairs:
             report[group] = {a: float(np.mean([getattr(s, a) == found[a] for s, found in pairs])) for a in ATTRIBUTES}
+            by_size[group] = {size: float(np.mean([s.shape == found["shape"] for s, found in pairs if s.size == size]))
+                              for size in shapes.SIZES if any(s.size == size for s, _ in pairs)}
         for scene, found in pairs:
             row = shapes_found[scene.shape]
             row[str(found["shape"])] = row.get(str(found["shape"]), 0) + 1
+    report["shape_by_size"] = by_size
     report["counts"] = counts
     report["shapes"] = shapes_found
+    report["background_error"] = background_error(scenes, pixels)
     return report
 
 
-def evaluate_scenes(scenes, tokenizer, encode, denoise, steps: int, cfg_scale: float, batch: int = 64) -> dict:
-    """Draw every (scene, seed) with `encode(ids, mask)` and `denoise` through the reference
-    sampler, in batches, and score them (used by training, where the network is torch)."""
+def evaluate_scenes(scenes, tokenizer, encode, draw, batch: int = 64) -> dict:
+    """Draw every (scene, seed) in batches, with `encode(ids, mask)` -> context and
+    `draw(noise, context, mask)` -> images (a sampler over the network), and score them (used by
+    training, where the network is torch)."""
     pixels = []
     for start in range(0, len(scenes), batch):
         chunk = scenes[start:start + batch]
         ids, mask = tokenizer([scene.caption() for scene, _, _ in chunk])
         noise = np.concatenate([initial_noise(seed, 1, 3, shapes.IMAGE_SIZE, shapes.IMAGE_SIZE) for _, seed, _ in chunk])
-        pixels += list(to_pixels(sample(denoise, noise, encode(ids, mask), mask, steps, cfg_scale)))
+        pixels += list(to_pixels(draw(noise, encode(ids, mask), mask)))
     return accuracy_report(scenes, pixels)
 
 

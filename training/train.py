@@ -46,6 +46,7 @@ from minit2i.core.t5_config import T5Config, t5_expected_shapes
 from minit2i.core.tokenizer import PromptTokenizer, make_word_tokenizer
 from minit2i.default_model import DEMO_MODEL_DIR, save_model
 from minit2i.pipeline import REQUEST_RANGES
+from minit2i.reference.sampler import sample
 
 from . import shapes
 from .evaluate import evaluate_scenes, evaluation_scenes
@@ -66,7 +67,7 @@ SMOKE_T5 = dataclasses.replace(DEMO_T5, d_model=32, d_kv=8, d_ff=64, num_layers=
 class Recipe:
     """Optimisation settings; the defaults are the shipped demo model's (docs/demo-model.md)."""
 
-    steps: int = 3000
+    steps: int = 6000
     batch: int = 32
     lr: float = 1e-3
     warmup: int = 200
@@ -75,8 +76,9 @@ class Recipe:
     weight_decay: float = 0.0
     ema_decay: float = 0.999
     caption_drop: float = 0.1
-    t_mu: float = -0.8
-    t_sigma: float = 0.8
+    t_mu: float = 0.0
+    t_sigma: float = 1.0
+    t_uniform: float = 0.25  # the fraction of t drawn uniformly from [0, 1] instead
     a_min: float = 0.05
     seed: int = 0
 
@@ -139,6 +141,7 @@ def training_batch(recipe: Recipe, tokenizer: PromptTokenizer, step: int):
     dropped = rng.random(recipe.batch) < recipe.caption_drop
     mmjit_mask = mask * ~dropped[:, None]
     t = 1.0 / (1.0 + np.exp(-(recipe.t_mu + recipe.t_sigma * rng.standard_normal(recipe.batch))))
+    t = np.where(rng.random(recipe.batch) < recipe.t_uniform, rng.random(recipe.batch), t)
     noise = rng.standard_normal(images.shape, dtype=np.float32)
     return {name: torch.from_numpy(np.asarray(value)) for name, value in (
         ("images", images), ("ids", ids), ("mask", mask), ("mmjit_mask", mmjit_mask.astype(np.float32)),
@@ -179,7 +182,7 @@ class Run:
         self.folder, self.recipe, self.mmjit, self.t5 = folder, recipe, mmjit, t5
         self.tokenizer = PromptTokenizer(make_word_tokenizer(shapes.vocabulary()), mmjit.prompt_length)
         self.tables = position_tables(mmjit, mmjit.image_size, mmjit.prompt_length)
-        weights = initial_weights(mmjit, t5, recipe.seed)
+        weights = self.initial_weights()
         self.params = {k: torch.tensor(v, requires_grad=True) for k, v in weights.items()}
         self.ema = {k: v.detach().clone() for k, v in self.params.items()}
         self.optimizer = torch.optim.AdamW(self.params.values(), lr=recipe.lr, betas=recipe.betas,
@@ -190,6 +193,10 @@ class Run:
                                "never loaded (unpickling can run code); start a new --run folder")
         if self.checkpoint_path.exists():
             self._resume()
+
+    def initial_weights(self) -> dict[str, np.ndarray]:
+        """The trained parameters at step 0 (flat names)."""
+        return initial_weights(self.mmjit, self.t5, self.recipe.seed)
 
     @property
     def checkpoint_path(self) -> Path:
@@ -261,12 +268,24 @@ class Run:
         with open(self.folder / name, "a") as f:
             f.write(json.dumps(record) + "\n")
 
-    def train_step(self) -> float:
+    def loss(self, step: int) -> tuple[torch.Tensor, dict[str, float]]:
+        """The objective on the batch of `step` (scalar, differentiable in the parameters), and
+        any other numbers worth logging."""
+        batch = training_batch(self.recipe, self.tokenizer, step)
+        return v_loss(self.params, self.mmjit, self.t5, self.tables, batch, self.recipe.a_min), {}
+
+    def evaluate(self, scenes, steps: int, cfg_scale: float) -> dict:
+        """The checker's report on the EMA weights drawing `scenes` (evaluate.accuracy_report)."""
+        encode, denoise = torch_encoder(self), torch_denoiser(self)
+        return evaluate_scenes(scenes, self.tokenizer, encode,
+                               lambda noise, context, mask: sample(denoise, noise, context, mask, steps, cfg_scale))
+
+    def train_step(self) -> dict[str, float]:
+        """One optimiser step; {"loss": the objective before it, ...what `loss` logs}."""
         lr = learning_rate(self.recipe, self.step)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
-        batch = training_batch(self.recipe, self.tokenizer, self.step)
-        loss = v_loss(self.params, self.mmjit, self.t5, self.tables, batch, self.recipe.a_min)
+        loss, logged = self.loss(self.step)
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         self.optimizer.step()
@@ -276,7 +295,7 @@ class Run:
             for k, p in self.params.items():
                 self.ema[k].lerp_(p, 1 - decay)
         self.step += 1
-        return loss.item()
+        return {"loss": loss.item(), **logged}
 
     def export(self, folder: Path, steps: int, cfg_scale: float) -> None:
         """The EMA weights as a float16 model in the real file layouts (minit2i.default_model),
@@ -293,16 +312,20 @@ class Run:
         folder.parent.mkdir(parents=True, exist_ok=True)
         staging = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=folder.parent))
         try:
-            mmjit, t5 = split_flat({k: v.numpy() for k, v in self.ema.items()})
-            save_model(staging / "transformer", staging / "t5", self.mmjit, self.t5, mmjit, t5,
-                       make_word_tokenizer(shapes.vocabulary()), np.float16,
-                       sampling={"steps": steps, "cfg_scale": cfg_scale})
+            self.write_export(staging, steps, cfg_scale)
             log = self.folder / "log.jsonl"
             records = [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
             (staging / "training-log.jsonl").write_text("".join(json.dumps(r) + "\n" for r in compact_log(records)))
             replace_folder(staging, folder)
         finally:
             shutil.rmtree(staging, ignore_errors=True)
+
+
+    def write_export(self, folder: Path, steps: int, cfg_scale: float) -> None:
+        """The EMA weights, float16, as folder/transformer and folder/t5 (the real layouts)."""
+        mmjit, t5 = split_flat({k: v.numpy() for k, v in self.ema.items()})
+        save_model(folder / "transformer", folder / "t5", self.mmjit, self.t5, mmjit, t5,
+                   make_word_tokenizer(shapes.vocabulary()), np.float16, sampling={"steps": steps, "cfg_scale": cfg_scale})
 
 
 # What an export writes: the only entries a folder may hold for export to replace it.
@@ -360,14 +383,21 @@ def replace_folder(new: Path, target: Path) -> None:
     shutil.rmtree(aside)
 
 
+# The per-step numbers an export's training log keeps, averaged per window: the objective, and the
+# student's unweighted error (distill.py), where a run logs it.
+CURVES = ("loss", "error")
+
+
 def compact_log(records: list[dict], window: int = 10) -> list[dict]:
-    """Per-step loss records -> one {"step", "loss"} per `window` steps (their mean), plus every
-    evaluation record, in step order."""
-    losses: dict[int, list[float]] = {}
+    """Per-step records -> one {"step", "loss"[, "error"]} per `window` steps (their means), plus
+    every evaluation record, in step order."""
+    windows: dict[int, list[dict]] = {}
     for r in records:
         if "loss" in r:
-            losses.setdefault((r["step"] - 1) // window, []).append(r["loss"])
-    compact = [{"step": (w + 1) * window, "loss": float(np.mean(v))} for w, v in sorted(losses.items())]
+            windows.setdefault((r["step"] - 1) // window, []).append(r)
+    compact = [{"step": (w + 1) * window} | {name: float(np.mean([r[name] for r in rows]))
+                                             for name in CURVES if all(name in r for r in rows)}
+               for w, rows in sorted(windows.items())]
     return sorted(compact + [r for r in records if "eval" in r], key=lambda r: r["step"])
 
 
@@ -403,17 +433,16 @@ def train(run: Run, eval_every: int, checkpoint_every: int, eval_prompts: int, s
     bar = tqdm(total=run.recipe.steps, initial=run.step, desc="training", unit="step", dynamic_ncols=True)
     started, first_step, recent = time.time(), run.step, []
     while run.step < run.recipe.steps:
-        recent = (recent + [run.train_step()])[-50:]
+        logged = run.train_step()
+        recent = (recent + [logged["loss"]])[-50:]
         bar.update(1)
         bar.set_postfix(loss=f"{np.mean(recent):.4f}", lr=f"{learning_rate(run.recipe, run.step):.1e}")
-        run.log({"step": run.step, "loss": recent[-1], "lr": learning_rate(run.recipe, run.step - 1),
+        run.log({"step": run.step, **logged, "lr": learning_rate(run.recipe, run.step - 1),
                  "seconds": time.time() - started, "steps_this_session": run.step - first_step})
         if run.step % checkpoint_every == 0 or run.step == run.recipe.steps:
             run.save()
         if eval_every and (run.step % eval_every == 0 or run.step == run.recipe.steps):
-            scenes = evaluation_scenes(eval_prompts, seeds=1)
-            report = evaluate_scenes(scenes, run.tokenizer, torch_encoder(run), torch_denoiser(run),
-                                     sample_steps, cfg_scale)
+            report = run.evaluate(evaluation_scenes(eval_prompts, seeds=1), sample_steps, cfg_scale)
             run.log({"step": run.step, "eval": report})
             bar.write(f"step {run.step}: " + ", ".join(f"{k} {v:.0%}" for k, v in report["held_in"].items()))
     bar.close()
@@ -426,7 +455,7 @@ def sweep(run: Run, steps_options: list[int], cfg_options: list[float], eval_pro
     rows = []
     for steps in steps_options:
         for cfg_scale in cfg_options:
-            report = evaluate_scenes(scenes, run.tokenizer, torch_encoder(run), torch_denoiser(run), steps, cfg_scale)
+            report = run.evaluate(scenes, steps, cfg_scale)
             rows.append({"step": run.step, "sweep": {"steps": steps, "cfg_scale": cfg_scale}, "eval": report})
             run.log(rows[-1], "sweep.jsonl")
             emit(f"steps {steps:3d} cfg {cfg_scale:4.1f}: " + "  ".join(

@@ -1,0 +1,278 @@
+"""Distil the four-step demo student (a Mean Flow MMJiT) from the demo model, then export it.
+
+    python -m minit2i.training.distill                     # distil (or resume) runs/demo-mf, export to minit2i/demo_model_mf
+    python -m minit2i.training.distill --teacher DIR --steps 20 --run runs/smoke --export-dir /tmp/smoke-mf
+
+The objective is the official teacher-guided Mean Flow distillation (model.md 9.6), per sample:
+
+* t and r from sigmoid(N(0.8, 0.8)), ordered t >= r, and r = t for the first half of the batch
+  (plain flow matching, whose guidance interval is [0, 1]); otherwise t_min ~ U(0, 0.5) and
+  t_max ~ U(0.5, 1); omega = (1 + cfg_max)^u with u ~ U(0, 1);
+* z = (1 - t) x + t n with n = 2 eps (time runs from data, t = 0, to noise, t = 1);
+* the frozen teacher's guided velocity v_g = omega v_c + (1 - omega) v_u where t_min <= t <= t_max,
+  v_c elsewhere, with v = (z - x0) / clip(t, 0.05, 1) and the unconditional branch an all-zero mask;
+* the student's u(z, t, r) = (z - x0_student(z, h = t - r, omega, t_min, t_max)) / clip(t, 0.05, 1),
+  and its derivative along the flow, du/dt = JVP of u along (dz, dt, dr) = (v_g, 1, 0);
+* loss = |u + (t - r) sg(du/dt) - v_g|^2 summed over pixels, divided by sg(that + 0.01) (adaptive
+  weighting), averaged over the batch.
+
+The student starts as the teacher (every tensor they share is copied, as the official warm start
+does); the prefix's tokens and embedders start small (N(0, 0.02), biases 0) so that the first steps
+draw what the teacher draws. The T5 encoder is the teacher's, frozen: the export holds only the
+transformer, and `generate --model demo-mf` pairs it with the demo model's t5/.
+
+Resuming, determinism per (seed, step), checkpoints and the export's atomic replacement are the
+base run's (train.py); the checkpoint also records the teacher's digest, so a run is never resumed
+against another teacher.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+from minit2i.cli import OneLineParser, emit, guarded
+from minit2i.core.checkpoint import nest
+from minit2i.core.checks import Range, existing_path
+from minit2i.core.mean_flow_config import MeanFlowConfig, mean_flow_expected_shapes
+from minit2i.core.mmjit_config import MMJiTConfig
+from minit2i.default_model import DEMO_MODEL_DIR, DEMO_STUDENT_DIR, save_transformer
+from minit2i.pipeline import REQUEST_RANGES, check_guidance_interval, load_model
+from minit2i.reference.mean_flow_sampler import MIN_TIME, sample_mean_flow
+from minit2i.reference.sampler import NOISE_SCALE
+
+from . import shapes
+from .evaluate import evaluate_scenes
+from .torch_model import mean_flow_forward, mmjit_forward, position_tables, t5_encode, to_torch_tree
+from .train import Run, check_export_dir, train
+
+# Standard deviation of the prefix's new weights (the official initialiser of its tokens and embedders).
+PREFIX_INIT_STD = 0.02
+
+
+@dataclass(frozen=True)
+class DistillRecipe:
+    """Optimisation and sampling settings of the distillation; the defaults are the shipped
+    student's (docs/demo-model.md). The names shared with `train.Recipe` mean the same."""
+
+    steps: int = 2000
+    batch: int = 32
+    lr: float = 3e-4
+    warmup: int = 100
+    final_lr_fraction: float = 0.05
+    betas: tuple[float, float] = (0.9, 0.95)
+    weight_decay: float = 0.0
+    ema_decay: float = 0.999
+    t_mu: float = 0.8
+    t_sigma: float = 0.8
+    flow_matching_fraction: float = 0.5  # rows with r = t ("data_proportion" officially)
+    cfg_max: float = 12.0  # omega = (1 + cfg_max)^u, so 1 <= omega <= 1 + cfg_max
+    norm_eps: float = 0.01
+    norm_p: float = 1.0
+    seed: int = 0
+
+
+def student_config(teacher: MMJiTConfig) -> MeanFlowConfig:
+    """The teacher's trunk with the released student's prefix (8/4/2/2/4 tokens, F = 256)."""
+    return MeanFlowConfig(**dataclasses.asdict(teacher))
+
+
+def student_initial_weights(teacher: dict[str, np.ndarray], config: MeanFlowConfig, seed: int) -> dict[str, np.ndarray]:
+    """float32 student weights: the teacher's where a tensor of that name and shape exists, the
+    prefix's new tensors ~ N(0, PREFIX_INIT_STD) (biases 0)."""
+    rng = np.random.default_rng(seed)
+    weights = {}
+    for name, shape in sorted(mean_flow_expected_shapes(config).items()):
+        if name in teacher:
+            if teacher[name].shape != shape:
+                raise ValueError(f"the teacher's {name} is {list(teacher[name].shape)}, the student's {list(shape)}")
+            weights[name] = teacher[name].astype(np.float32)
+        elif name.endswith("bias"):
+            weights[name] = np.zeros(shape, np.float32)
+        else:
+            weights[name] = (PREFIX_INIT_STD * rng.standard_normal(shape)).astype(np.float32)
+    return weights
+
+
+def distill_batch(recipe: DistillRecipe, tokenizer, step: int) -> dict[str, torch.Tensor]:
+    """Everything random about step `step`: images, ids, mask, t >= r, t_min, t_max, omega, noise."""
+    rng = np.random.default_rng([recipe.seed, step])
+    images, captions = shapes.random_batch(rng, recipe.batch)
+    ids, mask = tokenizer(captions)
+
+    def logit_normal():
+        return 1.0 / (1.0 + np.exp(-(recipe.t_mu + recipe.t_sigma * rng.standard_normal(recipe.batch))))
+
+    t, r = logit_normal(), logit_normal()
+    flow_matching = np.arange(recipe.batch) < int(recipe.batch * recipe.flow_matching_fraction)
+    r = np.where(flow_matching, t, r)
+    t, r = np.maximum(t, r), np.minimum(t, r)
+    t_min = np.where(flow_matching, 0.0, rng.uniform(0.0, 0.5, recipe.batch))
+    t_max = np.where(flow_matching, 1.0, rng.uniform(0.5, 1.0, recipe.batch))
+    omega = np.exp(rng.random(recipe.batch) * np.log1p(recipe.cfg_max))
+    noise = NOISE_SCALE * rng.standard_normal(images.shape, dtype=np.float32)
+    values = {"images": images, "ids": ids, "mask": mask.astype(np.float32), "t": t, "r": r, "t_min": t_min,
+              "t_max": t_max, "omega": omega, "noise": noise}
+    return {name: torch.from_numpy(np.asarray(v, dtype=np.int64 if name == "ids" else np.float32))
+            for name, v in values.items()}
+
+
+def per_sample(values: torch.Tensor) -> torch.Tensor:
+    """[B] -> [B, 1, 1, 1], to scale images."""
+    return values[:, None, None, None]
+
+
+def guided_velocity(teacher, teacher_config: MMJiTConfig, teacher_tables, z, t, omega, context, mask) -> torch.Tensor:
+    """The frozen teacher's guided velocity omega v_c + (1 - omega) v_u at z [B, C, H, W] (t, omega
+    [B]; omega = 1 is the conditional velocity), v = (z - x0) / clip(t, 0.05, 1)."""
+    with torch.no_grad():
+        x0 = mmjit_forward(teacher, teacher_config, teacher_tables, torch.cat([z, z]), torch.cat([context, context]),
+                           torch.cat([mask, torch.zeros_like(mask)]))
+        v_c, v_u = ((torch.cat([z, z]) - x0) / per_sample(torch.cat([t, t]).clamp(MIN_TIME, 1.0))).chunk(2)
+        return per_sample(omega) * v_c + per_sample(1 - omega) * v_u
+
+
+def mean_flow_loss(student, config: MeanFlowConfig, tables, teacher, teacher_config: MMJiTConfig, teacher_tables,
+                   context, batch: dict, recipe: DistillRecipe) -> tuple[torch.Tensor, torch.Tensor]:
+    """(the adaptively weighted Mean Flow loss of the module docstring, scalar; the unweighted
+    mean squared error per pixel, detached, which is what a loss curve can show: the weighted
+    loss of one sample is close to 1 whatever its error)."""
+    t, r, mask = batch["t"], batch["r"], batch["mask"]
+    z = per_sample(1 - t) * batch["images"] + per_sample(t) * batch["noise"]
+    inside = (batch["t_min"] <= t) & (t <= batch["t_max"])
+    v_g = guided_velocity(teacher, teacher_config, teacher_tables, z, t,
+                          torch.where(inside, batch["omega"], torch.ones_like(t)), context, mask)
+
+    def average_velocity(z, t, r):
+        x0 = mean_flow_forward(student, config, tables, z, t - r, batch["omega"], batch["t_min"], batch["t_max"],
+                               context, mask)
+        return (z - x0) / per_sample(t.clamp(MIN_TIME, 1.0))
+
+    # The fused attention kernels have no forward-mode derivative; the plain one (matmul, softmax) has.
+    with sdpa_kernel(SDPBackend.MATH):
+        u, du_dt = torch.func.jvp(average_velocity, (z, t, r), (v_g, torch.ones_like(t), torch.zeros_like(r)))
+    error = ((u + per_sample(t - r) * du_dt.detach() - v_g) ** 2).sum(dim=(1, 2, 3))
+    weighted = (error / (error.detach() + recipe.norm_eps) ** recipe.norm_p).mean()
+    return weighted, error.detach().mean() / z[0].numel()
+
+
+def weights_digest(tensors: dict[str, np.ndarray]) -> str:
+    """The first 16 hex digits of a sha256 over the tensors' names and float32 bytes."""
+    digest = hashlib.sha256()
+    for name in sorted(tensors):
+        digest.update(name.encode() + np.ascontiguousarray(tensors[name], np.float32).tobytes())
+    return digest.hexdigest()[:16]
+
+
+class DistillRun(Run):
+    """A distillation run: the student's weights, EMA and optimiser state are checkpointed like a
+    base run's; the teacher (transformer and T5) is read from `teacher_dir` and stays frozen."""
+
+    def __init__(self, folder: Path, recipe: DistillRecipe, teacher_dir: Path,
+                 guidance_interval: tuple[float, float]):
+        teacher = load_model(teacher_dir / "transformer", teacher_dir / "t5")
+        self.teacher_tensors = teacher.mmjit.tensors
+        self.teacher_config = teacher.mmjit.config
+        self.teacher = to_torch_tree(nest(teacher.mmjit.tensors))
+        self.t5_params = to_torch_tree(nest(teacher.t5.tensors))
+        self.teacher_tables = position_tables(self.teacher_config, self.teacher_config.image_size,
+                                              self.teacher_config.prompt_length)
+        self.guidance_interval = guidance_interval
+        config = student_config(self.teacher_config)
+        super().__init__(folder, recipe, config, teacher.t5.config)
+        self.tables = position_tables(config, config.image_size, config.num_aux_tokens + config.prompt_length,
+                                      unrotated=config.num_aux_tokens)
+
+    def identity(self) -> dict:
+        return super().identity() | {"teacher": weights_digest(self.teacher_tensors)}
+
+    def initial_weights(self) -> dict[str, np.ndarray]:
+        return student_initial_weights(self.teacher_tensors, self.mmjit, self.recipe.seed)
+
+    def encode(self, ids, mask) -> torch.Tensor:
+        with torch.no_grad():
+            return t5_encode(self.t5_params, self.t5, torch.as_tensor(ids), torch.as_tensor(mask))
+
+    def loss(self, step: int) -> tuple[torch.Tensor, dict[str, float]]:
+        batch = distill_batch(self.recipe, self.tokenizer, step)
+        weighted, error = mean_flow_loss(nest(self.params), self.mmjit, self.tables, self.teacher, self.teacher_config,
+                                         self.teacher_tables, self.encode(batch["ids"], batch["mask"]), batch,
+                                         self.recipe)
+        return weighted, {"error": error.item()}
+
+    def evaluate(self, scenes, steps: int, cfg_scale: float) -> dict:
+        """The checker's report on the EMA student drawing `scenes` in `steps` steps with
+        omega = `cfg_scale` over the run's guidance interval."""
+        student = nest(self.ema)
+
+        def denoise(x, h, omega, t_min, t_max, context, mask):
+            with torch.no_grad():
+                scalars = [torch.from_numpy(np.asarray(v, np.float32)) for v in (h, omega, t_min, t_max)]
+                return mean_flow_forward(student, self.mmjit, self.tables, torch.from_numpy(x), *scalars,
+                                         torch.from_numpy(context), torch.from_numpy(mask)).numpy()
+
+        return evaluate_scenes(scenes, self.tokenizer, lambda ids, mask: self.encode(ids, mask).numpy(),
+                               lambda noise, context, mask: sample_mean_flow(denoise, noise, context, mask, steps,
+                                                                             cfg_scale, self.guidance_interval))
+
+    def write_export(self, folder: Path, steps: int, cfg_scale: float) -> None:
+        """The EMA student, float16, as folder/transformer, with its sampler settings."""
+        save_transformer(folder / "transformer", self.mmjit, {k: v.numpy() for k, v in self.ema.items()}, np.float16,
+                         sampling={"steps": steps, "cfg_scale": cfg_scale,
+                                   "guidance_interval": list(self.guidance_interval)})
+
+
+def parse_args(argv=None):
+    p = OneLineParser(prog="distill", description=__doc__.splitlines()[0])
+    p.add_argument("--teacher", type=Path, default=DEMO_MODEL_DIR, help="exported base model (transformer/, t5/)")
+    p.add_argument("--run", type=Path, default=Path("runs/demo-mf"), help="checkpoint and log folder")
+    p.add_argument("--export-dir", type=Path, default=DEMO_STUDENT_DIR, help="where the student is written")
+    p.add_argument("--steps", type=int, default=DistillRecipe.steps)
+    p.add_argument("--batch", type=int, default=DistillRecipe.batch)
+    p.add_argument("--seed", type=int, default=DistillRecipe.seed)
+    p.add_argument("--threads", type=int, default=1, help="torch CPU threads")
+    p.add_argument("--eval-every", type=int, default=500, help="0: never")
+    p.add_argument("--eval-prompts", type=int, default=48)
+    p.add_argument("--checkpoint-every", type=int, default=50)
+    p.add_argument("--sample-steps", type=int, default=4, help="sampler steps of evaluation and export")
+    p.add_argument("--cfg-scale", type=float, default=3.0, help="omega of evaluation and export")
+    p.add_argument("--guidance-interval", type=float, nargs=2, default=[0.0, 1.0], metavar=("T_MIN", "T_MAX"),
+                   help="guidance interval of evaluation and export")
+    p.add_argument("--export-only", action="store_true")
+    return p.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    def command() -> int:
+        args = parse_args(argv)
+        for flag in ("steps", "batch", "eval_prompts", "checkpoint_every"):
+            Range(1, 10**7).check(f"--{flag.replace('_', '-')}", getattr(args, flag))
+        Range(0, 10**7).check("--eval-every", args.eval_every)
+        Range(1, 64).check("--threads", args.threads)
+        REQUEST_RANGES["seed"][1].check("--seed", args.seed)
+        REQUEST_RANGES["steps"][1].check("--sample-steps", args.sample_steps)
+        REQUEST_RANGES["cfg_scale"][1].check("--cfg-scale", args.cfg_scale)
+        interval = check_guidance_interval(args.guidance_interval)
+        existing_path(args.teacher, "--teacher")
+        check_export_dir(args.export_dir, args.run)
+        torch.set_num_threads(args.threads)
+        recipe = dataclasses.replace(DistillRecipe(), steps=args.steps, batch=args.batch, seed=args.seed)
+        run = DistillRun(args.run, recipe, args.teacher, interval)
+        if not args.export_only:
+            train(run, args.eval_every, args.checkpoint_every, args.eval_prompts, args.sample_steps, args.cfg_scale)
+        run.export(args.export_dir, args.sample_steps, args.cfg_scale)
+        emit(f"exported step {run.step} to {args.export_dir}")
+        return 0
+
+    return guarded("distill", command)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
