@@ -333,3 +333,44 @@ fig, axes = plt.subplots(1, len(scales), figsize=(9, 3.3))
 for axis, scale_value in zip(axes, scales):
     picture(axis, run_sampler(scale_value)[0][-1][0], f"guidance {scale_value}")
 plt.show()
+
+# %% [markdown]
+# ## 10. Four steps instead of twenty: the Mean Flow student (model.md 9)
+#
+# The package also ships a student distilled from this model (`--model demo-mf`): the same
+# trunk, plus a prefix of 20 tokens in front of the text that carries the step length h = t - r,
+# the guidance scale omega and the guidance interval (model.md 9.1). It needs no unconditional
+# branch and no small steps: the network itself predicts where a step of length h lands, with
+# guidance already applied. Its sampler runs time the other way (t = 1 is noise, model.md 9.4),
+# each step moving z onto the predicted x0 by the factor (t - r) / t; the last factor is 1, so
+# the image is the last x0. Same prompt, same seed (same starting noise) as the base model.
+
+# %%
+from minit2i.default_model import BUILT_IN_MODELS  # noqa: E402
+from minit2i.reference import mean_flow, mean_flow_sampler  # noqa: E402
+
+student_model = load_model(*BUILT_IN_MODELS["demo-mf"][:2])
+student_config, student_params = student_model.mmjit.config, nest(student_model.mmjit.tensors)
+student_settings = sampling_defaults(student_model)
+print("prefix tokens:", student_config.num_aux_tokens, "| settings:", student_settings)
+
+
+def student_denoise(x, h, omega, t_min, t_max, context, mask):
+    return mean_flow.mean_flow_forward(student_params, student_config, x, h, omega, t_min, t_max, context, mask)
+
+
+student_steps = []
+noise = sampler.initial_noise(SEED, 1, config.in_channels, settings["height"], settings["width"])
+mean_flow_sampler.sample_mean_flow(student_denoise, noise, context, mask, student_settings["steps"],
+                                   student_settings["cfg_scale"], student_settings["guidance_interval"],
+                                   callback=student_steps.append)
+np.testing.assert_array_equal(student_steps[-1].x, student_steps[-1].x0)  # the last factor is exactly 1
+
+fig, axes = plt.subplots(2, len(student_steps) + 1, figsize=(12, 5))
+picture(axes[0, 0], noise[0], "noise, t = 1")
+picture(axes[1, 0], states[-1][0], "base model, 20 steps")
+for i, step in enumerate(student_steps):
+    r = max(step.t - 1 / len(student_steps), 0.0)
+    picture(axes[0, i + 1], step.x[0], f"z after step {i + 1}, t = {r:.2f}")
+    picture(axes[1, i + 1], step.x0[0], f"x0 at t = {step.t:.2f}")
+plt.show()

@@ -3,10 +3,11 @@
     python scripts/make_figures.py            # writes every figure into docs/figures/
 
 dataflow.png: one prompt through the system, with the B/16 shape at every stage.
-x0-steps.png: what the sampler sees at each step on the built-in demo model: x moving onto the
-guided x0 while the shape forms.
-demo-grid.png: prompts and the demo model's images, the held-out colour-shape pairs included.
-demo-loss.png: the demo model's training loss (from minit2i/demo_model/training-log.jsonl).
+x0-steps.png: what each sampler sees at each step, the demo model's (Euler, 10 steps) above the
+four-step student's: x moving onto the x0 while the shape forms.
+demo-grid.png: prompts and both demo models' images, the held-out colour-shape pairs included.
+demo-loss.png: the demo model's training loss and the student's distillation error (from each
+model's training-log.jsonl).
 """
 
 from __future__ import annotations
@@ -19,8 +20,8 @@ import numpy as np
 from PIL import Image, ImageDraw, ImageFont
 
 from minit2i.core.images import grid, save_png, to_pixels
-from minit2i.default_model import default_model_dir
-from minit2i.pipeline import Request, generate, load_model, make_runner, sampling_defaults
+from minit2i.default_model import BUILT_IN_MODELS, DEMO_MODEL_DIR, DEMO_STUDENT_DIR
+from minit2i.pipeline import Request, generate, is_student, load_model, make_runner, sampling_defaults
 from minit2i.training.shapes import HELD_OUT
 
 FIGURES = Path(__file__).resolve().parent.parent / "docs" / "figures"
@@ -121,38 +122,59 @@ def dataflow_figure() -> Image.Image:
 
 
 def x0_steps_figure(steps: int, size: int, zoom: int, prompt: str) -> Image.Image:
-    """Top row: the state x after each step; bottom row: the guided x0 that step aimed at.
+    """Both samplers on one prompt, one block each: the demo model's Euler sampler in `steps`
+    steps, then the four-step student's. Each block's top row is the state x after each step,
+    its bottom row the x0 that step aimed at (the guided one for the base model).
 
     Tiles are enlarged `zoom` times without smoothing, so the patch grid stays visible.
     """
-    model, runner = demo_model()
-    states, previews = [], []
+    blocks = [sampler_block("demo", steps, size, zoom, prompt), sampler_block("demo-mf", None, size, zoom, prompt)]
+    canvas = Image.new("RGB", (max(b.width for b in blocks), sum(b.height for b in blocks) + 20), PAPER)
+    top = 0
+    for block in blocks:
+        canvas.paste(block, (0, top))
+        top += block.height + 20
+    return canvas
+
+
+def sampler_block(name: str, steps: int | None, size: int, zoom: int, prompt: str) -> Image.Image:
+    """x after each step over the x0 of that step, for built-in model `name` (its own step count
+    when `steps` is None), titled with its sampler and labelled with each step's times."""
+    model, runner = built_in(name)
+    states, previews, times = [], [], []
 
     def on_step(info):
         states.append(to_pixels(runner.to_host(info.x))[0])
         previews.append(to_pixels(runner.to_host(info.x0))[0])
+        times.append(info.t)
 
-    settings = sampling_defaults(model) | {"steps": steps, "width": size, "height": size}
+    settings = sampling_defaults(model) | {"width": size, "height": size} | ({"steps": steps} if steps else {})
     generate(model, runner, Request(prompt, seed=42, **settings), on_step)
+    student = is_student(model)
+    ends = times[1:] + [0.0 if student else 1.0]
     tile = size * zoom
-    tiles = grid([p.repeat(zoom, axis=0).repeat(zoom, axis=1) for p in states + previews], columns=steps)
-    label_h, side_w = 40, 90
-    canvas = Image.new("RGB", (side_w + tiles.shape[1], label_h + tiles.shape[0]), PAPER)
-    canvas.paste(Image.fromarray(tiles), (side_w, label_h))
+    tiles = grid([p.repeat(zoom, axis=0).repeat(zoom, axis=1) for p in states + previews], columns=len(states))
+    title_h, label_h, side_w = 26, 40, 90
+    canvas = Image.new("RGB", (side_w + tiles.shape[1], title_h + label_h + tiles.shape[0]), PAPER)
+    canvas.paste(Image.fromarray(tiles), (side_w, title_h + label_h))
     draw = ImageDraw.Draw(canvas)
-    for i in range(steps):
+    title = (f"--model {name}: Mean Flow student, {len(states)} steps, one forward each" if student else
+             f"{name}: Euler x0 -> v, {len(states)} steps, cond + uncond each")
+    draw.text((8, 6), title, fill=INK, font=font(15))
+    for i, (start, end) in enumerate(zip(times, ends)):
         centre = side_w + i * tile + tile // 2
-        draw.text((centre, 12), f"step {i + 1}", fill=INK, font=font(14), anchor="mm")
-        draw.text((centre, 30), f"t {i / steps:.3g} -> {(i + 1) / steps:.3g}", fill=ARROW, font=font(12), anchor="mm")
-    for row, name in enumerate(("x after", "guided x0")):
-        draw.text((side_w // 2, label_h + row * tile + tile // 2), name, fill=INK, font=font(14), anchor="mm")
+        draw.text((centre, title_h + 12), f"step {i + 1}", fill=INK, font=font(14), anchor="mm")
+        draw.text((centre, title_h + 30), f"t {start:.3g} -> {end:.3g}", fill=ARROW, font=font(12), anchor="mm")
+    for row, label in enumerate(("x after", "x0" if student else "guided x0")):
+        draw.text((side_w // 2, title_h + label_h + row * tile + tile // 2), label, fill=INK, font=font(14),
+                  anchor="mm")
     return canvas
 
 
-def demo_model():
-    """(the built-in demo model, a NumPy runner for it)."""
-    folder = default_model_dir()
-    model = load_model(folder / "transformer", folder / "t5")
+def built_in(name: str):
+    """(the built-in model `name`, a NumPy runner for it)."""
+    transformer, t5, _ = BUILT_IN_MODELS[name]
+    model = load_model(transformer, t5)
     return model, make_runner(model)
 
 
@@ -178,32 +200,45 @@ GRID_PROMPTS = (
 
 
 def demo_grid_figure(zoom: int, prompts: tuple[str, ...] = GRID_PROMPTS, columns: int = 4) -> Image.Image:
-    """Each prompt's image (seed 42, the model's default settings) with its caption underneath;
-    prompts naming a held-out colour-shape pair are labelled as such."""
-    model, runner = demo_model()
-    settings = sampling_defaults(model)
-    tile, caption_h, gap = settings["width"] * zoom, 44, 16
-    cell_w, cell_h = tile * 2 + gap, tile + caption_h + gap
+    """Each prompt's image from the demo model (left) and the four-step student (right), seed
+    42 and each model's default settings, with the caption underneath; prompts naming a
+    held-out colour-shape pair are labelled as such."""
+    models = [built_in(name) for name in ("demo", "demo-mf")]
+    size = sampling_defaults(models[0][0])["width"]
+    tile, head_h, caption_h, gap = size * zoom, 22, 44, 16
+    cell_w, cell_h = tile * 2 + 3 * gap, tile + caption_h + gap
     rows = -(-len(prompts) // columns)
-    canvas = Image.new("RGB", (columns * cell_w + gap, rows * cell_h + gap), PAPER)
+    canvas = Image.new("RGB", (columns * cell_w + gap, head_h + rows * cell_h + gap), PAPER)
     draw = ImageDraw.Draw(canvas)
+    draw.text((gap, 4), "left: demo (20 Euler steps)    right: demo-mf (4 Mean Flow steps)    seed 42",
+              fill=INK, font=font(14))
     for i, prompt in enumerate(prompts):
-        pixels = generate(model, runner, Request(prompt, seed=42, **settings)).pixels[0]
-        x, y = gap + (i % columns) * cell_w, gap + (i // columns) * cell_h
-        canvas.paste(Image.fromarray(pixels.repeat(zoom, axis=0).repeat(zoom, axis=1)), (x + tile // 2, y))
+        x, y = gap + (i % columns) * cell_w, head_h + gap + (i // columns) * cell_h
+        for j, (model, runner) in enumerate(models):
+            pixels = generate(model, runner, Request(prompt, seed=42, **sampling_defaults(model))).pixels[0]
+            canvas.paste(Image.fromarray(pixels.repeat(zoom, axis=0).repeat(zoom, axis=1)), (x + j * (tile + gap), y))
         words = prompt.split()
         lines = [" ".join(words[:len(words) // 2 + 1]), " ".join(words[len(words) // 2 + 1:])]
         held_out = any(c in words and s in words for c, s in HELD_OUT)
         for j, line in enumerate(lines + (["(held-out pair)"] if held_out else [])):
-            draw.text((x + cell_w // 2 - gap // 2, y + tile + 10 + 14 * j), line, fill=ARROW if j == 2 else INK,
+            draw.text((x + tile + gap // 2, y + tile + 10 + 14 * j), line, fill=ARROW if j == 2 else INK,
                       font=font(12), anchor="mm")
     return canvas
 
 
-def loss_figure(log_path: Path, width: int = 720, height: int = 360) -> Image.Image:
-    """Training loss (mean over 10-step windows, log scale) against the step."""
+def loss_figure(curves: list[tuple[Path, str, str]], width: int = 720, height: int = 300) -> Image.Image:
+    """One panel per (training log, record key, title): the logged value (10-step means, log
+    scale) against the step."""
+    panels = [loss_panel(path, key, title, width, height) for path, key, title in curves]
+    canvas = Image.new("RGB", (width, height * len(panels)), PAPER)
+    for i, panel in enumerate(panels):
+        canvas.paste(panel, (0, i * height))
+    return canvas
+
+
+def loss_panel(log_path: Path, key: str, title: str, width: int, height: int) -> Image.Image:
     records = [json.loads(line) for line in log_path.read_text().splitlines()]
-    points = [(r["step"], r["loss"]) for r in records if "loss" in r]
+    points = [(r["step"], r[key]) for r in records if key in r]
     left, right, top, bottom = 70, 20, 40, 50
     steps = np.array([p[0] for p in points], dtype=float)
     losses = np.log10([p[1] for p in points])
@@ -215,7 +250,7 @@ def loss_figure(log_path: Path, width: int = 720, height: int = 360) -> Image.Im
         x = left + (width - left - right) * step / steps.max()
         return x, top + (height - top - bottom) * (high - log_loss) / (high - low)
 
-    draw.text((left, 12), "demo model: training loss (v-space MSE)", fill=INK, font=font(15))
+    draw.text((left, 12), title, fill=INK, font=font(15))
     for decade in np.arange(low, high + 1):
         y = xy(0, decade)[1]
         draw.line([(left, y), (width - right, y)], fill=(225, 225, 225))
@@ -236,11 +271,13 @@ def main() -> None:
     parser.add_argument("--prompt", default="a large red circle at the left on a gray background")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
-    log = default_model_dir() / "training-log.jsonl"
+    curves = [(DEMO_MODEL_DIR / "training-log.jsonl", "loss", "demo: training loss (v-space MSE)"),
+              (DEMO_STUDENT_DIR / "training-log.jsonl", "error",
+               "demo-mf: distillation error (unweighted Mean Flow MSE per pixel)")]
     for name, figure in (("dataflow.png", dataflow_figure()),
                          ("x0-steps.png", x0_steps_figure(args.steps, args.size, args.zoom, args.prompt)),
                          ("demo-grid.png", demo_grid_figure(args.zoom)),
-                         ("demo-loss.png", loss_figure(log))):
+                         ("demo-loss.png", loss_figure(curves))):
         print(save_png(np.asarray(figure), args.out / name))
 
 

@@ -1,7 +1,8 @@
 """Judge the demo model like a user would: draw full captions, read back what was drawn.
 
     python -m minit2i.training.evaluate                    # the shipped model, 64 held-in + 32 held-out prompts x 2 seeds
-    python -m minit2i.training.evaluate --prompts 8 --seeds 1 --model-dir DIR
+    python -m minit2i.training.evaluate --model demo-mf        # the four-step student
+    python -m minit2i.training.evaluate --prompts 8 --seeds 1 --model DIR
 
 Images come from the ordinary `generate` path (NumPy backend, the model's default steps and
 guidance). A plain deterministic checker reads each image back:
@@ -155,61 +156,84 @@ def evaluate_scenes(scenes, tokenizer, encode, draw, batch: int = 64) -> dict:
     return accuracy_report(scenes, pixels)
 
 
-def generate_scenes(scenes, model_dir: Path | None) -> list[np.ndarray]:
+def generate_scenes(scenes, model: str | Path = "demo", t5: Path | None = None) -> list[np.ndarray]:
     """Draw every (scene, seed) through minit2i's ordinary generate path with its defaults.
 
-    The seeds of one scene (consecutive in `scenes`) are one request with a batch count, which
-    gives image i the seed first + i, exactly as separate runs would.
+    `model`: a built-in model's name ("demo", "demo-mf") or an exported folder (transformer/ and
+    t5/; a student's export has no t5/ and reads prompts with the demo model's, unless `t5` is
+    given). The seeds of one scene (consecutive in `scenes`) are one request with a batch count,
+    which gives image i the seed first + i, exactly as separate runs would.
     """
-    from minit2i.default_model import default_model_dir
+    from minit2i.default_model import DEMO_MODEL_DIR, built_in_model
     from minit2i.pipeline import Request, generate, load_model, make_runner, sampling_defaults
 
-    folder = model_dir or default_model_dir()
-    model = load_model(folder / "transformer", folder / "t5")
-    runner = make_runner(model, "numpy")
-    defaults = sampling_defaults(model)
+    built_in = built_in_model(model)
+    if built_in is not None:
+        transformer, default_t5, _ = built_in
+    else:
+        transformer, default_t5 = Path(model) / "transformer", Path(model) / "t5"
+        if not default_t5.exists():
+            default_t5 = DEMO_MODEL_DIR / "t5"
+    loaded = load_model(transformer, t5 or default_t5)
+    runner = make_runner(loaded, "numpy")
+    defaults = sampling_defaults(loaded)
     pixels = []
     for (scene, _), group in itertools.groupby(scenes, key=lambda s: (s[0], s[2])):
         seeds = [seed for _, seed, _ in group]
         if seeds != list(range(seeds[0], seeds[0] + len(seeds))):
             raise ValueError(f"the seeds of {scene} are not consecutive: {seeds}")
         request = Request(scene.caption(), seed=seeds[0], batch_count=len(seeds), **defaults)
-        pixels += list(generate(model, runner, request).pixels)
+        pixels += list(generate(loaded, runner, request).pixels)
     return pixels
 
 
 def markdown_table(report: dict) -> str:
-    """The accuracy report as Markdown: accuracy per attribute (rows: held-in, held-out), then
-    which shape the checker read for each prompted shape (all images)."""
-    lines = ["| prompts | images | " + " | ".join(ATTRIBUTES) + " |", "|---" * (len(ATTRIBUTES) + 2) + "|"]
+    """The accuracy report as Markdown: accuracy per attribute, with shape split by size (rows:
+    held-in, held-out), the background error per background colour, then which shape the checker
+    read for each prompted shape (all images)."""
+    sizes = list(shapes.SIZES)
+    columns = [*ATTRIBUTES, *(f"shape, {size}" for size in sizes)]
+    lines = ["| prompts | images | " + " | ".join(columns) + " |", "|---" * (len(columns) + 2) + "|"]
     for group, label in (("held_in", "held-in"), ("held_out", "held-out pairs")):
         if group in report:
-            cells = " | ".join(f"{report[group][a]:.0%}" for a in ATTRIBUTES)
-            lines.append(f"| {label} | {report['counts'][group]} | {cells} |")
-    columns = [*shapes.SHAPES, "None"]
-    lines += ["", "| prompted shape | " + " | ".join(f"read as {c}" for c in columns) + " |",
-              "|---" * (len(columns) + 1) + "|"]
+            by_size = report["shape_by_size"][group]
+            cells = [f"{report[group][a]:.0%}" for a in ATTRIBUTES]
+            cells += [f"{by_size[size]:.0%}" if size in by_size else "-" for size in sizes]
+            lines.append(f"| {label} | {report['counts'][group]} | {' | '.join(cells)} |")
+    errors = report["background_error"]
+    lines += ["", f"| background error (p{BACKGROUND_PERCENTILE}, levels) | " + " | ".join(errors) + " |",
+              "|---" * (len(errors) + 1) + "|", "| | " + " | ".join(f"{v:g}" for v in errors.values()) + " |"]
+    found_columns = [*shapes.SHAPES, "None"]
+    lines += ["", "| prompted shape | " + " | ".join(f"read as {c}" for c in found_columns) + " |",
+              "|---" * (len(found_columns) + 1) + "|"]
     for shape, found in report["shapes"].items():
-        lines.append(f"| {shape} | " + " | ".join(str(found.get(c, 0)) for c in columns) + " |")
+        lines.append(f"| {shape} | " + " | ".join(str(found.get(c, 0)) for c in found_columns) + " |")
     return "\n".join(lines)
 
 
 def main(argv=None) -> int:
+    from minit2i.default_model import built_in_model
+
     def command() -> int:
         p = OneLineParser(prog="evaluate", description=__doc__.splitlines()[0])
         p.add_argument("--prompts", type=int, default=64, help="held-in prompts (held-out: half as many)")
         p.add_argument("--seeds", type=int, default=2)
-        p.add_argument("--model-dir", type=Path, default=None, help="default: the shipped demo model")
+        p.add_argument("--model", default="demo",
+                       help="a built-in model (demo, demo-mf) or an exported folder (transformer/, t5/)")
+        p.add_argument("--t5", type=Path, default=None,
+                       help="T5 folder (default: the model's t5/, else the demo model's)")
         p.add_argument("--json", type=Path, default=None, help="also write the report here")
         args = p.parse_args(argv)
         Range(1, 10**4).check("--prompts", args.prompts)
         Range(1, 10**4).check("--seeds", args.seeds)
-        if args.model_dir is not None:
-            existing_path(args.model_dir, "--model-dir")
+        if built_in_model(args.model) is None:
+            existing_path(args.model, "--model")
+        if args.t5 is not None:
+            existing_path(args.t5, "--t5")
         if args.json is not None:
             check_output_file(args.json, "--json")
         scenes = evaluation_scenes(args.prompts, args.seeds)
-        report = accuracy_report(scenes, generate_scenes(scenes, args.model_dir))
+        report = accuracy_report(scenes, generate_scenes(scenes, args.model, args.t5))
         emit(markdown_table(report))
         if args.json:
             write_atomically(args.json, (json.dumps(report, indent=2) + "\n").encode())
