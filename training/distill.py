@@ -41,6 +41,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from minit2i.cli import OneLineParser, emit, guarded
 from minit2i.core.checkpoint import nest
 from minit2i.core.checks import Range, existing_path
+from minit2i.core.errors import MiniT2IError
 from minit2i.core.mean_flow_config import MeanFlowConfig, mean_flow_expected_shapes
 from minit2i.core.mmjit_config import MMJiTConfig
 from minit2i.default_model import DEMO_MODEL_DIR, DEMO_STUDENT_DIR, save_transformer
@@ -51,7 +52,7 @@ from minit2i.reference.sampler import NOISE_SCALE
 from . import shapes
 from .evaluate import evaluate_scenes
 from .torch_model import mean_flow_forward, mmjit_forward, position_tables, t5_encode, to_torch_tree
-from .train import Run, check_export_dir, train
+from .train import Run, check_export_dir, sweep, train
 
 # Standard deviation of the prefix's new weights (the official initialiser of its tokens and embedders).
 PREFIX_INIT_STD = 0.02
@@ -246,6 +247,11 @@ def parse_args(argv=None):
     p.add_argument("--guidance-interval", type=float, nargs=2, default=[0.0, 1.0], metavar=("T_MIN", "T_MAX"),
                    help="guidance interval of evaluation and export")
     p.add_argument("--export-only", action="store_true")
+    p.add_argument("--sweep", action="store_true",
+                   help="evaluate the checkpoint over --sweep-steps x --sweep-cfg (at --guidance-interval) instead "
+                        "of training")
+    p.add_argument("--sweep-steps", type=int, nargs="+", default=[2, 4, 8])
+    p.add_argument("--sweep-cfg", type=float, nargs="+", default=[2.0, 3.0, 5.0])
     return p.parse_args(argv)
 
 
@@ -257,14 +263,25 @@ def main(argv=None) -> int:
         Range(0, 10**7).check("--eval-every", args.eval_every)
         Range(1, 64).check("--threads", args.threads)
         REQUEST_RANGES["seed"][1].check("--seed", args.seed)
-        REQUEST_RANGES["steps"][1].check("--sample-steps", args.sample_steps)
-        REQUEST_RANGES["cfg_scale"][1].check("--cfg-scale", args.cfg_scale)
+        for flag, name, values in (("--sample-steps", "steps", [args.sample_steps]),
+                                   ("--cfg-scale", "cfg_scale", [args.cfg_scale]),
+                                   ("--sweep-steps", "steps", args.sweep_steps),
+                                   ("--sweep-cfg", "cfg_scale", args.sweep_cfg)):
+            for value in values:
+                REQUEST_RANGES[name][1].check(flag, value)
         interval = check_guidance_interval(args.guidance_interval)
         existing_path(args.teacher, "--teacher")
-        check_export_dir(args.export_dir, args.run)
+        if not args.sweep:
+            check_export_dir(args.export_dir, args.run)
         torch.set_num_threads(args.threads)
         recipe = dataclasses.replace(DistillRecipe(), steps=args.steps, batch=args.batch, seed=args.seed)
         run = DistillRun(args.run, recipe, args.teacher, interval)
+        if (args.sweep or args.export_only) and not run.checkpoint_path.exists():
+            raise MiniT2IError(f"no checkpoint in --run {args.run}: --{'sweep' if args.sweep else 'export-only'} "
+                               "needs a distilled run; distil first (without that flag)")
+        if args.sweep:
+            sweep(run, args.sweep_steps, args.sweep_cfg, args.eval_prompts)
+            return 0
         if not args.export_only:
             train(run, args.eval_every, args.checkpoint_every, args.eval_prompts, args.sample_steps, args.cfg_scale)
         run.export(args.export_dir, args.sample_steps, args.cfg_scale)

@@ -444,8 +444,16 @@ def train(run: Run, eval_every: int, checkpoint_every: int, eval_prompts: int, s
         if eval_every and (run.step % eval_every == 0 or run.step == run.recipe.steps):
             report = run.evaluate(evaluation_scenes(eval_prompts, seeds=1), sample_steps, cfg_scale)
             run.log({"step": run.step, "eval": report})
-            bar.write(f"step {run.step}: " + ", ".join(f"{k} {v:.0%}" for k, v in report["held_in"].items()))
+            bar.write(f"step {run.step}: {summary(report)}")
     bar.close()
+
+
+def summary(report: dict) -> str:
+    """One line of an evaluation report: accuracies per group (background, colour, position,
+    size, shape), shape by size, and the worst background error."""
+    groups = [f"{group} " + " ".join(f"{v:.0%}" for v in report[group].values()) for group in ("held_in", "held_out")]
+    sizes = " ".join(f"{size} {v:.0%}" for size, v in report["shape_by_size"]["held_in"].items())
+    return "  ".join(groups) + f"  shape held-in {sizes}  background p99 <= {max(report['background_error'].values()):g}"
 
 
 def sweep(run: Run, steps_options: list[int], cfg_options: list[float], eval_prompts: int) -> list[dict]:
@@ -458,8 +466,7 @@ def sweep(run: Run, steps_options: list[int], cfg_options: list[float], eval_pro
             report = run.evaluate(scenes, steps, cfg_scale)
             rows.append({"step": run.step, "sweep": {"steps": steps, "cfg_scale": cfg_scale}, "eval": report})
             run.log(rows[-1], "sweep.jsonl")
-            emit(f"steps {steps:3d} cfg {cfg_scale:4.1f}: " + "  ".join(
-                f"{group} " + " ".join(f"{v:.0%}" for v in report[group].values()) for group in ("held_in", "held_out")))
+            emit(f"steps {steps:3d} cfg {cfg_scale:4.1f}: {summary(report)}")
     return rows
 
 
