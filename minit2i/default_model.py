@@ -70,11 +70,12 @@ def default_model_dir() -> Path:
     return DEMO_MODEL_DIR
 
 
-def demo_model_digest() -> str:
-    """The first 16 hex digits of the sha256 of the demo model's two weight files."""
+def built_in_digest(name: str) -> str:
+    """The first 16 hex digits of the sha256 of a built-in model's two weight files."""
+    transformer, t5, _ = BUILT_IN_MODELS[name]
     digest = hashlib.sha256()
-    for name in ("transformer/diffusion_pytorch_model.safetensors", "t5/model.safetensors"):
-        digest.update((DEMO_MODEL_DIR / name).read_bytes())
+    for path in (transformer / "diffusion_pytorch_model.safetensors", t5 / "model.safetensors"):
+        digest.update(path.read_bytes())
     return digest.hexdigest()[:16]
 
 

@@ -60,7 +60,7 @@ from minit2i.reference.pipeline import PRECISIONS, NumpyRunner
 from minit2i.reference.sampler import initial_noise
 from minit2i.reference.t5 import t5_encode
 
-from .default_model import demo_model_digest, random_mmjit_weights, random_t5_weights, tokenizer_pieces
+from .default_model import built_in_digest, random_mmjit_weights, random_t5_weights, tokenizer_pieces
 from .pipeline import Model, Request, generate
 
 GOLDEN_DIR = Path(__file__).resolve().parent.parent / "golden"
@@ -196,10 +196,10 @@ def tiny_sampler_image(recipe: dict, precision: str) -> np.ndarray:
 
 
 def default_model_png(recipe: dict, precision: str) -> np.ndarray:
-    """`minit2i generate` on the built-in demo model with its default settings, read back from the
-    PNG: uint8 [H, W, 3].
+    """`minit2i generate` on a built-in model with its default settings, read back from the PNG:
+    uint8 [H, W, 3].
 
-    The recipe holds the digest of the demo model's weights, so a retrained model makes the item stale.
+    The recipe holds the digest of that model's weights, so a retrained model makes the item stale.
     """
     from PIL import Image
 
@@ -272,7 +272,13 @@ ITEMS = (
                    "--quiet"]},
          default_model_png,
          (PixelCheck("fp32"),),
-         lambda: {"default_model": demo_model_digest()}),
+         lambda: {"default_model": built_in_digest("demo")}),
+    Item("default_student.png",
+         {"argv": ["generate", "--model", "demo-mf", "--prompt", "a small green triangle at the right on a gray "
+                   "background", "--seed", "42", "--quiet"]},
+         default_model_png,
+         (PixelCheck("fp32"),),
+         lambda: {"default_student": built_in_digest("demo-mf")}),
 )
 
 

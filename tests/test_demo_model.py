@@ -15,13 +15,7 @@ from PIL import Image
 
 from minit2i.cli import main
 from minit2i.default_model import BUILT_IN_MODELS
-from minit2i.training.evaluate import (
-    ATTRIBUTES,
-    accuracy_report,
-    classify,
-    evaluation_scenes,
-    generate_scenes,
-)
+from minit2i.training.evaluate import ATTRIBUTES, accuracy_report, classify, evaluation_scenes, generate_scenes
 
 MODELS = list(BUILT_IN_MODELS)
 
