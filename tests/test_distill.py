@@ -172,3 +172,26 @@ def test_bad_distillation_arguments_are_one_line_before_any_work(teacher, tmp_pa
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("distill: error:") and all(w in err for w in words), err
     assert not (tmp_path / "run").exists()
+
+
+def test_a_sweep_evaluates_the_student_at_each_setting(distilled, teacher, capsys):
+    """One line and one sweep.jsonl row per (steps, omega), at the run's guidance interval."""
+    import json
+
+    folder = distilled[0]
+    assert distill.main(["--teacher", str(teacher), "--run", str(folder), "--batch", "4", "--sweep",
+                         "--sweep-steps", "1", "2", "--sweep-cfg", "2", "--eval-prompts", "2",
+                         "--guidance-interval", "0.2", "0.8"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split(":")[0] for line in lines] == ["steps   1 cfg  2.0", "steps   2 cfg  2.0"]
+    rows = [json.loads(line) for line in (folder / "sweep.jsonl").read_text().splitlines()]
+    assert [row["sweep"] for row in rows] == [{"steps": 1, "cfg_scale": 2.0}, {"steps": 2, "cfg_scale": 2.0}]
+    assert rows[0]["eval"]["counts"] == {"held_in": 2, "held_out": 1}
+
+
+def test_nothing_is_swept_or_exported_without_a_checkpoint(teacher, tmp_path, capsys):
+    for flag in ("--sweep", "--export-only"):
+        assert run_distillation(teacher, tmp_path / "run", 2, flag) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and f"{flag} needs a trained run" in err
+    assert not (tmp_path / "run" / "export").exists()

@@ -2,6 +2,7 @@
 
     python -m minit2i.training.distill                     # distil (or resume) runs/demo-mf, export to minit2i/demo_model_mf
     python -m minit2i.training.distill --teacher DIR --steps 20 --run runs/smoke --export-dir /tmp/smoke-mf
+    python -m minit2i.training.distill --sweep --guidance-interval 0.2 0.8   # evaluate the checkpoint's settings
 
 The objective is the official teacher-guided Mean Flow distillation (model.md 9.6), per sample:
 
@@ -38,21 +39,20 @@ import numpy as np
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from minit2i.cli import OneLineParser, emit, guarded
+from minit2i.cli import guarded
 from minit2i.core.checkpoint import nest
-from minit2i.core.checks import Range, existing_path
-from minit2i.core.errors import MiniT2IError
+from minit2i.core.checks import existing_path
 from minit2i.core.mean_flow_config import MeanFlowConfig, mean_flow_expected_shapes
 from minit2i.core.mmjit_config import MMJiTConfig
 from minit2i.default_model import DEMO_MODEL_DIR, DEMO_STUDENT_DIR, save_transformer
-from minit2i.pipeline import REQUEST_RANGES, check_guidance_interval, load_model
+from minit2i.pipeline import check_guidance_interval, load_model
 from minit2i.reference.mean_flow_sampler import MIN_TIME, sample_mean_flow
 from minit2i.reference.sampler import NOISE_SCALE
 
 from . import shapes
 from .evaluate import evaluate_scenes
 from .torch_model import mean_flow_forward, mmjit_forward, position_tables, t5_encode, to_torch_tree
-from .train import Run, check_export_dir, sweep, train
+from .train import Run, check_arguments, execute, run_parser
 
 # Standard deviation of the prefix's new weights (the official initialiser of its tokens and embedders).
 PREFIX_INIT_STD = 0.02
@@ -231,62 +231,25 @@ class DistillRun(Run):
 
 
 def parse_args(argv=None):
-    p = OneLineParser(prog="distill", description=__doc__.splitlines()[0])
+    p = run_parser("distill", __doc__.splitlines()[0])
     p.add_argument("--teacher", type=Path, default=DEMO_MODEL_DIR, help="exported base model (transformer/, t5/)")
-    p.add_argument("--run", type=Path, default=Path("runs/demo-mf"), help="checkpoint and log folder")
-    p.add_argument("--export-dir", type=Path, default=DEMO_STUDENT_DIR, help="where the student is written")
-    p.add_argument("--steps", type=int, default=DistillRecipe.steps)
-    p.add_argument("--batch", type=int, default=DistillRecipe.batch)
-    p.add_argument("--seed", type=int, default=DistillRecipe.seed)
-    p.add_argument("--threads", type=int, default=1, help="torch CPU threads")
-    p.add_argument("--eval-every", type=int, default=500, help="0: never")
-    p.add_argument("--eval-prompts", type=int, default=48)
-    p.add_argument("--checkpoint-every", type=int, default=50)
-    p.add_argument("--sample-steps", type=int, default=4, help="sampler steps of evaluation and export")
-    p.add_argument("--cfg-scale", type=float, default=3.0, help="omega of evaluation and export")
     p.add_argument("--guidance-interval", type=float, nargs=2, default=[0.0, 1.0], metavar=("T_MIN", "T_MAX"),
                    help="guidance interval of evaluation and export")
-    p.add_argument("--export-only", action="store_true")
-    p.add_argument("--sweep", action="store_true",
-                   help="evaluate the checkpoint over --sweep-steps x --sweep-cfg (at --guidance-interval) instead "
-                        "of training")
-    p.add_argument("--sweep-steps", type=int, nargs="+", default=[2, 4, 8])
-    p.add_argument("--sweep-cfg", type=float, nargs="+", default=[2.0, 3.0, 5.0])
+    p.set_defaults(run=Path("runs/demo-mf"), export_dir=DEMO_STUDENT_DIR, steps=DistillRecipe.steps,
+                   batch=DistillRecipe.batch, seed=DistillRecipe.seed, checkpoint_every=50, sample_steps=4,
+                   sweep_steps=[2, 4, 8], sweep_cfg=[2.0, 3.0, 5.0])
     return p.parse_args(argv)
 
 
 def main(argv=None) -> int:
     def command() -> int:
         args = parse_args(argv)
-        for flag in ("steps", "batch", "eval_prompts", "checkpoint_every"):
-            Range(1, 10**7).check(f"--{flag.replace('_', '-')}", getattr(args, flag))
-        Range(0, 10**7).check("--eval-every", args.eval_every)
-        Range(1, 64).check("--threads", args.threads)
-        REQUEST_RANGES["seed"][1].check("--seed", args.seed)
-        for flag, name, values in (("--sample-steps", "steps", [args.sample_steps]),
-                                   ("--cfg-scale", "cfg_scale", [args.cfg_scale]),
-                                   ("--sweep-steps", "steps", args.sweep_steps),
-                                   ("--sweep-cfg", "cfg_scale", args.sweep_cfg)):
-            for value in values:
-                REQUEST_RANGES[name][1].check(flag, value)
+        check_arguments(args)
         interval = check_guidance_interval(args.guidance_interval)
         existing_path(args.teacher, "--teacher")
-        if not args.sweep:
-            check_export_dir(args.export_dir, args.run)
         torch.set_num_threads(args.threads)
         recipe = dataclasses.replace(DistillRecipe(), steps=args.steps, batch=args.batch, seed=args.seed)
-        run = DistillRun(args.run, recipe, args.teacher, interval)
-        if (args.sweep or args.export_only) and not run.checkpoint_path.exists():
-            raise MiniT2IError(f"no checkpoint in --run {args.run}: --{'sweep' if args.sweep else 'export-only'} "
-                               "needs a distilled run; distil first (without that flag)")
-        if args.sweep:
-            sweep(run, args.sweep_steps, args.sweep_cfg, args.eval_prompts)
-            return 0
-        if not args.export_only:
-            train(run, args.eval_every, args.checkpoint_every, args.eval_prompts, args.sample_steps, args.cfg_scale)
-        run.export(args.export_dir, args.sample_steps, args.cfg_scale)
-        emit(f"exported step {run.step} to {args.export_dir}")
-        return 0
+        return execute(DistillRun(args.run, recipe, args.teacher, interval), args)
 
     return guarded("distill", command)
 

@@ -470,14 +470,14 @@ def sweep(run: Run, steps_options: list[int], cfg_options: list[float], eval_pro
     return rows
 
 
-def parse_args(argv=None):
-    p = OneLineParser(prog="train", description=__doc__.splitlines()[0])
+def run_parser(prog: str, description: str) -> OneLineParser:
+    """The flags every training script shares (train.py's defaults; distill.py changes some)."""
+    p = OneLineParser(prog=prog, description=description)
     p.add_argument("--run", type=Path, default=Path("runs/demo"), help="checkpoint and log folder")
     p.add_argument("--export-dir", type=Path, default=DEMO_MODEL_DIR, help="where the trained model is written")
     p.add_argument("--steps", type=int, default=Recipe.steps)
     p.add_argument("--batch", type=int, default=Recipe.batch)
     p.add_argument("--seed", type=int, default=Recipe.seed)
-    p.add_argument("--tiny", action="store_true", help="the smoke-test architecture (CI)")
     p.add_argument("--threads", type=int, default=min(2, os.cpu_count() or 1), help="torch CPU threads")
     p.add_argument("--eval-every", type=int, default=500, help="0: never")
     p.add_argument("--eval-prompts", type=int, default=48)
@@ -489,6 +489,12 @@ def parse_args(argv=None):
                    help="evaluate the checkpoint over --sweep-steps x --sweep-cfg instead of training")
     p.add_argument("--sweep-steps", type=int, nargs="+", default=[10, 20, 40])
     p.add_argument("--sweep-cfg", type=float, nargs="+", default=[1.5, 3.0, 5.0])
+    return p
+
+
+def parse_args(argv=None):
+    p = run_parser("train", __doc__.splitlines()[0])
+    p.add_argument("--tiny", action="store_true", help="the smoke-test architecture (CI)")
     return p.parse_args(argv)
 
 
@@ -527,10 +533,14 @@ def run_command(args) -> int:
     torch.set_num_threads(args.threads)
     recipe = dataclasses.replace(Recipe(), steps=args.steps, batch=args.batch, seed=args.seed)
     mmjit, t5 = (SMOKE_MMJIT, SMOKE_T5) if args.tiny else (DEMO_MMJIT, DEMO_T5)
-    run = Run(args.run, recipe, mmjit, t5)
+    return execute(Run(args.run, recipe, mmjit, t5), args)
+
+
+def execute(run: Run, args) -> int:
+    """Sweep, or train (resuming) and export, as the checked arguments say."""
     if (args.sweep or args.export_only) and not run.checkpoint_path.exists():
         raise MiniT2IError(f"no checkpoint in --run {args.run}: --{'sweep' if args.sweep else 'export-only'} "
-                           "needs a trained run; train first (without that flag)")
+                           "needs a trained run; train (or distil) first, without that flag")
     if args.sweep:
         sweep(run, args.sweep_steps, args.sweep_cfg, args.eval_prompts)
         return 0
