@@ -67,7 +67,7 @@ SMOKE_T5 = dataclasses.replace(DEMO_T5, d_model=32, d_kv=8, d_ff=64, num_layers=
 class Recipe:
     """Optimisation settings; the defaults are the shipped demo model's (docs/demo-model.md)."""
 
-    steps: int = 6000
+    steps: int = 5000
     batch: int = 32
     lr: float = 1e-3
     warmup: int = 200
@@ -76,9 +76,9 @@ class Recipe:
     weight_decay: float = 0.0
     ema_decay: float = 0.999
     caption_drop: float = 0.1
-    t_mu: float = 0.0
+    t_mu: float = -0.4
     t_sigma: float = 1.0
-    t_uniform: float = 0.25  # the fraction of t drawn uniformly from [0, 1] instead
+    t_uniform: float = 0.0  # the fraction of t drawn uniformly from [0, 1] instead
     a_min: float = 0.05
     seed: int = 0
 
