@@ -76,9 +76,8 @@ class Recipe:
     weight_decay: float = 0.0
     ema_decay: float = 0.999
     caption_drop: float = 0.1
-    t_mu: float = -0.4
-    t_sigma: float = 1.0
-    t_uniform: float = 0.0  # the fraction of t drawn uniformly from [0, 1] instead
+    t_mu: float = -0.8
+    t_sigma: float = 0.8
     a_min: float = 0.05
     seed: int = 0
 
@@ -141,7 +140,6 @@ def training_batch(recipe: Recipe, tokenizer: PromptTokenizer, step: int):
     dropped = rng.random(recipe.batch) < recipe.caption_drop
     mmjit_mask = mask * ~dropped[:, None]
     t = 1.0 / (1.0 + np.exp(-(recipe.t_mu + recipe.t_sigma * rng.standard_normal(recipe.batch))))
-    t = np.where(rng.random(recipe.batch) < recipe.t_uniform, rng.random(recipe.batch), t)
     noise = rng.standard_normal(images.shape, dtype=np.float32)
     return {name: torch.from_numpy(np.asarray(value)) for name, value in (
         ("images", images), ("ids", ids), ("mask", mask), ("mmjit_mask", mmjit_mask.astype(np.float32)),
