@@ -101,24 +101,33 @@ def figures():
 
 
 def test_figure_script_draws_the_demo_figures(figures, tmp_path):
+    """The grid: per prompt, the demo model's and the student's tiles side by side; the loss
+    figure: one panel per log."""
     grid = figures.demo_grid_figure(zoom=1, prompts=figures.GRID_PROMPTS[8:10], columns=2)
-    assert grid.size == (16 + 2 * (2 * 64 + 16), 16 + (64 + 44 + 16))
+    assert grid.size == (16 + 2 * (2 * 64 + 3 * 16), 22 + 16 + (64 + 44 + 16))
     log = tmp_path / "log.jsonl"
-    log.write_text("".join(f'{{"step": {10 * k}, "loss": {1 / k}}}\n' for k in range(1, 50)) + '{"step": 500, "eval": {}}\n')
-    assert figures.loss_figure(log).size == (720, 360)
+    log.write_text("".join(f'{{"step": {10 * k}, "loss": {1 / k}, "error": {2 / k}}}\n' for k in range(1, 50))
+                   + '{"step": 500, "eval": {}}\n')
+    assert figures.loss_figure([(log, "loss", "base"), (log, "error", "student")]).size == (720, 600)
 
 
-def test_figure_script_draws_the_dataflow_and_the_steps(figures):
+def test_figure_script_draws_the_dataflow_and_both_samplers_steps(figures):
     dataflow = figures.dataflow_figure()
     assert dataflow.size[0] > 1000 and dataflow.size[1] > 800
     steps = figures.x0_steps_figure(steps=3, size=32, zoom=1, prompt="a red circle")
-    assert steps.size == (90 + 3 * 32, 40 + 2 * 32)
-    # The last step lands on the guided x0: the two rows of the last column agree (to the one
-    # float32 rounding of x + (x0 - x), so within a level).
-    last_column = np.asarray(steps.crop((90 + 2 * 32, 40, 90 + 3 * 32, 40 + 2 * 32)), dtype=np.int16)
-    assert np.abs(last_column[:32] - last_column[32:]).max() <= 1
-    first_column = np.asarray(steps.crop((90, 40, 90 + 32, 40 + 2 * 32)), dtype=np.int16)
-    assert np.abs(first_column[:32] - first_column[32:]).max() > 50
+    block_h = 26 + 40 + 2 * 32  # title, step labels, two rows of tiles
+    assert steps.size == (90 + 4 * 32, 2 * block_h + 20)  # the student's block: its 4 steps
+    pixels = np.asarray(steps, dtype=np.int16)
+
+    def column(block: int, step: int) -> np.ndarray:
+        top = block * (block_h + 20) + 66
+        return pixels[top:top + 64, 90 + step * 32:90 + (step + 1) * 32]
+
+    # Each sampler's last step lands on its x0: the two rows of the last column agree (to the
+    # one float32 rounding of x + (x0 - x), so within a level); the first step is far from it.
+    for block, last in ((0, 2), (1, 3)):
+        assert np.abs(column(block, last)[:32] - column(block, last)[32:]).max() <= 1
+        assert np.abs(column(block, 0)[:32] - column(block, 0)[32:]).max() > 50
 
 
 # ---------------------------------------------------------------------------------------------
