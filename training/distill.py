@@ -52,32 +52,25 @@ from minit2i.reference.sampler import NOISE_SCALE
 from . import shapes
 from .evaluate import evaluate_scenes
 from .torch_model import mean_flow_forward, mmjit_forward, position_tables, t5_encode, to_torch_tree
-from .train import Run, check_arguments, execute, run_parser
+from .train import Run, Schedule, check_arguments, execute, run_parser
 
 # Standard deviation of the prefix's new weights (the official initialiser of its tokens and embedders).
 PREFIX_INIT_STD = 0.02
 
 
 @dataclass(frozen=True)
-class DistillRecipe:
-    """Optimisation and sampling settings of the distillation; the defaults are the shipped
-    student's (docs/demo-model.md). The names shared with `train.Recipe` mean the same."""
+class DistillRecipe(Schedule):
+    """The distillation's settings; the defaults are the shipped student's (docs/demo-model.md)."""
 
-    steps: int = 2000
-    batch: int = 32
+    steps: int = 1500
     lr: float = 3e-4
     warmup: int = 100
-    final_lr_fraction: float = 0.05
-    betas: tuple[float, float] = (0.9, 0.95)
-    weight_decay: float = 0.0
-    ema_decay: float = 0.999
     t_mu: float = 0.8
     t_sigma: float = 0.8
     flow_matching_fraction: float = 0.5  # rows with r = t ("data_proportion" officially)
     cfg_max: float = 12.0  # omega = (1 + cfg_max)^u, so 1 <= omega <= 1 + cfg_max
     norm_eps: float = 0.01
     norm_p: float = 1.0
-    seed: int = 0
 
 
 def student_config(teacher: MMJiTConfig) -> MeanFlowConfig:
@@ -236,8 +229,7 @@ def parse_args(argv=None):
     p.add_argument("--guidance-interval", type=float, nargs=2, default=[0.0, 1.0], metavar=("T_MIN", "T_MAX"),
                    help="guidance interval of evaluation and export")
     p.set_defaults(run=Path("runs/demo-mf"), export_dir=DEMO_STUDENT_DIR, steps=DistillRecipe.steps,
-                   batch=DistillRecipe.batch, seed=DistillRecipe.seed, checkpoint_every=50, sample_steps=4,
-                   sweep_steps=[2, 4, 8], sweep_cfg=[2.0, 3.0, 5.0])
+                   checkpoint_every=50, sample_steps=4, sweep_steps=[2, 4, 8], sweep_cfg=[2.0, 3.0, 5.0])
     return p.parse_args(argv)
 
 
