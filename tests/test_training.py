@@ -169,17 +169,6 @@ def test_export_is_reproduced_by_the_numpy_reference(trained):
     np.testing.assert_allclose(ours, theirs, rtol=1e-5, atol=1e-5 * np.abs(theirs).max())
 
 
-def test_edge_mask_marks_both_sides_of_every_outline():
-    """A 16 x 16 square: its own outer ring (60 pixels) and the ring of background touching it
-    through a side (4 x 16 = 64; diagonal neighbours do not count); a plain image has none."""
-    square = shapes.Scene("small", "red", "square", "center", "gray")
-    images = shapes.to_model_range(np.stack([shapes.render(square), np.full((64, 64, 3), 128, np.uint8)]))
-    mask = train.edge_mask(images)
-    assert mask.shape == (2, 1, 64, 64) and mask[0].sum() == 60 + 64 and mask[1].sum() == 0
-    inside = shapes.render_mask("square", 16, (32, 32))
-    assert mask[0, 0][inside].sum() == 60
-
-
 def test_learning_rate_warms_up_then_decays_to_its_floor():
     recipe = train.Recipe(steps=1000, warmup=100)
     lrs = [train.learning_rate(recipe, k) for k in range(1001)]

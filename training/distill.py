@@ -30,7 +30,6 @@ against another teacher.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -52,7 +51,7 @@ from minit2i.reference.sampler import NOISE_SCALE
 from . import shapes
 from .evaluate import evaluate_scenes
 from .torch_model import mean_flow_forward, mmjit_forward, position_tables, t5_encode, to_torch_tree
-from .train import Run, Schedule, check_arguments, execute, run_parser
+from .train import Run, Schedule, check_arguments, execute, run_parser, schedule_arguments, weights_digest
 
 # Standard deviation of the prefix's new weights (the official initialiser of its tokens and embedders).
 PREFIX_INIT_STD = 0.02
@@ -157,14 +156,6 @@ def mean_flow_loss(student, config: MeanFlowConfig, tables, teacher, teacher_con
     return weighted, error.detach().mean() / z[0].numel()
 
 
-def weights_digest(tensors: dict[str, np.ndarray]) -> str:
-    """The first 16 hex digits of a sha256 over the tensors' names and float32 bytes."""
-    digest = hashlib.sha256()
-    for name in sorted(tensors):
-        digest.update(name.encode() + np.ascontiguousarray(tensors[name], np.float32).tobytes())
-    return digest.hexdigest()[:16]
-
-
 class DistillRun(Run):
     """A distillation run: the student's weights, EMA and optimiser state are checkpointed like a
     base run's; the teacher (transformer and T5) is read from `teacher_dir` and stays frozen."""
@@ -229,6 +220,7 @@ def parse_args(argv=None):
     p.add_argument("--guidance-interval", type=float, nargs=2, default=[0.0, 1.0], metavar=("T_MIN", "T_MAX"),
                    help="guidance interval of evaluation and export")
     p.set_defaults(run=Path("runs/demo-mf"), export_dir=DEMO_STUDENT_DIR, steps=DistillRecipe.steps,
+                   lr=DistillRecipe.lr, warmup=DistillRecipe.warmup,
                    checkpoint_every=50, sample_steps=4, sweep_steps=[2, 4, 8], sweep_cfg=[2.0, 3.0, 5.0])
     return p.parse_args(argv)
 
@@ -240,7 +232,7 @@ def main(argv=None) -> int:
         interval = check_guidance_interval(args.guidance_interval)
         existing_path(args.teacher, "--teacher")
         torch.set_num_threads(args.threads)
-        recipe = dataclasses.replace(DistillRecipe(), steps=args.steps, batch=args.batch, seed=args.seed)
+        recipe = dataclasses.replace(DistillRecipe(), **schedule_arguments(args))
         return execute(DistillRun(args.run, recipe, args.teacher, interval), args)
 
     return guarded("distill", command)

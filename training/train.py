@@ -20,6 +20,7 @@ non-determinism of multi-threaded float32 reductions in torch).
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import math
 import os
@@ -39,7 +40,7 @@ from tqdm import tqdm
 
 from minit2i.cli import OneLineParser, emit, guarded
 from minit2i.core.checkpoint import nest
-from minit2i.core.checks import Range, file_kind, parse_json, read_limited, short_list, write_atomically
+from minit2i.core.checks import Range, existing_path, file_kind, parse_json, read_limited, short_list, write_atomically
 from minit2i.core.errors import MiniT2IError
 from minit2i.core.mmjit_config import MMJiTConfig, mmjit_expected_shapes
 from minit2i.core.t5_config import T5Config, t5_expected_shapes
@@ -86,7 +87,10 @@ class Recipe(Schedule):
     caption_drop: float = 0.1
     t_mu: float = -0.8
     t_sigma: float = 0.8
-    edge_weight: float = 4.0  # extra loss weight of pixels on a colour edge (`edge_mask`)
+    # A fraction of every batch at low noise, t ~ U(low_noise_t_min, 1): the official t
+    # distribution puts 2 % of t above 0.7, too few to learn the pixels inside a patch.
+    low_noise_fraction: float = 0.25
+    low_noise_t_min: float = 0.6
     a_min: float = 0.05
 
 
@@ -101,6 +105,27 @@ def learning_rate(recipe: Schedule, step: int) -> float:
 
 # ---------------------------------------------------------------------------------------------
 # Parameters
+
+
+def exported_weights(folder: Path, mmjit: MMJiTConfig, t5: T5Config) -> dict[str, np.ndarray]:
+    """An exported model's weights (folder/transformer, folder/t5) as float32 parameters with
+    flat names, to continue training it; its architecture must be the run's."""
+    from minit2i.pipeline import load_model
+
+    model = load_model(folder / "transformer", folder / "t5")
+    if model.mmjit.config != mmjit or model.t5.config != t5:
+        raise MiniT2IError(f"--init-from {folder} is another architecture than this run's; pass an export of "
+                           "the same architecture (--tiny or not)")
+    return ({f"mmjit.{k}": v.astype(np.float32) for k, v in model.mmjit.tensors.items()}
+            | {f"t5.{k}": v.astype(np.float32) for k, v in model.t5.tensors.items()})
+
+
+def weights_digest(tensors: dict[str, np.ndarray]) -> str:
+    """The first 16 hex digits of a sha256 over the tensors' names and float32 bytes."""
+    digest = hashlib.sha256()
+    for name in sorted(tensors):
+        digest.update(name.encode() + np.ascontiguousarray(tensors[name], np.float32).tobytes())
+    return digest.hexdigest()[:16]
 
 
 def initial_weights(mmjit: MMJiTConfig, t5: T5Config, seed: int) -> dict[str, np.ndarray]:
@@ -148,36 +173,22 @@ def training_batch(recipe: Recipe, tokenizer: PromptTokenizer, step: int):
     dropped = rng.random(recipe.batch) < recipe.caption_drop
     mmjit_mask = mask * ~dropped[:, None]
     t = 1.0 / (1.0 + np.exp(-(recipe.t_mu + recipe.t_sigma * rng.standard_normal(recipe.batch))))
+    low_noise = rng.random(recipe.batch) < recipe.low_noise_fraction
+    t = np.where(low_noise, rng.uniform(recipe.low_noise_t_min, 1.0, recipe.batch), t)
     noise = rng.standard_normal(images.shape, dtype=np.float32)
-    weights = (1.0 + recipe.edge_weight * edge_mask(images)).astype(np.float32)
     return {name: torch.from_numpy(np.asarray(value)) for name, value in (
         ("images", images), ("ids", ids), ("mask", mask), ("mmjit_mask", mmjit_mask.astype(np.float32)),
-        ("t", t.astype(np.float32)), ("noise", noise), ("weights", weights))}
-
-
-def edge_mask(images: np.ndarray) -> np.ndarray:
-    """float32 [B, 1, H, W]: 1 where a pixel differs from one of its four neighbours (both sides
-    of every colour edge), else 0. A small shape's outline lives in a few such pixels inside its
-    4 x 4 patches (a small circle and a small square differ by 14 pixels a corner), which an
-    unweighted loss, dominated by the flat areas, learns last."""
-    step = np.zeros(images.shape[:1] + images.shape[2:], dtype=bool)
-    vertical = (images[:, :, 1:] != images[:, :, :-1]).any(axis=1)
-    horizontal = (images[:, :, :, 1:] != images[:, :, :, :-1]).any(axis=1)
-    step[:, 1:] |= vertical
-    step[:, :-1] |= vertical
-    step[:, :, 1:] |= horizontal
-    step[:, :, :-1] |= horizontal
-    return step[:, None].astype(np.float32)
+        ("t", t.astype(np.float32)), ("noise", noise))}
 
 
 def v_loss(params: dict, mmjit: MMJiTConfig, t5: T5Config, tables, batch: dict, a_min: float) -> torch.Tensor:
-    """Mean squared velocity error of the x0 prediction, edge pixels weighted (scalar)."""
+    """Mean squared velocity error of the x0 prediction (scalar)."""
     mmjit_params, t5_params = split_tree(params)
     t = batch["t"][:, None, None, None]
     x_t = t * batch["images"] + (1 - t) * 2.0 * batch["noise"]
     context = t5_encode(t5_params, t5, batch["ids"], batch["mask"])
     x0 = mmjit_forward(mmjit_params, mmjit, tables, x_t, context, batch["mmjit_mask"])
-    return (batch["weights"] * ((x0 - batch["images"]) / torch.clamp(1 - t, min=a_min)) ** 2).mean()
+    return (((x0 - batch["images"]) / torch.clamp(1 - t, min=a_min)) ** 2).mean()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -200,8 +211,10 @@ class Run:
     file can at worst be refused (a pickle, as torch.save writes, runs whatever it names).
     """
 
-    def __init__(self, folder: Path, recipe: Recipe, mmjit: MMJiTConfig, t5: T5Config):
+    def __init__(self, folder: Path, recipe: Recipe, mmjit: MMJiTConfig, t5: T5Config,
+                 init_from: Path | None = None):
         self.folder, self.recipe, self.mmjit, self.t5 = folder, recipe, mmjit, t5
+        self.start = exported_weights(init_from, mmjit, t5) if init_from else None
         self.tokenizer = PromptTokenizer(make_word_tokenizer(shapes.vocabulary()), mmjit.prompt_length)
         self.tables = position_tables(mmjit, mmjit.image_size, mmjit.prompt_length)
         weights = self.initial_weights()
@@ -217,8 +230,9 @@ class Run:
             self._resume()
 
     def initial_weights(self) -> dict[str, np.ndarray]:
-        """The trained parameters at step 0 (flat names)."""
-        return initial_weights(self.mmjit, self.t5, self.recipe.seed)
+        """The trained parameters at step 0 (flat names): an exported model's (--init-from), or
+        seeded random ones."""
+        return self.start if self.start is not None else initial_weights(self.mmjit, self.t5, self.recipe.seed)
 
     @property
     def checkpoint_path(self) -> Path:
@@ -229,7 +243,8 @@ class Run:
         left out on purpose: resuming with another --steps extends (or shortens) the cosine."""
         recipe = dataclasses.asdict(self.recipe)
         del recipe["steps"]
-        return {"recipe": recipe, "mmjit": dataclasses.asdict(self.mmjit), "t5": dataclasses.asdict(self.t5)}
+        identity = {"recipe": recipe, "mmjit": dataclasses.asdict(self.mmjit), "t5": dataclasses.asdict(self.t5)}
+        return identity | ({"init_from": weights_digest(self.start)} if self.start is not None else {})
 
     def _resume(self) -> None:
         path = self.checkpoint_path
@@ -500,6 +515,8 @@ def run_parser(prog: str, description: str) -> OneLineParser:
     p.add_argument("--steps", type=int, default=Recipe.steps)
     p.add_argument("--batch", type=int, default=Recipe.batch)
     p.add_argument("--seed", type=int, default=Recipe.seed)
+    p.add_argument("--lr", type=float, default=Recipe.lr, help="peak learning rate")
+    p.add_argument("--warmup", type=int, default=Recipe.warmup, help="warm-up steps")
     p.add_argument("--threads", type=int, default=min(2, os.cpu_count() or 1), help="torch CPU threads")
     p.add_argument("--eval-every", type=int, default=500, help="0: never")
     p.add_argument("--eval-prompts", type=int, default=48)
@@ -517,6 +534,8 @@ def run_parser(prog: str, description: str) -> OneLineParser:
 def parse_args(argv=None):
     p = run_parser("train", __doc__.splitlines()[0])
     p.add_argument("--tiny", action="store_true", help="the smoke-test architecture (CI)")
+    p.add_argument("--init-from", type=Path, default=None,
+                   help="start from an exported model (transformer/, t5/) instead of random weights")
     return p.parse_args(argv)
 
 
@@ -529,6 +548,8 @@ def check_arguments(args) -> None:
     Range(1, os.cpu_count() or 1).check("--threads", args.threads)
     REQUEST_RANGES["seed"][1].check("--seed", args.seed)
     Range(0, 10**7).check("--eval-every", args.eval_every)
+    Range(0, 10**7).check("--warmup", args.warmup)
+    Range(0.0, 1.0, integer=False, low_open=True).check("--lr", args.lr)
     (_, steps), (_, cfg_scale) = REQUEST_RANGES["steps"], REQUEST_RANGES["cfg_scale"]
     steps.check("--sample-steps", args.sample_steps)
     cfg_scale.check("--cfg-scale", args.cfg_scale)
@@ -553,9 +574,16 @@ def main(argv=None) -> int:
 
 def run_command(args) -> int:
     torch.set_num_threads(args.threads)
-    recipe = dataclasses.replace(Recipe(), steps=args.steps, batch=args.batch, seed=args.seed)
+    recipe = dataclasses.replace(Recipe(), **schedule_arguments(args))
     mmjit, t5 = (SMOKE_MMJIT, SMOKE_T5) if args.tiny else (DEMO_MMJIT, DEMO_T5)
-    return execute(Run(args.run, recipe, mmjit, t5), args)
+    if args.init_from is not None:
+        existing_path(args.init_from, "--init-from")
+    return execute(Run(args.run, recipe, mmjit, t5, args.init_from), args)
+
+
+def schedule_arguments(args) -> dict:
+    """The `Schedule` fields the command line sets."""
+    return {"steps": args.steps, "batch": args.batch, "seed": args.seed, "lr": args.lr, "warmup": args.warmup}
 
 
 def execute(run: Run, args) -> int:
