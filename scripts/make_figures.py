@@ -255,7 +255,8 @@ def loss_panel(log_path: Path, key: str, title: str, width: int, height: int) ->
         y = xy(0, decade)[1]
         draw.line([(left, y), (width - right, y)], fill=(225, 225, 225))
         draw.text((left - 8, y), f"{10 ** decade:g}", fill=INK, font=font(12), anchor="rm")
-    for step in np.linspace(0, steps.max(), 6):
+    tick = next(t for t in (10, 20, 50, 100, 200, 250, 500, 1000, 2000, 5000, 10000) if steps.max() / t <= 6)
+    for step in np.arange(0, steps.max() + 1, tick):
         draw.text((xy(step, low)[0], height - bottom + 14), f"{int(step)}", fill=INK, font=font(12), anchor="mm")
     draw.text(((left + width - right) // 2, height - 14), "step", fill=INK, font=font(12), anchor="mm")
     draw.line([xy(s, v) for s, v in zip(steps, losses)], fill=(40, 80, 230), width=2)

@@ -169,6 +169,16 @@ def test_export_is_reproduced_by_the_numpy_reference(trained):
     np.testing.assert_allclose(ours, theirs, rtol=1e-5, atol=1e-5 * np.abs(theirs).max())
 
 
+def test_the_exported_log_counts_each_step_once_up_to_the_checkpoint():
+    """Steps 1-20 logged, the run stopped at 25 and resumed from its checkpoint at 20: steps 21-25
+    appear twice (the later records win) and 26-30 are past the exported step 25."""
+    first = [{"step": k, "loss": 1.0} for k in range(1, 26)]
+    resumed = [{"step": k, "loss": 2.0, "error": 3.0} for k in range(21, 31)] + [{"step": 25, "eval": {"x": 1}}]
+    compact = train.compact_log(first + resumed, last_step=25)
+    assert compact == [{"step": 10, "loss": 1.0}, {"step": 20, "loss": 1.0}, {"step": 25, "eval": {"x": 1}},
+                       {"step": 30, "loss": 2.0, "error": 3.0}]
+
+
 def test_learning_rate_warms_up_then_decays_to_its_floor():
     recipe = train.Recipe(steps=1000, warmup=100)
     lrs = [train.learning_rate(recipe, k) for k in range(1001)]

@@ -352,7 +352,8 @@ class Run:
             self.write_export(staging, steps, cfg_scale)
             log = self.folder / "log.jsonl"
             records = [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
-            (staging / "training-log.jsonl").write_text("".join(json.dumps(r) + "\n" for r in compact_log(records)))
+            compact = compact_log(records, self.step)
+            (staging / "training-log.jsonl").write_text("".join(json.dumps(r) + "\n" for r in compact))
             replace_folder(staging, folder)
         finally:
             shutil.rmtree(staging, ignore_errors=True)
@@ -425,9 +426,13 @@ def replace_folder(new: Path, target: Path) -> None:
 CURVES = ("loss", "error")
 
 
-def compact_log(records: list[dict], window: int = 10) -> list[dict]:
+def compact_log(records: list[dict], last_step: int, window: int = 10) -> list[dict]:
     """Per-step records -> one {"step", "loss"[, "error"]} per `window` steps (their means), plus
-    every evaluation record, in step order."""
+    every evaluation record, in step order, up to `last_step` (the exported checkpoint's). A
+    step logged twice (a run stopped after it and resumed from an earlier checkpoint) counts once,
+    as its last record."""
+    latest = {(r["step"], "eval" in r): r for r in records if r["step"] <= last_step}
+    records = [latest[key] for key in sorted(latest)]
     windows: dict[int, list[dict]] = {}
     for r in records:
         if "loss" in r:
