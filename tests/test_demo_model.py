@@ -20,14 +20,16 @@ from minit2i.training.evaluate import ATTRIBUTES, accuracy_report, classify, eva
 MODELS = list(BUILT_IN_MODELS)
 
 # Floors for the small CI sample (8 held-in images, seed 0), per model and attribute: the full
-# evaluation's accuracy (docs/demo-model.md), less one image in 8 where that is below 100 %.
+# evaluation's accuracy (docs/demo-model.md) less one image in 8, rounded down to a multiple of
+# 1/8, where that is below 100 %.
 HELD_IN_FLOORS = {
-    "demo": {"background": 1.0, "colour": 1.0, "position": 1.0, "size": 1.0, "shape": 0.5},  # shape: 73 %
-    "demo-mf": {"background": 0.875, "colour": 1.0, "position": 1.0, "size": 0.875, "shape": 0.5},  # 92, 99, 68 %
+    "demo": {"background": 1.0, "colour": 1.0, "position": 1.0, "size": 1.0, "shape": 0.625},  # shape: 81 %
+    "demo-mf": {"background": 0.75, "colour": 1.0, "position": 1.0, "size": 0.75, "shape": 0.5},  # 92, 99, 68 %
 }
-# The background error (99th percentile, levels) on the sample: the base model's full evaluation
-# reads 5-8 per background; a 12-image sample rests on fewer pixels and read 9. A patch grid
-# that doubled, or noise left in the image (tens of levels), fails it.
+# The background error (99th percentile, levels) on the sample: the full evaluations read 3-5 per
+# background (the student's gray-for-white seeds aside, seed 1 here); a 12-image sample rests on
+# fewer pixels, and the previous model, whose full evaluation read 5-8, read 9 on it. A patch
+# grid that came back, or noise left in the image (tens of levels), fails it.
 BACKGROUND_ERROR_LIMIT = 12
 
 
