@@ -62,6 +62,17 @@ def test_a_small_evaluation_meets_its_floors(name):
     assert max(report["background_error"].values()) <= BACKGROUND_ERROR_LIMIT, report["background_error"]
 
 
+def test_evaluation_settings_replace_the_model_defaults():
+    """`evaluate --steps/--cfg-scale` reach the sampler: one step without guidance is the network's
+    single x0 guess, which differs from the 20-step guided default by far more than rounding."""
+    scenes = evaluation_scenes(1, seeds=1, held_out_prompts=0)
+    default, = generate_scenes(scenes, "demo")
+    again, = generate_scenes(scenes, "demo", settings={"steps": 20, "cfg_scale": 3.0})
+    one_step, = generate_scenes(scenes, "demo", settings={"steps": 1, "cfg_scale": 1.0})
+    assert np.array_equal(default, again)
+    assert np.abs(default.astype(int) - one_step).max() > 50
+
+
 def test_info_describes_both_built_in_models(capsys):
     assert main(["info"]) == 0
     out = capsys.readouterr().out

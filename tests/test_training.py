@@ -376,6 +376,8 @@ def test_run_folder_that_is_a_file_is_one_line(tmp_path, capsys):
 
 @pytest.mark.parametrize("argv, words", [
     (["--prompts", "0"], "--prompts must be an integer in [1, 10000], found 0"),
+    (["--steps", "0"], "--steps must be an integer in [1, 10000], found 0"),
+    (["--cfg-scale", "nan"], "--cfg-scale"),
     (["--model", "{tmp}/nowhere"], "--model"),
     (["--json", "{tmp}/no/such/folder/report.json"], "--json folder"),
     (["--json", "{tmp}"], "is a folder"),

@@ -3,9 +3,10 @@
     python -m minit2i.training.evaluate                    # the shipped model, 64 held-in + 32 held-out prompts x 2 seeds
     python -m minit2i.training.evaluate --model demo-mf        # the four-step student
     python -m minit2i.training.evaluate --prompts 8 --seeds 1 --model DIR
+    python -m minit2i.training.evaluate --cfg-scale 1 --steps 40     # other sampler settings
 
 Images come from the ordinary `generate` path (NumPy backend, the model's default steps and
-guidance). A plain deterministic checker reads each image back:
+guidance unless --steps / --cfg-scale say otherwise). A plain deterministic checker reads each image back:
 
 * background: the nearest background colour to the median of the 2-pixel border;
 * shape mask: pixels farther than MASK_DISTANCE (RGB Euclidean) from that background colour;
@@ -30,6 +31,7 @@ import numpy as np
 from minit2i.cli import OneLineParser, emit, guarded
 from minit2i.core.checks import Range, check_output_file, existing_path, write_atomically
 from minit2i.core.images import to_pixels
+from minit2i.pipeline import REQUEST_RANGES
 from minit2i.reference.sampler import initial_noise
 
 from . import shapes
@@ -156,8 +158,10 @@ def evaluate_scenes(scenes, tokenizer, encode, draw, batch: int = 64) -> dict:
     return accuracy_report(scenes, pixels)
 
 
-def generate_scenes(scenes, model: str | Path = "demo", t5: Path | None = None) -> list[np.ndarray]:
-    """Draw every (scene, seed) through minit2i's ordinary generate path with its defaults.
+def generate_scenes(scenes, model: str | Path = "demo", t5: Path | None = None,
+                    settings: dict | None = None) -> list[np.ndarray]:
+    """Draw every (scene, seed) through minit2i's ordinary generate path with the model's
+    defaults, or with `settings` (Request fields such as steps, cfg_scale) where given.
 
     `model`: a built-in model's name ("demo", "demo-mf") or an exported folder (transformer/ and
     t5/; a student's export has no t5/ and reads prompts with the demo model's, unless `t5` is
@@ -176,7 +180,7 @@ def generate_scenes(scenes, model: str | Path = "demo", t5: Path | None = None) 
             default_t5 = DEMO_MODEL_DIR / "t5"
     loaded = load_model(transformer, t5 or default_t5)
     runner = make_runner(loaded, "numpy")
-    defaults = sampling_defaults(loaded)
+    defaults = sampling_defaults(loaded) | (settings or {})
     pixels = []
     for (scene, _), group in itertools.groupby(scenes, key=lambda s: (s[0], s[2])):
         seeds = [seed for _, seed, _ in group]
@@ -222,10 +226,15 @@ def main(argv=None) -> int:
                        help="a built-in model (demo, demo-mf) or an exported folder (transformer/, t5/)")
         p.add_argument("--t5", type=Path, default=None,
                        help="T5 folder (default: the model's t5/, else the demo model's)")
+        p.add_argument("--steps", type=int, default=None, help="sampler steps (default: the model's)")
+        p.add_argument("--cfg-scale", type=float, default=None, help="guidance (default: the model's)")
         p.add_argument("--json", type=Path, default=None, help="also write the report here")
         args = p.parse_args(argv)
         Range(1, 10**4).check("--prompts", args.prompts)
         Range(1, 10**4).check("--seeds", args.seeds)
+        settings = {name: getattr(args, name) for name in ("steps", "cfg_scale") if getattr(args, name) is not None}
+        for name, value in settings.items():
+            REQUEST_RANGES[name][1].check(REQUEST_RANGES[name][0], value)
         if built_in_model(args.model) is None:
             existing_path(args.model, "--model")
         if args.t5 is not None:
@@ -233,7 +242,7 @@ def main(argv=None) -> int:
         if args.json is not None:
             check_output_file(args.json, "--json")
         scenes = evaluation_scenes(args.prompts, args.seeds)
-        report = accuracy_report(scenes, generate_scenes(scenes, args.model, args.t5))
+        report = accuracy_report(scenes, generate_scenes(scenes, args.model, args.t5, settings))
         emit(markdown_table(report))
         if args.json:
             write_atomically(args.json, (json.dumps(report, indent=2) + "\n").encode())
