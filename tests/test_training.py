@@ -16,6 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from minit2i.core.checkpoint import nest
+from minit2i.core.tokenizer import PromptTokenizer, make_word_tokenizer
 from minit2i.pipeline import load_model
 from minit2i.reference.mmjit import mmjit_forward
 from minit2i.reference.t5 import t5_encode
@@ -62,6 +63,17 @@ def test_held_out_pairs_never_appear_in_training_batches():
         for caption in captions:
             words = caption.split()
             assert not any(c in words and s in words for c, s in shapes.HELD_OUT), caption
+
+
+def test_the_low_noise_share_of_a_batch_draws_t_above_its_minimum():
+    """With the whole batch at low noise every t lies in [t_min, 1); with none, the official
+    logit-normal draws, of which far more than one in 256 fall below 0.85 (about 99 %)."""
+    tokenizer = PromptTokenizer(make_word_tokenizer(shapes.vocabulary()), train.DEMO_MMJIT.prompt_length)
+    low = train.Recipe(batch=256, low_noise_fraction=1.0, low_noise_t_min=0.85)
+    t = train.training_batch(low, tokenizer, step=3)["t"].numpy()
+    assert t.min() >= 0.85 and t.max() < 1.0
+    official = train.training_batch(train.Recipe(batch=256, low_noise_fraction=0.0), tokenizer, step=3)["t"].numpy()
+    assert (official < 0.85).mean() > 0.9
 
 
 def test_short_captions_leave_out_phrases():
@@ -361,6 +373,8 @@ def test_non_finite_weights_are_not_exported(trained, tmp_path, capsys, monkeypa
     (["--sweep", "--sweep-cfg", "nan"], ["--sweep-cfg", "found nan"]),
     (["--cfg-scale", "inf"], ["--cfg-scale", "found inf"]),
     (["--steps", "x"], ["argument --steps: invalid int value: 'x'"]),
+    (["--low-noise-fraction", "1.5"], ["--low-noise-fraction", "found 1.5"]),
+    (["--low-noise-t-min", "-0.1"], ["--low-noise-t-min", "found -0.1"]),
 ])
 def test_more_bad_training_arguments_are_one_line(argv, words, tmp_path, capsys):
     err = training_error(capsys, *argv, "--run", tmp_path / "run", "--export-dir", tmp_path / "out")

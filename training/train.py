@@ -541,6 +541,9 @@ def parse_args(argv=None):
     p.add_argument("--tiny", action="store_true", help="the smoke-test architecture (CI)")
     p.add_argument("--init-from", type=Path, default=None,
                    help="start from an exported model (transformer/, t5/) instead of random weights")
+    p.add_argument("--low-noise-fraction", type=float, default=Recipe.low_noise_fraction,
+                   help="share of each batch at low noise, t ~ U(--low-noise-t-min, 1)")
+    p.add_argument("--low-noise-t-min", type=float, default=Recipe.low_noise_t_min)
     return p.parse_args(argv)
 
 
@@ -572,6 +575,8 @@ def main(argv=None) -> int:
     def command() -> int:
         args = parse_args(argv)
         check_arguments(args)
+        Range(0.0, 1.0, integer=False).check("--low-noise-fraction", args.low_noise_fraction)
+        Range(0.0, 1.0, integer=False).check("--low-noise-t-min", args.low_noise_t_min)
         return run_command(args)
 
     return guarded("train", command)
@@ -579,7 +584,8 @@ def main(argv=None) -> int:
 
 def run_command(args) -> int:
     torch.set_num_threads(args.threads)
-    recipe = dataclasses.replace(Recipe(), **schedule_arguments(args))
+    recipe = dataclasses.replace(Recipe(), **schedule_arguments(args), low_noise_fraction=args.low_noise_fraction,
+                                 low_noise_t_min=args.low_noise_t_min)
     mmjit, t5 = (SMOKE_MMJIT, SMOKE_T5) if args.tiny else (DEMO_MMJIT, DEMO_T5)
     if args.init_from is not None:
         existing_path(args.init_from, "--init-from")
