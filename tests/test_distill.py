@@ -162,8 +162,31 @@ def test_resuming_against_another_teacher_is_one_line(distilled, tmp_path, capsy
     assert err.count("\n") == 1 and "was made with other settings" in err
 
 
+def test_a_student_of_an_earlier_teacher_starts_a_new_distillation(distilled, tmp_path):
+    """--init-from an exported student: step 0 holds its weights (float16 in the export, widened
+    exactly), its digest joins the run's identity, and distillation from the new teacher goes on
+    from there."""
+    other = tmp_path / "teacher"
+    run_training(other, 1)
+    export = distilled[0] / "export"
+    exported = load_model(export / "transformer", other / "export" / "t5").mmjit.tensors
+    run = distill.DistillRun(tmp_path / "run", distill.DistillRecipe(batch=4), other / "export", (0.0, 1.0), export)
+    for name, value in exported.items():
+        np.testing.assert_array_equal(run.params[name].detach().numpy(), value.astype(np.float32))
+    assert run.identity()["init_from"] == distill.weights_digest(run.start)
+    assert run_distillation(other / "export", tmp_path / "run", 2, "--init-from", export) == 0
+
+
+def test_a_base_model_is_no_student_to_start_from(teacher, tmp_path, capsys):
+    assert run_distillation(teacher, tmp_path / "run", 2, "--init-from", teacher) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "is not a student of this teacher's architecture" in err, err
+    assert not (tmp_path / "run").exists()
+
+
 @pytest.mark.parametrize("extra, words", [
     (["--guidance-interval", "0.9", "0.1"], ["--guidance-interval 0.9 0.1 is empty"]),
+    (["--init-from", "no/such/student"], ["--init-from", "no/such/student"]),
     (["--sample-steps", "0"], ["--sample-steps"]),
     (["--teacher", "no/such/folder"], ["--teacher", "no/such/folder"]),
 ])

@@ -3,6 +3,7 @@
     python -m minit2i.training.distill                     # distil (or resume) runs/demo-mf, export to minit2i/demo_model_mf
     python -m minit2i.training.distill --teacher DIR --steps 20 --run runs/smoke --export-dir /tmp/smoke-mf
     python -m minit2i.training.distill --sweep --guidance-interval 0.2 0.8   # evaluate the checkpoint's settings
+    python -m minit2i.training.distill --init-from minit2i/demo_model_mf --run runs/demo-mf-2   # a retrained teacher
 
 The objective is the official teacher-guided Mean Flow distillation (model.md 9.6), per sample:
 
@@ -19,7 +20,8 @@ The objective is the official teacher-guided Mean Flow distillation (model.md 9.
 
 The student starts as the teacher (every tensor they share is copied, as the official warm start
 does); the prefix's tokens and embedders start small (N(0, 0.02), biases 0) so that the first steps
-draw what the teacher draws. The T5 encoder is the teacher's, frozen: the export holds only the
+draw what the teacher draws. When the teacher is retrained, `--init-from` starts instead from the
+student of the earlier teacher, which already draws in four steps. The T5 encoder is the teacher's, frozen: the export holds only the
 transformer, and `generate --model demo-mf` pairs it with the demo model's t5/.
 
 Resuming, determinism per (seed, step), checkpoints and the export's atomic replacement are the
@@ -41,6 +43,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from minit2i.cli import guarded
 from minit2i.core.checkpoint import nest
 from minit2i.core.checks import existing_path
+from minit2i.core.errors import MiniT2IError
 from minit2i.core.mean_flow_config import MeanFlowConfig, mean_flow_expected_shapes
 from minit2i.core.mmjit_config import MMJiTConfig
 from minit2i.default_model import DEMO_MODEL_DIR, DEMO_STUDENT_DIR, save_transformer
@@ -161,7 +164,8 @@ class DistillRun(Run):
     base run's; the teacher (transformer and T5) is read from `teacher_dir` and stays frozen."""
 
     def __init__(self, folder: Path, recipe: DistillRecipe, teacher_dir: Path,
-                 guidance_interval: tuple[float, float]):
+                 guidance_interval: tuple[float, float], init_from: Path | None = None):
+        self.teacher_dir = teacher_dir
         teacher = load_model(teacher_dir / "transformer", teacher_dir / "t5")
         self.teacher_tensors = teacher.mmjit.tensors
         self.teacher_config = teacher.mmjit.config
@@ -171,14 +175,26 @@ class DistillRun(Run):
                                               self.teacher_config.prompt_length)
         self.guidance_interval = guidance_interval
         config = student_config(self.teacher_config)
-        super().__init__(folder, recipe, config, teacher.t5.config)
+        super().__init__(folder, recipe, config, teacher.t5.config, init_from)
         self.tables = position_tables(config, config.image_size, config.num_aux_tokens + config.prompt_length,
                                       unrotated=config.num_aux_tokens)
 
     def identity(self) -> dict:
         return super().identity() | {"teacher": weights_digest(self.teacher_tensors)}
 
+    def exported_start(self, folder: Path) -> dict[str, np.ndarray]:
+        """An exported student's weights (folder/transformer), to go on distilling it from this
+        teacher; it must be this teacher's student architecture."""
+        student = load_model(folder / "transformer", self.teacher_dir / "t5")
+        if student.mmjit.config != self.mmjit:
+            raise MiniT2IError(f"--init-from {folder} is not a student of this teacher's architecture; pass an "
+                               "export of distill.py made from the same kind of teacher")
+        return {k: v.astype(np.float32) for k, v in student.mmjit.tensors.items()}
+
     def initial_weights(self) -> dict[str, np.ndarray]:
+        """The student at step 0: an exported student (--init-from), else the teacher's copy."""
+        if self.start is not None:
+            return self.start
         return student_initial_weights(self.teacher_tensors, self.mmjit, self.recipe.seed)
 
     def encode(self, ids, mask) -> torch.Tensor:
@@ -219,6 +235,8 @@ def parse_args(argv=None):
     p.add_argument("--teacher", type=Path, default=DEMO_MODEL_DIR, help="exported base model (transformer/, t5/)")
     p.add_argument("--guidance-interval", type=float, nargs=2, default=[0.0, 1.0], metavar=("T_MIN", "T_MAX"),
                    help="guidance interval of evaluation and export")
+    p.add_argument("--init-from", type=Path, default=None,
+                   help="start from an exported student (transformer/), e.g. one distilled from an earlier teacher")
     p.set_defaults(run=Path("runs/demo-mf"), export_dir=DEMO_STUDENT_DIR, steps=DistillRecipe.steps,
                    lr=DistillRecipe.lr, warmup=DistillRecipe.warmup,
                    checkpoint_every=50, sample_steps=4, sweep_steps=[2, 4, 8], sweep_cfg=[2.0, 3.0, 5.0])
@@ -231,9 +249,11 @@ def main(argv=None) -> int:
         check_arguments(args)
         interval = check_guidance_interval(args.guidance_interval)
         existing_path(args.teacher, "--teacher")
+        if args.init_from is not None:
+            existing_path(args.init_from, "--init-from")
         torch.set_num_threads(args.threads)
         recipe = dataclasses.replace(DistillRecipe(), **schedule_arguments(args))
-        return execute(DistillRun(args.run, recipe, args.teacher, interval), args)
+        return execute(DistillRun(args.run, recipe, args.teacher, interval, args.init_from), args)
 
     return guarded("distill", command)
 

@@ -214,7 +214,7 @@ class Run:
     def __init__(self, folder: Path, recipe: Recipe, mmjit: MMJiTConfig, t5: T5Config,
                  init_from: Path | None = None):
         self.folder, self.recipe, self.mmjit, self.t5 = folder, recipe, mmjit, t5
-        self.start = exported_weights(init_from, mmjit, t5) if init_from else None
+        self.start = self.exported_start(init_from) if init_from else None
         self.tokenizer = PromptTokenizer(make_word_tokenizer(shapes.vocabulary()), mmjit.prompt_length)
         self.tables = position_tables(mmjit, mmjit.image_size, mmjit.prompt_length)
         weights = self.initial_weights()
@@ -228,6 +228,10 @@ class Run:
                                "never loaded (unpickling can run code); start a new --run folder")
         if self.checkpoint_path.exists():
             self._resume()
+
+    def exported_start(self, folder: Path) -> dict[str, np.ndarray]:
+        """The weights of an exported model to start from (--init-from), flat names."""
+        return exported_weights(folder, self.mmjit, self.t5)
 
     def initial_weights(self) -> dict[str, np.ndarray]:
         """The trained parameters at step 0 (flat names): an exported model's (--init-from), or
