@@ -7,7 +7,7 @@ x0-steps.png: what each sampler sees at each step, the demo model's (Euler, 10 s
 four-step student's: x moving onto the x0 while the shape forms.
 demo-grid.png: prompts and both demo models' images, the held-out colour-shape pairs included.
 demo-loss.png: the demo model's training loss and the student's distillation error (from each
-model's training-log.jsonl).
+model's training-log.jsonl, which covers its last training stage).
 """
 
 from __future__ import annotations
@@ -272,9 +272,9 @@ def main() -> None:
     parser.add_argument("--prompt", default="a large red circle at the left on a gray background")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
-    curves = [(DEMO_MODEL_DIR / "training-log.jsonl", "loss", "demo: training loss (v-space MSE)"),
+    curves = [(DEMO_MODEL_DIR / "training-log.jsonl", "loss", "demo: training loss of its last stage (v-space MSE)"),
               (DEMO_STUDENT_DIR / "training-log.jsonl", "error",
-               "demo-mf: distillation error (unweighted Mean Flow MSE per pixel)")]
+               "demo-mf: distillation error of its last stage (unweighted Mean Flow MSE per pixel)")]
     for name, figure in (("dataflow.png", dataflow_figure()),
                          ("x0-steps.png", x0_steps_figure(args.steps, args.size, args.zoom, args.prompt)),
                          ("demo-grid.png", demo_grid_figure(args.zoom)),

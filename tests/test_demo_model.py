@@ -26,14 +26,15 @@ MODELS = list(BUILT_IN_MODELS)
 # evaluation's accuracy (docs/demo-model.md) less one image in 8, rounded down to a multiple of
 # 1/8, where that is below 100 %.
 HELD_IN_FLOORS = {
-    "demo": {"background": 1.0, "colour": 1.0, "position": 1.0, "size": 1.0, "shape": 0.625},  # shape: 81 %
-    "demo-mf": {"background": 0.75, "colour": 1.0, "position": 1.0, "size": 0.75, "shape": 0.5},  # 92, 99, 68 %
+    "demo": {"background": 1.0, "colour": 1.0, "position": 1.0, "size": 1.0, "shape": 0.625},  # shape: 78 %
+    "demo-mf": {"background": 1.0, "colour": 1.0, "position": 1.0, "size": 1.0, "shape": 0.5},  # shape: 72 %
 }
-# The background error (99th percentile, levels) on the sample: the full evaluations read 3-5 per
-# background (the student's gray-for-white seeds aside, seed 1 here); a 12-image sample rests on
-# fewer pixels, and the previous model, whose full evaluation read 5-8, read 9 on it. A patch
-# grid that came back, or noise left in the image (tens of levels), fails it.
-BACKGROUND_ERROR_LIMIT = 12
+# The background error (99th percentile, levels) on the sample: the goal of at most 4 levels
+# (docs/demo-model.md), which the full evaluations meet at 1-3 per background and this sample at
+# 1-4, plus one level for a pixel rounded the other way under another BLAS. A patch grid that came
+# back (the first-stage model, 5-8 in its full evaluation, read 9 on it) or noise left in the
+# image fails it.
+BACKGROUND_ERROR_LIMIT = 5
 
 
 def model_flags(name: str) -> list[str]:
