@@ -21,8 +21,9 @@ The objective is the official teacher-guided Mean Flow distillation (model.md 9.
 The student starts as the teacher (every tensor they share is copied, as the official warm start
 does); the prefix's tokens and embedders start small (N(0, 0.02), biases 0) so that the first steps
 draw what the teacher draws. When the teacher is retrained, `--init-from` starts instead from the
-student of the earlier teacher, which already draws in four steps. The T5 encoder is the teacher's, frozen: the export holds only the
-transformer, and `generate --model demo-mf` pairs it with the demo model's t5/.
+student of the earlier teacher, which already draws in four steps. The T5 encoder is the teacher's,
+frozen: the export holds only the transformer, and `generate --model demo-mf` pairs it with the
+demo model's t5/.
 
 Resuming, determinism per (seed, step), checkpoints and the export's atomic replacement are the
 base run's (train.py); the checkpoint also records the teacher's digest, so a run is never resumed

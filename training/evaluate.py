@@ -6,7 +6,8 @@
     python -m minit2i.training.evaluate --cfg-scale 1 --steps 40     # other sampler settings
 
 Images come from the ordinary `generate` path (NumPy backend, the model's default steps and
-guidance unless --steps / --cfg-scale say otherwise). A plain deterministic checker reads each image back:
+guidance unless --steps / --cfg-scale say otherwise). A plain deterministic checker reads each
+image back:
 
 * background: the nearest background colour to the median of the 2-pixel border;
 * shape mask: pixels farther than MASK_DISTANCE (RGB Euclidean) from that background colour;
