@@ -159,27 +159,34 @@ def evaluate_scenes(scenes, tokenizer, encode, draw, batch: int = 64) -> dict:
     return accuracy_report(scenes, pixels)
 
 
+def model_folders(model: str | Path, t5: Path | None = None) -> tuple[Path, Path]:
+    """(transformer folder, T5 folder) of a built-in model's name ("demo", "demo-mf") or an
+    exported folder (transformer/ and t5/; a student's export has no t5/ and reads prompts with the
+    demo model's), the T5 folder being `t5` where given."""
+    from minit2i.default_model import DEMO_MODEL_DIR, built_in_model
+
+    built_in = built_in_model(model)
+    if built_in is not None:
+        transformer, default_t5 = built_in[:2]
+    else:
+        transformer, default_t5 = Path(model) / "transformer", Path(model) / "t5"
+        if not default_t5.exists():
+            default_t5 = DEMO_MODEL_DIR / "t5"
+    return transformer, t5 or default_t5
+
+
 def generate_scenes(scenes, model: str | Path = "demo", t5: Path | None = None,
                     settings: dict | None = None) -> list[np.ndarray]:
     """Draw every (scene, seed) through minit2i's ordinary generate path with the model's
     defaults, or with `settings` (Request fields such as steps, cfg_scale) where given.
 
-    `model`: a built-in model's name ("demo", "demo-mf") or an exported folder (transformer/ and
-    t5/; a student's export has no t5/ and reads prompts with the demo model's, unless `t5` is
-    given). The seeds of one scene (consecutive in `scenes`) are one request with a batch count,
-    which gives image i the seed first + i, exactly as separate runs would.
+    `model`, `t5`: as `model_folders` takes them. The seeds of one scene (consecutive in `scenes`)
+    are one request with a batch count, which gives image i the seed first + i, exactly as separate
+    runs would.
     """
-    from minit2i.default_model import DEMO_MODEL_DIR, built_in_model
     from minit2i.pipeline import Request, generate, load_model, make_runner, sampling_defaults
 
-    built_in = built_in_model(model)
-    if built_in is not None:
-        transformer, default_t5, _ = built_in
-    else:
-        transformer, default_t5 = Path(model) / "transformer", Path(model) / "t5"
-        if not default_t5.exists():
-            default_t5 = DEMO_MODEL_DIR / "t5"
-    loaded = load_model(transformer, t5 or default_t5)
+    loaded = load_model(*model_folders(model, t5))
     runner = make_runner(loaded, "numpy")
     defaults = sampling_defaults(loaded) | (settings or {})
     pixels = []

@@ -25,7 +25,7 @@ from minit2i.core.images import to_pixels
 from minit2i.reference.sampler import NOISE_SCALE
 
 from . import shapes
-from .evaluate import classify
+from .evaluate import classify, model_folders
 
 DEFAULT_TIMES = (0.5, 0.8, 0.9, 0.95, 0.99)
 PROBE_SEED = 0
@@ -48,12 +48,9 @@ def shape_readback(scenes, pixels) -> dict[str, float]:
 def probe(model: str | Path = "demo", times=DEFAULT_TIMES, scenes=None) -> dict[float, dict]:
     """{t: {"prediction": shape_readback of the conditional x0 from x_t, "input": that of x_t / t}}
     over `scenes` (default: every held-in scene), with the NumPy reference network."""
-    from minit2i.default_model import built_in_model
     from minit2i.pipeline import is_student, load_model, make_runner
 
-    built_in = built_in_model(model)
-    transformer, t5 = built_in[:2] if built_in else (Path(model) / "transformer", Path(model) / "t5")
-    loaded = load_model(transformer, t5)
+    loaded = load_model(*model_folders(model))
     if is_student(loaded):
         raise MiniT2IError(f"{model} is a Mean Flow student, which predicts an average velocity, not x0; "
                            "probe its teacher (--model demo or a base model's folder)")
