@@ -25,7 +25,7 @@ from minit2i.core.images import to_pixels
 from minit2i.reference.sampler import NOISE_SCALE
 
 from . import shapes
-from .evaluate import classify, model_folders
+from .evaluate import accuracy_report, model_folders
 
 DEFAULT_TIMES = (0.5, 0.8, 0.9, 0.95, 0.99)
 PROBE_SEED = 0
@@ -39,10 +39,9 @@ def noised(images: np.ndarray, t: float, seed: int = PROBE_SEED) -> np.ndarray:
 
 
 def shape_readback(scenes, pixels) -> dict[str, float]:
-    """{size: fraction of the scenes of that size whose image the checker reads as the scene's shape}."""
-    right = [classify(p)["shape"] == s.shape for s, p in zip(scenes, pixels)]
-    return {size: float(np.mean([r for s, r in zip(scenes, right) if s.size == size]))
-            for size in shapes.SIZES if any(s.size == size for s in scenes)}
+    """{size: fraction of the scenes of that size whose image the checker reads as the scene's
+    shape} (the evaluation's own per-size shape accuracy)."""
+    return accuracy_report([(scene, 0, False) for scene in scenes], pixels)["shape_by_size"]["held_in"]
 
 
 def probe(model: str | Path = "demo", times=DEFAULT_TIMES, scenes=None) -> dict[float, dict]:
