@@ -18,12 +18,12 @@ def to_pixels(images: np.ndarray) -> np.ndarray:
     return scaled.astype(np.uint8).transpose(0, 2, 3, 1)
 
 
-def check_writable(path: str | Path) -> Path:
-    """Fail early (before any model work) if `path` cannot be written as a PNG."""
+def check_writable(path: str | Path, flag: str = "--output") -> Path:
+    """Fail early (before any model work) if `path`, given by `flag`, cannot be written as a PNG."""
     path = Path(path).expanduser()
     if path.suffix.lower() != ".png":
-        raise MiniT2IError(f"output {path} must end in .png; pass e.g. --output image.png")
-    return check_output_file(path, "output")
+        raise MiniT2IError(f"{flag} {path} must end in .png; pass e.g. {flag} image.png")
+    return check_output_file(path, flag)
 
 
 def save_png(pixels: np.ndarray, path: str | Path) -> Path:

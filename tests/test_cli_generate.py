@@ -193,7 +193,7 @@ def test_output_folder_reported_unwritable(tmp_path, capsys, monkeypatch):
     locked.mkdir()
     monkeypatch.setattr(os, "access", lambda p, mode: False if str(p) == "locked" else real_access(p, mode))
     assert_user_error(tmp_path, capsys, ["-p", "a circle", *SMALL, "-o", "locked/x.png"],
-                      ["output folder locked is not writable"])
+                      ["--output folder locked is not writable"])
 
 
 def test_write_failure_is_one_line_and_leaves_no_part_file(tmp_path, capsys, monkeypatch):

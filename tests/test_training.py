@@ -1,4 +1,5 @@
-"""The demo model's data set, checker and training script (training/).
+"""The demo model's training script (training/train.py; its data set and checker:
+test_evaluation.py).
 
 The training run itself is never repeated here: a few steps of the tiny smoke configuration prove
 that the script runs, resumes deterministically and exports files the NumPy reference reproduces.
@@ -21,7 +22,6 @@ from minit2i.pipeline import load_model
 from minit2i.reference.mmjit import mmjit_forward
 from minit2i.reference.t5 import t5_encode
 from minit2i.training import shapes
-from minit2i.training.evaluate import ATTRIBUTES, accuracy_report, classify, evaluation_scenes
 
 torch = pytest.importorskip("torch", reason="training needs the [train] extra (torch)")
 from minit2i.training import train  # noqa: E402  (needs torch
@@ -33,38 +33,6 @@ from minit2i.training.torch_model import t5_encode as torch_t5_encode
 # Data set
 
 
-@pytest.mark.parametrize("shape, area", [
-    ("square", 16 * 16),
-    ("cross", 2 * 16 * 6 - 6 * 6),  # two 16 x 6 bars (arm 16/3 -> 6 pixel centres) sharing a 6 x 6 centre
-    ("triangle", 128),  # rows of 0, 2, 2, 4, 4, ..., 14, 14, 16 pixels: the apex row holds no pixel centre
-])
-def test_rendered_areas_are_exact(shape, area):
-    assert shapes.render_mask(shape, 16, (32, 32)).sum() == area
-
-
-def test_circle_area_is_close_to_pi_r_squared():
-    # the pixel-centre count of a radius-14 disc differs from pi r^2 by a boundary term O(r)
-    assert abs(shapes.render_mask("circle", 28, (32, 32)).sum() - np.pi * 14**2) < 2 * np.pi * 14
-
-
-@pytest.mark.parametrize("shape", shapes.SHAPES)
-@pytest.mark.parametrize("size", shapes.SIZES.values())
-def test_every_shape_fills_its_bounding_box(shape, size):
-    """Exactly `size` pixels wide and tall, except the triangle, whose apex row is empty."""
-    ys, xs = np.nonzero(shapes.render_mask(shape, size, (16, 48)))
-    top = 48 - size // 2 + (shape == "triangle")
-    assert (xs.min(), xs.max() + 1, ys.min(), ys.max() + 1) == (16 - size // 2, 16 + size // 2, top, 48 + size // 2)
-
-
-def test_held_out_pairs_never_appear_in_training_batches():
-    rng = np.random.default_rng(0)
-    for _ in range(20):
-        _, captions = shapes.random_batch(rng, 64)
-        for caption in captions:
-            words = caption.split()
-            assert not any(c in words and s in words for c, s in shapes.HELD_OUT), caption
-
-
 def test_the_low_noise_share_of_a_batch_draws_t_above_its_minimum():
     """With the whole batch at low noise every t lies in [t_min, 1); with none, the official
     logit-normal draws, of which far more than one in 256 fall below 0.85 (about 99 %)."""
@@ -74,50 +42,6 @@ def test_the_low_noise_share_of_a_batch_draws_t_above_its_minimum():
     assert t.min() >= 0.85 and t.max() < 1.0
     official = train.training_batch(train.Recipe(batch=256, low_noise_fraction=0.0), tokenizer, step=3)["t"].numpy()
     assert (official < 0.85).mean() > 0.9
-
-
-def test_short_captions_leave_out_phrases():
-    _, captions = shapes.random_batch(np.random.default_rng(1), 400)
-    assert any(c.count(" ") == 2 for c in captions)  # "a red circle"
-    assert any(c.endswith("background") for c in captions)
-    assert all(set(c.split()) <= set(shapes.vocabulary()) for c in captions)
-
-
-def test_pixels_round_trip_through_the_model_range():
-    from minit2i.core.images import to_pixels
-
-    pixels = np.random.default_rng(2).integers(0, 256, (2, 8, 8, 3), dtype=np.uint8)
-    np.testing.assert_array_equal(to_pixels(shapes.to_model_range(pixels)), pixels)
-
-
-# ---------------------------------------------------------------------------------------------
-# Checker
-
-
-def test_checker_reads_back_every_rendered_scene():
-    scenes = shapes.all_scenes() + shapes.all_scenes(held_out=True)
-    assert len(scenes) == 2 * 8 * 4 * 5 * 4 - 2 * 4 * 5  # white shapes on white are left out
-    wrong = [s for s in scenes if classify(shapes.render(s)) != {a: getattr(s, a) for a in ATTRIBUTES}]
-    assert wrong == []
-
-
-def test_checker_reports_no_shape_on_a_plain_image():
-    blank = np.full((64, 64, 3), 128, dtype=np.uint8)
-    assert classify(blank) == {"background": "gray", "colour": None, "position": None, "size": None, "shape": None}
-
-
-def test_accuracy_report_counts_groups_separately():
-    scenes = evaluation_scenes(4, seeds=2)
-    assert sum(held_out for _, _, held_out in scenes) == 2 * 2
-    pixels = [shapes.render(scene) for scene, _, _ in scenes]
-    pixels[0] = np.full_like(pixels[0], 15)  # a black image: only a black background can be right
-    report = accuracy_report(scenes, pixels)
-    assert report["counts"] == {"held_in": 8, "held_out": 4}
-    assert report["held_out"] == dict.fromkeys(ATTRIBUTES, 1.0)
-    assert report["held_in"]["shape"] == 7 / 8
-    assert sum(report["shapes"][scenes[0][0].shape].values()) >= 1
-    assert sum(sum(row.values()) for row in report["shapes"].values()) == 12
-    assert "None" in [k for row in report["shapes"].values() for k in row]  # the black image
 
 
 # ---------------------------------------------------------------------------------------------
@@ -387,24 +311,6 @@ def test_run_folder_that_is_a_file_is_one_line(tmp_path, capsys):
     assert "--run" in training_error(capsys, *TINY, "--run", tmp_path / "run", "--export-dir", tmp_path / "out")
     assert (tmp_path / "run").read_text() == "keep"
 
-
-@pytest.mark.parametrize("argv, words", [
-    (["--prompts", "0"], "--prompts must be an integer in [1, 10000], found 0"),
-    (["--steps", "0"], "--steps must be an integer in [1, 10000], found 0"),
-    (["--cfg-scale", "nan"], "--cfg-scale"),
-    (["--model", "{tmp}/nowhere"], "--model"),
-    (["--json", "{tmp}/no/such/folder/report.json"], "--json folder"),
-    (["--json", "{tmp}"], "is a folder"),
-    (["--json", "{tmp}/" + "r" * 250 + ".json"], "limit on file names"),
-])
-def test_bad_evaluation_arguments_are_one_line_before_any_work(argv, words, tmp_path, capsys, monkeypatch):
-    from minit2i.training import evaluate
-
-    monkeypatch.setattr(evaluate, "generate_scenes", lambda *a: pytest.fail("images were generated"))
-    assert evaluate.main([a.format(tmp=tmp_path) for a in argv]) == 2
-    err = capsys.readouterr().err
-    assert err.startswith("evaluate: error:") and err.count("\n") == 1 and words in err, err
-    assert sorted(tmp_path.iterdir()) == []
 
 TRAINING_FLAGS = ["--steps", "--batch", "--seed", "--threads", "--eval-every", "--eval-prompts", "--checkpoint-every",
                   "--sample-steps", "--cfg-scale", "--sweep-steps", "--sweep-cfg"]

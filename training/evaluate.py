@@ -4,6 +4,7 @@
     python -m minit2i.training.evaluate --model demo-mf        # the four-step student
     python -m minit2i.training.evaluate --prompts 8 --seeds 1 --model DIR
     python -m minit2i.training.evaluate --cfg-scale 1 --steps 40     # other sampler settings
+    python -m minit2i.training.evaluate --failures misread.png       # and a sheet of the images read wrong
 
 Images come from the ordinary `generate` path (NumPy backend, the model's default steps and
 guidance unless --steps / --cfg-scale say otherwise). A plain deterministic checker reads each
@@ -17,7 +18,8 @@ image back:
 * shape: the candidate whose rendering at the mask's bounding box overlaps the mask best (IoU).
 
 It prints accuracy per attribute, separately for held-in scenes and the six held-out colour-shape
-pairs, and can write the table as Markdown for docs/demo-model.md.
+pairs, as Markdown for docs/demo-model.md, then one line per image read wrong; --failures also
+tiles those images into one PNG, in the same order, to look at what the checker saw.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ import numpy as np
 
 from minit2i.cli import OneLineParser, emit, guarded
 from minit2i.core.checks import Range, check_output_file, existing_path, write_atomically
-from minit2i.core.images import to_pixels
+from minit2i.core.images import check_writable, grid, save_png, to_pixels
 from minit2i.pipeline import REQUEST_RANGES
 from minit2i.reference.sampler import initial_noise
 
@@ -146,6 +148,26 @@ def accuracy_report(scenes, pixels) -> dict:
     return report
 
 
+def misread(scenes, pixels) -> list[tuple[int, dict[str, str | None]]]:
+    """[(index, what the checker read)] of every image with at least one attribute read wrong."""
+    found = [(i, classify(p)) for i, p in enumerate(pixels)]
+    return [(i, read) for i, read in found if any(getattr(scenes[i][0], a) != read[a] for a in ATTRIBUTES)]
+
+
+def misread_line(scene_seed, read: dict[str, str | None]) -> str:
+    """'caption (seed s): attribute read as value, ...' for one misread image."""
+    scene, seed, _ = scene_seed
+    wrong = ", ".join(f"{a} read as {read[a]}" for a in ATTRIBUTES if getattr(scene, a) != read[a])
+    return f"{scene.caption()} (seed {seed}): {wrong}"
+
+
+def contact_sheet(pixels: list[np.ndarray], columns: int = 8) -> np.ndarray:
+    """uint8 [H, W, 3] images -> one uint8 image, `columns` wide, each framed by a 2-pixel mid-gray
+    border so that equal backgrounds of neighbours stay apart."""
+    framed = [np.pad(p, ((2, 2), (2, 2), (0, 0)), constant_values=128) for p in pixels]
+    return grid(framed, min(columns, len(framed)))
+
+
 def evaluate_scenes(scenes, tokenizer, encode, draw, batch: int = 64) -> dict:
     """Draw every (scene, seed) in batches, with `encode(ids, mask)` -> context and
     `draw(noise, context, mask)` -> images (a sampler over the network), and score them (used by
@@ -237,6 +259,8 @@ def main(argv=None) -> int:
         p.add_argument("--steps", type=int, default=None, help="sampler steps (default: the model's)")
         p.add_argument("--cfg-scale", type=float, default=None, help="guidance (default: the model's)")
         p.add_argument("--json", type=Path, default=None, help="also write the report here")
+        p.add_argument("--failures", type=Path, default=None,
+                       help="also write the images read wrong, tiled, to this PNG")
         args = p.parse_args(argv)
         Range(1, 10**4).check("--prompts", args.prompts)
         Range(1, 10**4).check("--seeds", args.seeds)
@@ -249,11 +273,21 @@ def main(argv=None) -> int:
             existing_path(args.t5, "--t5")
         if args.json is not None:
             check_output_file(args.json, "--json")
+        if args.failures is not None:
+            check_writable(args.failures, "--failures")
         scenes = evaluation_scenes(args.prompts, args.seeds)
-        report = accuracy_report(scenes, generate_scenes(scenes, args.model, args.t5, settings))
+        pixels = generate_scenes(scenes, args.model, args.t5, settings)
+        report = accuracy_report(scenes, pixels)
         emit(markdown_table(report))
+        wrong = misread(scenes, pixels)
+        emit(f"\n{len(wrong)} of {len(scenes)} images read wrong" + ":" * bool(wrong))
+        for i, read in wrong:
+            emit(misread_line(scenes[i], read))
         if args.json:
             write_atomically(args.json, (json.dumps(report, indent=2) + "\n").encode())
+        if args.failures is not None and wrong:
+            save_png(contact_sheet([pixels[i] for i, _ in wrong]), args.failures)
+            emit(f"wrote {args.failures}")
         return 0
 
     return guarded("evaluate", command)
