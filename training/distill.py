@@ -18,6 +18,12 @@ The objective is the official teacher-guided Mean Flow distillation (model.md 9.
 * loss = |u + (t - r) sg(du/dt) - v_g|^2 summed over pixels, divided by sg(that + 0.01) (adaptive
   weighting), averaged over the batch.
 
+`--low-noise-fraction f` departs from it as the base model's fine-tunes do: a share f of the batch
+draws t and r from U(0, 1 - --low-noise-t-min) instead (the same low-noise band as train.py's, in
+the student's reversed time). The official draws put 0.3 % of t below 0.2, so a student distilled
+with them alone loses the teacher's outlines near the data, where its last step lands. The default
+is 0, the official objective.
+
 The student starts as the teacher (every tensor they share is copied, as the official warm start
 does); the prefix's tokens and embedders start small (N(0, 0.02), biases 0) so that the first steps
 draw what the teacher draws. When the teacher is retrained, `--init-from` starts instead from the
@@ -108,13 +114,19 @@ def distill_batch(recipe: DistillRecipe, tokenizer, step: int) -> dict[str, torc
         return 1.0 / (1.0 + np.exp(-(recipe.t_mu + recipe.t_sigma * rng.standard_normal(recipe.batch))))
 
     t, r = logit_normal(), logit_normal()
+    interval_low, interval_high = rng.uniform(0.0, 0.5, recipe.batch), rng.uniform(0.5, 1.0, recipe.batch)
+    omega = np.exp(rng.random(recipe.batch) * np.log1p(recipe.cfg_max))
+    noise = NOISE_SCALE * rng.standard_normal(images.shape, dtype=np.float32)
+    # Drawn last, so that without a low-noise share every value above is the official draw.
+    low_noise = rng.random(recipe.batch) < recipe.low_noise_fraction
+    highest = 1.0 - recipe.low_noise_t_min  # the student's time runs the other way (1 = noise)
+    t = np.where(low_noise, rng.uniform(0.0, highest, recipe.batch), t)
+    r = np.where(low_noise, rng.uniform(0.0, highest, recipe.batch), r)
     flow_matching = np.arange(recipe.batch) < int(recipe.batch * recipe.flow_matching_fraction)
     r = np.where(flow_matching, t, r)
     t, r = np.maximum(t, r), np.minimum(t, r)
-    t_min = np.where(flow_matching, 0.0, rng.uniform(0.0, 0.5, recipe.batch))
-    t_max = np.where(flow_matching, 1.0, rng.uniform(0.5, 1.0, recipe.batch))
-    omega = np.exp(rng.random(recipe.batch) * np.log1p(recipe.cfg_max))
-    noise = NOISE_SCALE * rng.standard_normal(images.shape, dtype=np.float32)
+    t_min = np.where(flow_matching, 0.0, interval_low)
+    t_max = np.where(flow_matching, 1.0, interval_high)
     values = {"images": images, "ids": ids, "mask": mask.astype(np.float32), "t": t, "r": r, "t_min": t_min,
               "t_max": t_max, "omega": omega, "noise": noise}
     return {name: torch.from_numpy(np.asarray(v, dtype=np.int64 if name == "ids" else np.float32))
@@ -239,7 +251,7 @@ def parse_args(argv=None):
     p.add_argument("--init-from", type=Path, default=None,
                    help="start from an exported student (transformer/), e.g. one distilled from an earlier teacher")
     p.set_defaults(run=Path("runs/demo-mf"), export_dir=DEMO_STUDENT_DIR, steps=DistillRecipe.steps,
-                   lr=DistillRecipe.lr, warmup=DistillRecipe.warmup,
+                   lr=DistillRecipe.lr, warmup=DistillRecipe.warmup, low_noise_fraction=DistillRecipe.low_noise_fraction,
                    checkpoint_every=50, sample_steps=4, sweep_steps=[2, 4, 8], sweep_cfg=[2.0, 3.0, 5.0])
     return p.parse_args(argv)
 

@@ -66,7 +66,8 @@ SMOKE_T5 = dataclasses.replace(DEMO_T5, d_model=32, d_kv=8, d_ff=64, num_layers=
 
 @dataclass(frozen=True)
 class Schedule:
-    """What every training run here shares: optimiser, learning-rate schedule, EMA and seed."""
+    """What every training run here shares: optimiser, learning-rate schedule, EMA, seed, and the
+    share of each batch drawn at low noise instead of from the official t distribution."""
 
     steps: int = 5000
     batch: int = 32
@@ -77,6 +78,11 @@ class Schedule:
     weight_decay: float = 0.0
     ema_decay: float = 0.999
     seed: int = 0
+    # A fraction of every batch at low noise, t ~ U(low_noise_t_min, 1) in the base model's time
+    # (1 = clean): the official t distributions put 2 % of t above 0.7, too few to learn the
+    # pixels inside a patch. 0 is the official objective.
+    low_noise_fraction: float = 0.0
+    low_noise_t_min: float = 0.6
 
 
 @dataclass(frozen=True)
@@ -87,10 +93,7 @@ class Recipe(Schedule):
     caption_drop: float = 0.1
     t_mu: float = -0.8
     t_sigma: float = 0.8
-    # A fraction of every batch at low noise, t ~ U(low_noise_t_min, 1): the official t
-    # distribution puts 2 % of t above 0.7, too few to learn the pixels inside a patch.
     low_noise_fraction: float = 0.25
-    low_noise_t_min: float = 0.6
     a_min: float = 0.05
 
 
@@ -537,6 +540,9 @@ def run_parser(prog: str, description: str) -> OneLineParser:
                    help="evaluate the checkpoint over --sweep-steps x --sweep-cfg instead of training")
     p.add_argument("--sweep-steps", type=int, nargs="+", default=[10, 20, 40])
     p.add_argument("--sweep-cfg", type=float, nargs="+", default=[1.5, 3.0, 5.0])
+    p.add_argument("--low-noise-fraction", type=float, default=Recipe.low_noise_fraction,
+                   help="share of each batch at low noise, t ~ U(--low-noise-t-min, 1) (1 = clean)")
+    p.add_argument("--low-noise-t-min", type=float, default=Recipe.low_noise_t_min)
     return p
 
 
@@ -545,9 +551,6 @@ def parse_args(argv=None):
     p.add_argument("--tiny", action="store_true", help="the smoke-test architecture (CI)")
     p.add_argument("--init-from", type=Path, default=None,
                    help="start from an exported model (transformer/, t5/) instead of random weights")
-    p.add_argument("--low-noise-fraction", type=float, default=Recipe.low_noise_fraction,
-                   help="share of each batch at low noise, t ~ U(--low-noise-t-min, 1)")
-    p.add_argument("--low-noise-t-min", type=float, default=Recipe.low_noise_t_min)
     return p.parse_args(argv)
 
 
@@ -562,6 +565,8 @@ def check_arguments(args) -> None:
     Range(0, 10**7).check("--eval-every", args.eval_every)
     Range(0, 10**7).check("--warmup", args.warmup)
     Range(0.0, 1.0, integer=False, low_open=True).check("--lr", args.lr)
+    Range(0.0, 1.0, integer=False).check("--low-noise-fraction", args.low_noise_fraction)
+    Range(0.0, 1.0, integer=False).check("--low-noise-t-min", args.low_noise_t_min)
     (_, steps), (_, cfg_scale) = REQUEST_RANGES["steps"], REQUEST_RANGES["cfg_scale"]
     steps.check("--sample-steps", args.sample_steps)
     cfg_scale.check("--cfg-scale", args.cfg_scale)
@@ -579,8 +584,6 @@ def main(argv=None) -> int:
     def command() -> int:
         args = parse_args(argv)
         check_arguments(args)
-        Range(0.0, 1.0, integer=False).check("--low-noise-fraction", args.low_noise_fraction)
-        Range(0.0, 1.0, integer=False).check("--low-noise-t-min", args.low_noise_t_min)
         return run_command(args)
 
     return guarded("train", command)
@@ -588,8 +591,7 @@ def main(argv=None) -> int:
 
 def run_command(args) -> int:
     torch.set_num_threads(args.threads)
-    recipe = dataclasses.replace(Recipe(), **schedule_arguments(args), low_noise_fraction=args.low_noise_fraction,
-                                 low_noise_t_min=args.low_noise_t_min)
+    recipe = dataclasses.replace(Recipe(), **schedule_arguments(args))
     mmjit, t5 = (SMOKE_MMJIT, SMOKE_T5) if args.tiny else (DEMO_MMJIT, DEMO_T5)
     if args.init_from is not None:
         existing_path(args.init_from, "--init-from")
@@ -598,7 +600,8 @@ def run_command(args) -> int:
 
 def schedule_arguments(args) -> dict:
     """The `Schedule` fields the command line sets."""
-    return {"steps": args.steps, "batch": args.batch, "seed": args.seed, "lr": args.lr, "warmup": args.warmup}
+    return {"steps": args.steps, "batch": args.batch, "seed": args.seed, "lr": args.lr, "warmup": args.warmup,
+            "low_noise_fraction": args.low_noise_fraction, "low_noise_t_min": args.low_noise_t_min}
 
 
 def execute(run: Run, args) -> int:
