@@ -2,6 +2,7 @@
 
     python -m minit2i.training.probe                       # the shipped demo model, t = 0.5 ... 0.99
     python -m minit2i.training.probe --model DIR --t 0.9 0.99
+    python -m minit2i.training.probe --model demo-mf        # a four-step student's own x0
 
 The sampler's image is the guided x0 prediction of its last step (t = 0.95 at 20 steps), so a
 shape the network cannot reproduce from an almost clean input it cannot draw either. The probe
@@ -9,6 +10,10 @@ noises every held-in scene's true image to x_t = t x + (1 - t) 2 eps (the traini
 one fixed eps), asks the network (conditional branch, full caption) for x0, and reads the
 prediction back with the evaluation's checker: shape accuracy per size, and the same for the
 noisy input itself (x_t / t), which shows how much of the shape the input still carries.
+
+A Mean Flow student is probed through its flow-matching prediction: step length h = 0, omega 1,
+guidance interval [0, 1], at its own time 1 - t. That is the instantaneous velocity its r = t
+training rows match to the teacher's, so the two tables compare directly.
 """
 
 from __future__ import annotations
@@ -20,7 +25,6 @@ import numpy as np
 
 from minit2i.cli import OneLineParser, emit, guarded
 from minit2i.core.checks import Range, existing_path
-from minit2i.core.errors import MiniT2IError
 from minit2i.core.images import to_pixels
 from minit2i.reference.sampler import NOISE_SCALE
 
@@ -44,16 +48,21 @@ def shape_readback(scenes, pixels) -> dict[str, float]:
     return accuracy_report([(scene, 0, False) for scene in scenes], pixels)["shape_by_size"]["held_in"]
 
 
-def probe(model: str | Path = "demo", times=DEFAULT_TIMES, scenes=None) -> dict[float, dict]:
+def probe(model: str | Path = "demo", times=DEFAULT_TIMES, scenes=None, t5: Path | None = None) -> dict[float, dict]:
     """{t: {"prediction": shape_readback of the conditional x0 from x_t, "input": that of x_t / t}}
-    over `scenes` (default: every held-in scene), with the NumPy reference network."""
+    over `scenes` (default: every held-in scene), with the NumPy reference network; `model` and
+    `t5` as `model_folders` takes them."""
     from minit2i.pipeline import is_student, load_model, make_runner
 
-    loaded = load_model(*model_folders(model))
-    if is_student(loaded):
-        raise MiniT2IError(f"{model} is a Mean Flow student, which predicts an average velocity, not x0; "
-                           "probe its teacher (--model demo or a base model's folder)")
+    loaded = load_model(*model_folders(model, t5))
     runner = make_runner(loaded, "numpy")
+
+    def predict_x0(x, context, mask):
+        if not is_student(loaded):
+            return runner.denoise(x, context, mask)
+        zero, one = np.zeros(len(x), np.float32), np.ones(len(x), np.float32)
+        return runner.denoise_student(x, zero, one, zero, one, context, mask)
+
     scenes = list(shapes.all_scenes(False) if scenes is None else scenes)
     clean = shapes.to_model_range(np.stack([shapes.render(s) for s in scenes]))
     report = {}
@@ -63,7 +72,7 @@ def probe(model: str | Path = "demo", times=DEFAULT_TIMES, scenes=None) -> dict[
         for start in range(0, len(scenes), BATCH):
             ids, mask = loaded.tokenizer([s.caption() for s in scenes[start:start + BATCH]])
             context = runner.encode(ids, mask)
-            predicted += list(to_pixels(runner.denoise(x_t[start:start + BATCH], context, mask)))
+            predicted += list(to_pixels(predict_x0(x_t[start:start + BATCH], context, mask)))
         report[t] = {"prediction": shape_readback(scenes, predicted),
                      "input": shape_readback(scenes, to_pixels(x_t / np.float32(t)))}
     return report
@@ -84,7 +93,10 @@ def main(argv=None) -> int:
 
     def command() -> int:
         p = OneLineParser(prog="probe", description=__doc__.splitlines()[0])
-        p.add_argument("--model", default="demo", help="the built-in demo model or an exported base model's folder")
+        p.add_argument("--model", default="demo",
+                       help="a built-in model (demo, demo-mf) or an exported folder (transformer/, t5/)")
+        p.add_argument("--t5", type=Path, default=None,
+                       help="T5 folder (default: the model's t5/, else the demo model's)")
         p.add_argument("--t", type=float, nargs="+", default=list(DEFAULT_TIMES),
                        help="noise levels to probe (1 = clean)")
         args = p.parse_args(argv)
@@ -92,7 +104,9 @@ def main(argv=None) -> int:
             Range(0, 1, integer=False, low_open=True).check("--t", t)
         if built_in_model(args.model) is None:
             existing_path(args.model, "--model")
-        emit(markdown_table(probe(args.model, args.t)))
+        if args.t5 is not None:
+            existing_path(args.t5, "--t5")
+        emit(markdown_table(probe(args.model, args.t, t5=args.t5)))
         return 0
 
     return guarded("probe", command)
