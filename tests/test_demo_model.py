@@ -22,16 +22,27 @@ from minit2i.training.probe import noised, probe
 
 MODELS = list(BUILT_IN_MODELS)
 
-# Floors for the small CI sample (8 held-in images, seed 0), per model and attribute: the full
-# evaluation's accuracy (docs/demo-model.md) less one image in 8, rounded down to a multiple of
-# 1/8, where that is below 100 %.
-HELD_IN_FLOORS = {
-    "demo": {"background": 1.0, "colour": 1.0, "position": 1.0, "size": 1.0, "shape": 0.625},  # shape: 86 %
-    "demo-mf": {"background": 1.0, "colour": 1.0, "position": 1.0, "size": 1.0, "shape": 0.5},  # shape: 72 %
+# Held-in accuracy of the full evaluation over 128 images, per model and attribute (docs/demo-model.md).
+FULL_EVALUATION = {
+    "demo": {"background": 1.0, "colour": 1.0, "position": 1.0, "size": 1.0, "shape": 0.86},
+    "demo-mf": {"background": 0.95, "colour": 1.0, "position": 1.0, "size": 1.0, "shape": 0.87},
 }
+
+
+def sample_floor(accuracy: float, images: int = 8) -> float:
+    """The floor for a sample of `images`: `accuracy` less one image, rounded down to a whole
+    image. 100 % over 128 images still allows a rate of about 2 % (the 95 % upper bound for no
+    failure in 128 is 3/128), which a sample of 8 meets with one failure one time in six, as the
+    demo model does here (a stray blob below a small triangle makes it read as a large shape); two
+    failures in 8 at that rate happen one time in seventy."""
+    return np.floor((accuracy - 1 / images) * images + 1e-9) / images
+
+
+HELD_IN_FLOORS = {name: {a: sample_floor(v) for a, v in full.items()} for name, full in FULL_EVALUATION.items()}
 # The background error (99th percentile, levels) on the sample: the goal of at most 4 levels
-# (docs/demo-model.md), which the full evaluations meet at 1-3 per background and this sample at
-# 1-4, plus one level for a pixel rounded the other way under another BLAS. A patch grid that came
+# (docs/demo-model.md), which the full evaluations meet at 1-2 per background (the student's
+# white backgrounds aside: seed 1 draws some in another colour) and this sample, seed 0, at 2, plus
+# one level for a pixel rounded the other way under another BLAS. A patch grid that came
 # back (the first-stage model, 5-8 in its full evaluation, read 9 on it) or noise left in the
 # image fails it.
 BACKGROUND_ERROR_LIMIT = 5
@@ -108,29 +119,30 @@ def test_noising_follows_the_training_convention():
     assert abs(noised(np.zeros_like(clean), 0.0).std() - 2.0) < 0.06
 
 
+PROBE_SCENES = shapes.all_scenes()[::150]  # 7 held-in scenes, small and large
+
+
+def shapes_kept_at_099(model: str) -> int:
+    """How many of PROBE_SCENES the model's x0 prediction at t = 0.99 keeps the shape of, after
+    checking that the checker reads every input (the image to within 2 % noise) back."""
+    report = probe(model, [0.99], PROBE_SCENES)[0.99]
+    assert report["input"] == {"small": 1.0, "large": 1.0}
+    sizes = [s.size for s in PROBE_SCENES]
+    return round(sum(report["prediction"][size] * sizes.count(size) for size in set(sizes)))
+
+
 def test_the_probe_reads_nearly_clean_inputs_and_predictions_back():
-    """At t = 0.99 the input is the image to within 2 % noise, so the checker reads every one back;
-    the demo model's x0 prediction from it keeps the shape of all 7 of these small and large scenes
+    """The demo model's x0 prediction from a nearly clean input keeps the shape of all 7 scenes
     (100 % and 99 % over every held-in scene, docs/demo-model.md), held to 6: one scene of slack
     for BLAS rounding at a checker boundary."""
-    scenes = shapes.all_scenes()[::150][:8]
-    report = probe("demo", [0.99], scenes)[0.99]
-    assert report["input"] == {"small": 1.0, "large": 1.0}
-    sizes = [s.size for s in scenes]
-    right = sum(report["prediction"][size] * sizes.count(size) for size in set(sizes))
-    assert right >= 6 - 1e-9, report
+    assert shapes_kept_at_099("demo") >= 6
 
 
 def test_the_probe_reads_a_student_through_its_flow_matching_prediction():
     """The student's h = 0 prediction from a nearly clean input is a drawing of the scene: the
-    shipped student keeps the shape of 4 of these 7 scenes at t = 0.99 (held to 3: one scene of
-    slack for BLAS rounding at a checker boundary)."""
-    scenes = shapes.all_scenes()[::150][:8]
-    report = probe("demo-mf", [0.99], scenes)[0.99]
-    assert report["input"] == {"small": 1.0, "large": 1.0}
-    sizes = [s.size for s in scenes]
-    right = sum(report["prediction"][size] * sizes.count(size) for size in set(sizes))
-    assert right >= 3 - 1e-9, report
+    shipped student keeps the shape of all 7 scenes (100 % and 97 % over every held-in scene,
+    docs/demo-model.md), held to 6: one scene of slack for BLAS rounding at a checker boundary."""
+    assert shapes_kept_at_099("demo-mf") >= 6
 
 
 @pytest.mark.parametrize("argv, words", [

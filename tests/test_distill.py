@@ -87,7 +87,7 @@ def test_batches_sample_t_r_interval_and_omega_as_the_official_code():
     from minit2i.core.tokenizer import PromptTokenizer, make_word_tokenizer
     from minit2i.training import shapes
 
-    recipe = dataclasses.replace(distill.DistillRecipe(), batch=2048)
+    recipe = dataclasses.replace(distill.DistillRecipe(), batch=2048, low_noise_fraction=0.0)
     batch = {k: v.numpy().astype(np.float64)
              for k, v in distill.distill_batch(recipe, PromptTokenizer(make_word_tokenizer(shapes.vocabulary()), 16),
                                                7).items()}
@@ -113,7 +113,8 @@ def test_a_low_noise_share_changes_only_t_and_r_of_its_rows():
     from minit2i.training import shapes
 
     tokenizer = PromptTokenizer(make_word_tokenizer(shapes.vocabulary()), 16)
-    official = distill.distill_batch(dataclasses.replace(distill.DistillRecipe(), batch=256), tokenizer, 7)
+    official = distill.distill_batch(dataclasses.replace(distill.DistillRecipe(), batch=256, low_noise_fraction=0.0),
+                                     tokenizer, 7)
     low = distill.distill_batch(dataclasses.replace(distill.DistillRecipe(), batch=256, low_noise_fraction=1.0,
                                                     low_noise_t_min=0.85), tokenizer, 7)
     t, r = low["t"].numpy(), low["r"].numpy()

@@ -22,7 +22,7 @@ The objective is the official teacher-guided Mean Flow distillation (model.md 9.
 draws t and r from U(0, 1 - --low-noise-t-min) instead (the same low-noise band as train.py's, in
 the student's reversed time). The official draws put 0.3 % of t below 0.2, so a student distilled
 with them alone loses the teacher's outlines near the data, where its last step lands. The default
-is 0, the official objective.
+is the shipped student's, 0.4 with --low-noise-t-min 0.4; 0 is the official objective.
 
 The student starts as the teacher (every tensor they share is copied, as the official warm start
 does); the prefix's tokens and embedders start small (N(0, 0.02), biases 0) so that the first steps
@@ -71,9 +71,11 @@ PREFIX_INIT_STD = 0.02
 class DistillRecipe(Schedule):
     """The distillation's settings; the defaults are the shipped student's (docs/demo-model.md)."""
 
-    steps: int = 1500
+    steps: int = 1000
     lr: float = 3e-4
     warmup: int = 100
+    low_noise_fraction: float = 0.4
+    low_noise_t_min: float = 0.4
     t_mu: float = 0.8
     t_sigma: float = 0.8
     flow_matching_fraction: float = 0.5  # rows with r = t ("data_proportion" officially)
@@ -252,6 +254,7 @@ def parse_args(argv=None):
                    help="start from an exported student (transformer/), e.g. one distilled from an earlier teacher")
     p.set_defaults(run=Path("runs/demo-mf"), export_dir=DEMO_STUDENT_DIR, steps=DistillRecipe.steps,
                    lr=DistillRecipe.lr, warmup=DistillRecipe.warmup, low_noise_fraction=DistillRecipe.low_noise_fraction,
+                   low_noise_t_min=DistillRecipe.low_noise_t_min,
                    checkpoint_every=50, sample_steps=4, sweep_steps=[2, 4, 8], sweep_cfg=[2.0, 3.0, 5.0])
     return p.parse_args(argv)
 
