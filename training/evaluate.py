@@ -197,6 +197,24 @@ def model_folders(model: str | Path, t5: Path | None = None) -> tuple[Path, Path
     return transformer, t5 or default_t5
 
 
+def add_model_arguments(parser) -> None:
+    """--model and --t5, as `model_folders` takes them (evaluate and probe)."""
+    parser.add_argument("--model", default="demo",
+                        help="a built-in model (demo, demo-mf) or an exported folder (transformer/, t5/)")
+    parser.add_argument("--t5", type=Path, default=None,
+                        help="T5 folder (default: the model's t5/, else the demo model's)")
+
+
+def check_model_arguments(args) -> None:
+    """--model names a built-in model or an existing path, and --t5 (if given) exists."""
+    from minit2i.default_model import built_in_model
+
+    if built_in_model(args.model) is None:
+        existing_path(args.model, "--model")
+    if args.t5 is not None:
+        existing_path(args.t5, "--t5")
+
+
 def generate_scenes(scenes, model: str | Path = "demo", t5: Path | None = None,
                     settings: dict | None = None) -> list[np.ndarray]:
     """Draw every (scene, seed) through minit2i's ordinary generate path with the model's
@@ -246,16 +264,11 @@ def markdown_table(report: dict) -> str:
 
 
 def main(argv=None) -> int:
-    from minit2i.default_model import built_in_model
-
     def command() -> int:
         p = OneLineParser(prog="evaluate", description=__doc__.splitlines()[0])
         p.add_argument("--prompts", type=int, default=64, help="held-in prompts (held-out: half as many)")
         p.add_argument("--seeds", type=int, default=2)
-        p.add_argument("--model", default="demo",
-                       help="a built-in model (demo, demo-mf) or an exported folder (transformer/, t5/)")
-        p.add_argument("--t5", type=Path, default=None,
-                       help="T5 folder (default: the model's t5/, else the demo model's)")
+        add_model_arguments(p)
         p.add_argument("--steps", type=int, default=None, help="sampler steps (default: the model's)")
         p.add_argument("--cfg-scale", type=float, default=None, help="guidance (default: the model's)")
         p.add_argument("--json", type=Path, default=None, help="also write the report here")
@@ -267,10 +280,7 @@ def main(argv=None) -> int:
         settings = {name: getattr(args, name) for name in ("steps", "cfg_scale") if getattr(args, name) is not None}
         for name, value in settings.items():
             REQUEST_RANGES[name][1].check(REQUEST_RANGES[name][0], value)
-        if built_in_model(args.model) is None:
-            existing_path(args.model, "--model")
-        if args.t5 is not None:
-            existing_path(args.t5, "--t5")
+        check_model_arguments(args)
         if args.json is not None:
             check_output_file(args.json, "--json")
         if args.failures is not None:

@@ -24,12 +24,12 @@ from pathlib import Path
 import numpy as np
 
 from minit2i.cli import OneLineParser, emit, guarded
-from minit2i.core.checks import Range, existing_path
+from minit2i.core.checks import Range
 from minit2i.core.images import to_pixels
 from minit2i.reference.sampler import NOISE_SCALE
 
 from . import shapes
-from .evaluate import accuracy_report, model_folders
+from .evaluate import accuracy_report, add_model_arguments, check_model_arguments, model_folders
 
 DEFAULT_TIMES = (0.5, 0.8, 0.9, 0.95, 0.99)
 PROBE_SEED = 0
@@ -89,23 +89,15 @@ def markdown_table(report: dict[float, dict]) -> str:
 
 
 def main(argv=None) -> int:
-    from minit2i.default_model import built_in_model
-
     def command() -> int:
         p = OneLineParser(prog="probe", description=__doc__.splitlines()[0])
-        p.add_argument("--model", default="demo",
-                       help="a built-in model (demo, demo-mf) or an exported folder (transformer/, t5/)")
-        p.add_argument("--t5", type=Path, default=None,
-                       help="T5 folder (default: the model's t5/, else the demo model's)")
+        add_model_arguments(p)
         p.add_argument("--t", type=float, nargs="+", default=list(DEFAULT_TIMES),
                        help="noise levels to probe (1 = clean)")
         args = p.parse_args(argv)
         for t in args.t:
             Range(0, 1, integer=False, low_open=True).check("--t", t)
-        if built_in_model(args.model) is None:
-            existing_path(args.model, "--model")
-        if args.t5 is not None:
-            existing_path(args.t5, "--t5")
+        check_model_arguments(args)
         emit(markdown_table(probe(args.model, args.t, t5=args.t5)))
         return 0
 
