@@ -25,7 +25,7 @@ MODELS = list(BUILT_IN_MODELS)
 # Held-in accuracy of the full evaluation over 128 images, per model and attribute (docs/demo-model.md).
 FULL_EVALUATION = {
     "demo": {"background": 1.0, "colour": 1.0, "position": 1.0, "size": 1.0, "shape": 0.86},
-    "demo-mf": {"background": 0.95, "colour": 1.0, "position": 1.0, "size": 1.0, "shape": 0.87},
+    "demo-mf": {"background": 1.0, "colour": 1.0, "position": 1.0, "size": 1.0, "shape": 0.85},
 }
 
 
@@ -40,11 +40,10 @@ def sample_floor(accuracy: float, images: int = 8) -> float:
 
 HELD_IN_FLOORS = {name: {a: sample_floor(v) for a, v in full.items()} for name, full in FULL_EVALUATION.items()}
 # The background error (99th percentile, levels) on the sample: the goal of at most 4 levels
-# (docs/demo-model.md), which the full evaluations meet at 1-2 per background (the student's
-# white backgrounds aside: seed 1 draws some in another colour) and this sample, seed 0, at 2, plus
-# one level for a pixel rounded the other way under another BLAS. A patch grid that came
-# back (the first-stage model, 5-8 in its full evaluation, read 9 on it) or noise left in the
-# image fails it.
+# (docs/demo-model.md), which the full evaluations meet at 1-3 per background and this sample,
+# seed 0, at 2, plus one level for a pixel rounded the other way under another BLAS. A patch grid
+# that came back (the first-stage model, 5-8 in its full evaluation, read 9 on it) or noise left
+# in the image fails it.
 BACKGROUND_ERROR_LIMIT = 5
 
 

@@ -23,6 +23,9 @@ draws t and r from U(0, 1 - --low-noise-t-min) instead (the same low-noise band 
 the student's reversed time). The official draws put 0.3 % of t below 0.2, so a student distilled
 with them alone loses the teacher's outlines near the data, where its last step lands. The default
 is the shipped student's, 0.4 with --low-noise-t-min 0.4; 0 is the official objective.
+`--high-noise-fraction f` does the same at the other end, t and r from U(--high-noise-t-min, 1):
+the official draws put 0.4 % of t above 0.95, and the student's first step starts at t = 1, where it
+must follow the teacher's guidance from pure noise. Its rows are drawn after the low-noise ones.
 
 The student starts as the teacher (every tensor they share is copied, as the official warm start
 does); the prefix's tokens and embedders start small (N(0, 0.02), biases 0) so that the first steps
@@ -49,7 +52,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from minit2i.cli import guarded
 from minit2i.core.checkpoint import nest
-from minit2i.core.checks import existing_path
+from minit2i.core.checks import Range, existing_path
 from minit2i.core.errors import MiniT2IError
 from minit2i.core.mean_flow_config import MeanFlowConfig, mean_flow_expected_shapes
 from minit2i.core.mmjit_config import MMJiTConfig
@@ -76,6 +79,10 @@ class DistillRecipe(Schedule):
     warmup: int = 100
     low_noise_fraction: float = 0.4
     low_noise_t_min: float = 0.4
+    # A share drawn near pure noise, t and r ~ U(high_noise_t_min, 1) in the student's time, where
+    # its first step starts and where the official draws put 0.4 % of t above 0.95.
+    high_noise_fraction: float = 0.0
+    high_noise_t_min: float = 0.75
     t_mu: float = 0.8
     t_sigma: float = 0.8
     flow_matching_fraction: float = 0.5  # rows with r = t ("data_proportion" officially)
@@ -124,6 +131,9 @@ def distill_batch(recipe: DistillRecipe, tokenizer, step: int) -> dict[str, torc
     highest = 1.0 - recipe.low_noise_t_min  # the student's time runs the other way (1 = noise)
     t = np.where(low_noise, rng.uniform(0.0, highest, recipe.batch), t)
     r = np.where(low_noise, rng.uniform(0.0, highest, recipe.batch), r)
+    high_noise = rng.random(recipe.batch) < recipe.high_noise_fraction
+    t = np.where(high_noise, rng.uniform(recipe.high_noise_t_min, 1.0, recipe.batch), t)
+    r = np.where(high_noise, rng.uniform(recipe.high_noise_t_min, 1.0, recipe.batch), r)
     flow_matching = np.arange(recipe.batch) < int(recipe.batch * recipe.flow_matching_fraction)
     r = np.where(flow_matching, t, r)
     t, r = np.maximum(t, r), np.minimum(t, r)
@@ -250,6 +260,9 @@ def parse_args(argv=None):
     p.add_argument("--teacher", type=Path, default=DEMO_MODEL_DIR, help="exported base model (transformer/, t5/)")
     p.add_argument("--guidance-interval", type=float, nargs=2, default=[0.0, 1.0], metavar=("T_MIN", "T_MAX"),
                    help="guidance interval of evaluation and export")
+    p.add_argument("--high-noise-fraction", type=float, default=DistillRecipe.high_noise_fraction,
+                   help="share of each batch with t and r ~ U(--high-noise-t-min, 1) (1 = noise)")
+    p.add_argument("--high-noise-t-min", type=float, default=DistillRecipe.high_noise_t_min)
     p.add_argument("--init-from", type=Path, default=None,
                    help="start from an exported student (transformer/), e.g. one distilled from an earlier teacher")
     p.set_defaults(run=Path("runs/demo-mf"), export_dir=DEMO_STUDENT_DIR, steps=DistillRecipe.steps,
@@ -264,11 +277,15 @@ def main(argv=None) -> int:
         args = parse_args(argv)
         check_arguments(args)
         interval = check_guidance_interval(args.guidance_interval)
+        for flag in ("--high-noise-fraction", "--high-noise-t-min"):
+            Range(0.0, 1.0, integer=False).check(flag, getattr(args, flag[2:].replace("-", "_")))
         existing_path(args.teacher, "--teacher")
         if args.init_from is not None:
             existing_path(args.init_from, "--init-from")
         torch.set_num_threads(args.threads)
-        recipe = dataclasses.replace(DistillRecipe(), **schedule_arguments(args))
+        recipe = dataclasses.replace(DistillRecipe(), **schedule_arguments(args),
+                                     high_noise_fraction=args.high_noise_fraction,
+                                     high_noise_t_min=args.high_noise_t_min)
         return execute(DistillRun(args.run, recipe, args.teacher, interval, args.init_from), args)
 
     return guarded("distill", command)
