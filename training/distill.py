@@ -279,8 +279,8 @@ def main(argv=None) -> int:
         args = parse_args(argv)
         check_arguments(args)
         interval = check_guidance_interval(args.guidance_interval)
-        for flag in ("--high-noise-fraction", "--high-noise-t-min"):
-            Range(0.0, 1.0, integer=False).check(flag, getattr(args, flag[2:].replace("-", "_")))
+        Range(0.0, 1.0, integer=False).check("--high-noise-fraction", args.high_noise_fraction)
+        Range(0.0, 1.0, integer=False).check("--high-noise-t-min", args.high_noise_t_min)
         existing_path(args.teacher, "--teacher")
         if args.init_from is not None:
             existing_path(args.init_from, "--init-from")
