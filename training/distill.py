@@ -128,14 +128,16 @@ def distill_batch(recipe: DistillRecipe, tokenizer, step: int) -> dict[str, torc
     interval_low, interval_high = rng.uniform(0.0, 0.5, recipe.batch), rng.uniform(0.5, 1.0, recipe.batch)
     omega = np.exp(rng.random(recipe.batch) * np.log1p(recipe.cfg_max))
     noise = NOISE_SCALE * rng.standard_normal(images.shape, dtype=np.float32)
-    # Drawn last, so that without a low-noise share every value above is the official draw.
-    low_noise = rng.random(recipe.batch) < recipe.low_noise_fraction
-    highest = 1.0 - recipe.low_noise_t_min  # the student's time runs the other way (1 = noise)
-    t = np.where(low_noise, rng.uniform(0.0, highest, recipe.batch), t)
-    r = np.where(low_noise, rng.uniform(0.0, highest, recipe.batch), r)
-    high_noise = rng.random(recipe.batch) < recipe.high_noise_fraction
-    t = np.where(high_noise, rng.uniform(recipe.high_noise_t_min, 1.0, recipe.batch), t)
-    r = np.where(high_noise, rng.uniform(recipe.high_noise_t_min, 1.0, recipe.batch), r)
+
+    def redraw_share(t, r, fraction, lowest, highest):
+        rows = rng.random(recipe.batch) < fraction
+        return (np.where(rows, rng.uniform(lowest, highest, recipe.batch), t),
+                np.where(rows, rng.uniform(lowest, highest, recipe.batch), r))
+
+    # Drawn last, so that without the noise-band shares every value above is the official draw.
+    # The student's time runs the other way (1 = noise): the low-noise band ends at 1 - t_min.
+    t, r = redraw_share(t, r, recipe.low_noise_fraction, 0.0, 1.0 - recipe.low_noise_t_min)
+    t, r = redraw_share(t, r, recipe.high_noise_fraction, recipe.high_noise_t_min, 1.0)
     flow_matching = np.arange(recipe.batch) < int(recipe.batch * recipe.flow_matching_fraction)
     r = np.where(flow_matching, t, r)
     t, r = np.maximum(t, r), np.minimum(t, r)
