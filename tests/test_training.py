@@ -44,6 +44,21 @@ def test_the_low_noise_share_of_a_batch_draws_t_above_its_minimum():
     assert (official < 0.85).mean() > 0.9
 
 
+def test_the_phrase_probability_sets_how_many_captions_are_full():
+    """Each of the three optional phrases is kept with probability p, so a caption is full
+    with probability p^3: at p = 1 every one of 256, at 0.75 about 42 % (binomial standard
+    error 3 points at 256, so the bounds 30-55 % cannot fail by chance)."""
+    tokenizer = PromptTokenizer(make_word_tokenizer(shapes.vocabulary()), train.DEMO_MMJIT.prompt_length)
+    full_tokens = len(shapes.all_scenes()[0].caption().split()) + 1  # and </s>
+
+    def full_share(p):
+        mask = train.training_batch(train.Recipe(batch=256, phrase_probability=p), tokenizer, step=5)["mask"].numpy()
+        return (mask.sum(axis=1) == full_tokens).mean()
+
+    assert full_share(1.0) == 1.0
+    assert 0.30 < full_share(0.75) < 0.55
+
+
 # ---------------------------------------------------------------------------------------------
 # Training script (tiny configuration)
 
@@ -299,6 +314,7 @@ def test_non_finite_weights_are_not_exported(trained, tmp_path, capsys, monkeypa
     (["--steps", "x"], ["argument --steps: invalid int value: 'x'"]),
     (["--low-noise-fraction", "1.5"], ["--low-noise-fraction", "found 1.5"]),
     (["--low-noise-t-min", "-0.1"], ["--low-noise-t-min", "found -0.1"]),
+    (["--phrase-probability", "1.01"], ["--phrase-probability", "found 1.01"]),
 ])
 def test_more_bad_training_arguments_are_one_line(argv, words, tmp_path, capsys):
     err = training_error(capsys, *argv, "--run", tmp_path / "run", "--export-dir", tmp_path / "out")

@@ -118,7 +118,7 @@ def student_initial_weights(teacher: dict[str, np.ndarray], config: MeanFlowConf
 def distill_batch(recipe: DistillRecipe, tokenizer, step: int) -> dict[str, torch.Tensor]:
     """Everything random about step `step`: images, ids, mask, t >= r, t_min, t_max, omega, noise."""
     rng = np.random.default_rng([recipe.seed, step])
-    images, captions = shapes.random_batch(rng, recipe.batch)
+    images, captions = shapes.random_batch(rng, recipe.batch, recipe.phrase_probability)
     ids, mask = tokenizer(captions)
 
     def logit_normal():

@@ -83,6 +83,9 @@ class Schedule:
     # pixels inside a patch. 0 is the official objective.
     low_noise_fraction: float = 0.0
     low_noise_t_min: float = 0.6
+    # Each optional caption phrase (size, position, background) is kept with this probability;
+    # a left-out attribute is random, so short captions teach the model to fill in the rest.
+    phrase_probability: float = 0.75
 
 
 @dataclass(frozen=True)
@@ -171,7 +174,7 @@ def split_tree(flat: dict[str, torch.Tensor]) -> tuple[dict, dict]:
 def training_batch(recipe: Recipe, tokenizer: PromptTokenizer, step: int):
     """Everything random about step `step`: images, ids, masks (T5's and MMJiT's), t and noise."""
     rng = np.random.default_rng([recipe.seed, step])
-    images, captions = shapes.random_batch(rng, recipe.batch)
+    images, captions = shapes.random_batch(rng, recipe.batch, recipe.phrase_probability)
     ids, mask = tokenizer(captions)
     dropped = rng.random(recipe.batch) < recipe.caption_drop
     mmjit_mask = mask * ~dropped[:, None]
@@ -543,6 +546,8 @@ def run_parser(prog: str, description: str) -> OneLineParser:
     p.add_argument("--low-noise-fraction", type=float, default=Recipe.low_noise_fraction,
                    help="share of each batch at low noise, t ~ U(--low-noise-t-min, 1) (1 = clean)")
     p.add_argument("--low-noise-t-min", type=float, default=Recipe.low_noise_t_min)
+    p.add_argument("--phrase-probability", type=float, default=Recipe.phrase_probability,
+                   help="chance that each optional caption phrase (size, position, background) is kept")
     return p
 
 
@@ -567,6 +572,7 @@ def check_arguments(args) -> None:
     Range(0.0, 1.0, integer=False, low_open=True).check("--lr", args.lr)
     Range(0.0, 1.0, integer=False).check("--low-noise-fraction", args.low_noise_fraction)
     Range(0.0, 1.0, integer=False).check("--low-noise-t-min", args.low_noise_t_min)
+    Range(0.0, 1.0, integer=False).check("--phrase-probability", args.phrase_probability)
     (_, steps), (_, cfg_scale) = REQUEST_RANGES["steps"], REQUEST_RANGES["cfg_scale"]
     steps.check("--sample-steps", args.sample_steps)
     cfg_scale.check("--cfg-scale", args.cfg_scale)
@@ -601,7 +607,8 @@ def run_command(args) -> int:
 def schedule_arguments(args) -> dict:
     """The `Schedule` fields the command line sets."""
     return {"steps": args.steps, "batch": args.batch, "seed": args.seed, "lr": args.lr, "warmup": args.warmup,
-            "low_noise_fraction": args.low_noise_fraction, "low_noise_t_min": args.low_noise_t_min}
+            "low_noise_fraction": args.low_noise_fraction, "low_noise_t_min": args.low_noise_t_min,
+            "phrase_probability": args.phrase_probability}
 
 
 def execute(run: Run, args) -> int:
