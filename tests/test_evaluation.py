@@ -73,6 +73,28 @@ def test_checker_reads_back_every_rendered_scene():
     assert wrong == []
 
 
+@pytest.mark.parametrize("scene", [
+    shapes.Scene("large", "yellow", "square", "right", "black"),
+    shapes.Scene("large", "orange", "circle", "top", "white"),
+    shapes.Scene("small", "blue", "cross", "bottom", "gray"),
+    shapes.Scene("small", "red", "triangle", "left", "navy"),
+])
+def test_stray_pixels_off_a_corner_do_not_change_the_shape_read(scene):
+    """Two shape-coloured pixels two pixels outside opposite corners of the bounding box (as a
+    drawn square's fringe can put them) widen the box by 4; the shape is still read right, and
+    a bounding-box reading alone would read the square as a circle."""
+    image = shapes.render(scene)
+    ys, xs = np.nonzero(shapes.render_mask(scene.shape, shapes.SIZES[scene.size], shapes.POSITIONS[scene.position]))
+    image[ys.min() - 2, xs.min() - 2] = image[ys.max() + 2, xs.max() + 2] = shapes.COLOURS[scene.colour]
+    assert classify(image)["shape"] == scene.shape
+    if scene.shape == "square":
+        mask = (image != image[0, 0]).any(axis=-1)
+        wide = (ys.max() - ys.min() + 1) + 4
+        iou = {shape: (lambda c: (c & mask).sum() / (c | mask).sum())(
+            shapes.render_mask(shape, wide, shapes.POSITIONS[scene.position])) for shape in ("square", "circle")}
+        assert iou["circle"] > iou["square"]
+
+
 def test_checker_reports_no_shape_on_a_plain_image():
     blank = np.full((64, 64, 3), 128, dtype=np.uint8)
     assert classify(blank) == {"background": "gray", "colour": None, "position": None, "size": None, "shape": None}
