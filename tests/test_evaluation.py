@@ -147,6 +147,32 @@ def test_evaluate_lists_and_tiles_the_misread_images(tmp_path, capsys, monkeypat
     assert tiles.shape == (68, 68, 3) and (tiles[2:-2, 2:-2] == 128).all() and (tiles[:2] == 128).all()
 
 
+def test_short_prompts_score_only_colour_and_shape(capsys, monkeypatch):
+    """--short asks for "a {colour} {shape}" and scores those two alone: images with the right
+    colour and shape but another background, size and position are all right; one with the
+    wrong shape is the one image read wrong, named by its short prompt."""
+    from minit2i.training import evaluate
+
+    asked = []
+
+    def drawn(scenes, model, t5, settings, short):
+        asked.extend(evaluate.prompt(scene, short) for scene, _, _ in scenes)
+        others = [dataclasses.replace(scene, background="gray" if scene.colour != "white" else "navy",
+                                      size="large" if scene.size == "small" else "small", position="top")
+                  for scene, _, _ in scenes]
+        others[1] = dataclasses.replace(others[1], shape="triangle" if others[1].shape != "triangle" else "cross")
+        return [shapes.render(scene) for scene in others]
+
+    monkeypatch.setattr(evaluate, "generate_scenes", drawn)
+    assert evaluate.main(["--prompts", "2", "--seeds", "1", "--short"]) == 0
+    out = capsys.readouterr().out
+    scenes = evaluation_scenes(2, 1)
+    assert asked == [f"a {s.colour} {s.shape}" for s, _, _ in scenes]
+    assert out.startswith("| prompts | images | colour | shape |\n") and "background error" not in out
+    assert "| held-out pairs | 1 | 100% | 100% |" in out and "| held-in | 2 | 100% | 50% |" in out
+    assert f"1 of 3 images read wrong:\n{asked[1]} (seed 0): shape read as " in out
+
+
 @pytest.mark.parametrize("argv, words", [
     (["--prompts", "0"], "--prompts must be an integer in [1, 10000], found 0"),
     (["--steps", "0"], "--steps must be an integer in [1, 10000], found 0"),

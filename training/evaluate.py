@@ -5,6 +5,7 @@
     python -m minit2i.training.evaluate --prompts 8 --seeds 1 --model DIR
     python -m minit2i.training.evaluate --cfg-scale 1 --steps 40     # other sampler settings
     python -m minit2i.training.evaluate --failures misread.png       # and a sheet of the images read wrong
+    python -m minit2i.training.evaluate --short                       # prompts that name colour and shape only
 
 Images come from the ordinary `generate` path (NumPy backend, the model's default steps and
 guidance unless --steps / --cfg-scale say otherwise). A plain deterministic checker reads each
@@ -19,8 +20,9 @@ image back:
   size and place inside the mask's bounding box, up to FIT_SLACK pixels smaller than it: a stray
   pixel off a corner widens the box, and a square rendered at the wider box loses to a circle.
 
-It prints accuracy per attribute, separately for held-in scenes and the six held-out colour-shape
-pairs, as Markdown for docs/demo-model.md, then one line per image read wrong; --failures also
+With --short the prompts name only colour and shape ("a red circle"), the model chooses the rest,
+and only colour and shape are scored. It prints accuracy per attribute, separately for held-in
+scenes and the six held-out colour-shape pairs, as Markdown for docs/demo-model.md, then one line per image read wrong; --failures also
 tiles those images into one PNG, in the same order, to look at what the checker saw.
 """
 
@@ -42,6 +44,7 @@ from minit2i.reference.sampler import initial_noise
 from . import shapes
 
 ATTRIBUTES = ("background", "colour", "position", "size", "shape")
+SHORT_ATTRIBUTES = ("colour", "shape")  # what a short prompt ("a red circle") names
 MASK_DISTANCE = 50.0  # the closest shape/background pair (blue on navy) is 150 apart
 MIN_MASK_PIXELS = 16
 BORDER = 2
@@ -141,12 +144,19 @@ def evaluation_scenes(prompts: int, seeds: int, held_out_prompts: int | None = N
     return [(scene, seed, held_out) for scene, held_out in picked for seed in range(seeds)]
 
 
-def accuracy_report(scenes, pixels) -> dict:
+def scored(short: bool) -> tuple[str, ...]:
+    """The attributes a prompt names, and so the ones scored."""
+    return SHORT_ATTRIBUTES if short else ATTRIBUTES
+
+
+def accuracy_report(scenes, pixels, short: bool = False) -> dict:
     """The checker's verdict over the images:
 
     "held_in", "held_out": {attribute: accuracy}; "shape_by_size": {group: {size: shape accuracy}};
     "counts": {group: images}; "shapes": per prompted shape, how often each shape was read back;
-    "background_error": `background_error` per background colour.
+    "background_error": `background_error` per background colour. With `short` (the prompts named
+    colour and shape only) just those two are scored, and size and background, the model's own
+    choice, are neither split by nor measured against.
     """
     report, counts, by_size = {}, {}, {}
     shapes_found: dict[str, dict[str, int]] = {s: {} for s in shapes.SHAPES}
@@ -154,30 +164,36 @@ def accuracy_report(scenes, pixels) -> dict:
         pairs = [(scene, classify(p)) for (scene, _, held_out), p in zip(scenes, pixels) if held_out == wanted]
         counts[group] = len(pairs)
         if pairs:
-            report[group] = {a: float(np.mean([getattr(s, a) == found[a] for s, found in pairs])) for a in ATTRIBUTES}
-            by_size[group] = {size: float(np.mean([s.shape == found["shape"] for s, found in pairs if s.size == size]))
-                              for size in shapes.SIZES if any(s.size == size for s, _ in pairs)}
+            report[group] = {a: float(np.mean([getattr(s, a) == found[a] for s, found in pairs])) for a in scored(short)}
+            if not short:
+                by_size[group] = {size: float(np.mean([s.shape == found["shape"] for s, found in pairs if s.size == size]))
+                                  for size in shapes.SIZES if any(s.size == size for s, _ in pairs)}
         for scene, found in pairs:
             row = shapes_found[scene.shape]
             row[str(found["shape"])] = row.get(str(found["shape"]), 0) + 1
     report["shape_by_size"] = by_size
     report["counts"] = counts
     report["shapes"] = shapes_found
-    report["background_error"] = background_error(scenes, pixels)
+    report["background_error"] = {} if short else background_error(scenes, pixels)
     return report
 
 
-def misread(scenes, pixels) -> list[tuple[int, dict[str, str | None]]]:
-    """[(index, what the checker read)] of every image with at least one attribute read wrong."""
+def prompt(scene: shapes.Scene, short: bool = False) -> str:
+    """The scene's full caption, or with short=True only its colour and shape ("a red circle")."""
+    return scene.caption(with_size=False, with_position=False, with_background=False) if short else scene.caption()
+
+
+def misread(scenes, pixels, short: bool = False) -> list[tuple[int, dict[str, str | None]]]:
+    """[(index, what the checker read)] of every image with at least one scored attribute read wrong."""
     found = [(i, classify(p)) for i, p in enumerate(pixels)]
-    return [(i, read) for i, read in found if any(getattr(scenes[i][0], a) != read[a] for a in ATTRIBUTES)]
+    return [(i, read) for i, read in found if any(getattr(scenes[i][0], a) != read[a] for a in scored(short))]
 
 
-def misread_line(scene_seed, read: dict[str, str | None]) -> str:
-    """'caption (seed s): attribute read as value, ...' for one misread image."""
+def misread_line(scene_seed, read: dict[str, str | None], short: bool = False) -> str:
+    """'prompt (seed s): attribute read as value, ...' for one misread image."""
     scene, seed, _ = scene_seed
-    wrong = ", ".join(f"{a} read as {read[a]}" for a in ATTRIBUTES if getattr(scene, a) != read[a])
-    return f"{scene.caption()} (seed {seed}): {wrong}"
+    wrong = ", ".join(f"{a} read as {read[a]}" for a in scored(short) if getattr(scene, a) != read[a])
+    return f"{prompt(scene, short)} (seed {seed}): {wrong}"
 
 
 def contact_sheet(pixels: list[np.ndarray], columns: int = 8) -> np.ndarray:
@@ -235,9 +251,10 @@ def check_model_arguments(args) -> None:
 
 
 def generate_scenes(scenes, model: str | Path = "demo", t5: Path | None = None,
-                    settings: dict | None = None) -> list[np.ndarray]:
+                    settings: dict | None = None, short: bool = False) -> list[np.ndarray]:
     """Draw every (scene, seed) through minit2i's ordinary generate path with the model's
-    defaults, or with `settings` (Request fields such as steps, cfg_scale) where given.
+    defaults, or with `settings` (Request fields such as steps, cfg_scale) where given; the
+    prompt is the scene's full caption, or its colour and shape alone with `short`.
 
     `model`, `t5`: as `model_folders` takes them. The seeds of one scene (consecutive in `scenes`)
     are one request with a batch count, which gives image i the seed first + i, exactly as separate
@@ -253,7 +270,7 @@ def generate_scenes(scenes, model: str | Path = "demo", t5: Path | None = None,
         seeds = [seed for _, seed, _ in group]
         if seeds != list(range(seeds[0], seeds[0] + len(seeds))):
             raise ValueError(f"the seeds of {scene} are not consecutive: {seeds}")
-        request = Request(scene.caption(), seed=seeds[0], batch_count=len(seeds), **defaults)
+        request = Request(prompt(scene, short), seed=seeds[0], batch_count=len(seeds), **defaults)
         pixels += list(generate(loaded, runner, request).pixels)
     return pixels
 
@@ -262,18 +279,20 @@ def markdown_table(report: dict) -> str:
     """The accuracy report as Markdown: accuracy per attribute, with shape split by size (rows:
     held-in, held-out), the background error per background colour, then which shape the checker
     read for each prompted shape (all images)."""
-    sizes = list(shapes.SIZES)
-    columns = [*ATTRIBUTES, *(f"shape, {size}" for size in sizes)]
+    sizes = list(shapes.SIZES) if report["shape_by_size"] else []
+    attributes = list(next(report[g] for g in ("held_in", "held_out") if g in report))
+    columns = [*attributes, *(f"shape, {size}" for size in sizes)]
     lines = ["| prompts | images | " + " | ".join(columns) + " |", "|---" * (len(columns) + 2) + "|"]
     for group, label in (("held_in", "held-in"), ("held_out", "held-out pairs")):
         if group in report:
-            by_size = report["shape_by_size"][group]
-            cells = [f"{report[group][a]:.0%}" for a in ATTRIBUTES]
+            by_size = report["shape_by_size"].get(group, {})
+            cells = [f"{report[group][a]:.0%}" for a in attributes]
             cells += [f"{by_size[size]:.0%}" if size in by_size else "-" for size in sizes]
             lines.append(f"| {label} | {report['counts'][group]} | {' | '.join(cells)} |")
     errors = report["background_error"]
-    lines += ["", f"| background error (p{BACKGROUND_PERCENTILE}, levels) | " + " | ".join(errors) + " |",
-              "|---" * (len(errors) + 1) + "|", "| | " + " | ".join(f"{v:g}" for v in errors.values()) + " |"]
+    if errors:
+        lines += ["", f"| background error (p{BACKGROUND_PERCENTILE}, levels) | " + " | ".join(errors) + " |",
+                  "|---" * (len(errors) + 1) + "|", "| | " + " | ".join(f"{v:g}" for v in errors.values()) + " |"]
     found_columns = [*shapes.SHAPES, "None"]
     lines += ["", "| prompted shape | " + " | ".join(f"read as {c}" for c in found_columns) + " |",
               "|---" * (len(found_columns) + 1) + "|"]
@@ -293,6 +312,8 @@ def main(argv=None) -> int:
         p.add_argument("--json", type=Path, default=None, help="also write the report here")
         p.add_argument("--failures", type=Path, default=None,
                        help="also write the images read wrong, tiled, to this PNG")
+        p.add_argument("--short", action="store_true",
+                       help="prompts name colour and shape only; only those are scored")
         args = p.parse_args(argv)
         Range(1, 10**4).check("--prompts", args.prompts)
         Range(1, 10**4).check("--seeds", args.seeds)
@@ -305,13 +326,13 @@ def main(argv=None) -> int:
         if args.failures is not None:
             check_writable(args.failures, "--failures")
         scenes = evaluation_scenes(args.prompts, args.seeds)
-        pixels = generate_scenes(scenes, args.model, args.t5, settings)
-        report = accuracy_report(scenes, pixels)
+        pixels = generate_scenes(scenes, args.model, args.t5, settings, args.short)
+        report = accuracy_report(scenes, pixels, args.short)
         emit(markdown_table(report))
-        wrong = misread(scenes, pixels)
+        wrong = misread(scenes, pixels, args.short)
         emit(f"\n{len(wrong)} of {len(scenes)} images read wrong" + ":" * bool(wrong))
         for i, read in wrong:
-            emit(misread_line(scenes[i], read))
+            emit(misread_line(scenes[i], read, args.short))
         if args.json:
             write_atomically(args.json, (json.dumps(report, indent=2) + "\n").encode())
         if args.failures is not None and wrong:
