@@ -233,14 +233,15 @@ def run_generate(args) -> int:
     settings = sampling_defaults(files) | given
     request = Request(args.prompt, seed=args.seed, batch_count=args.batch_count, **settings)
     validate(request, files, given)
-    _warn_unknown_words(files.tokenizer, args.prompt)
     if args.backend == "numpy":  # the GPU backends' activations live in device memory
         check_memory(request, files)
+    model = files.load()
+    runner = make_runner(model, args.backend, args.precision)
+    # Only now, past every refusal, so that a refused run says its one error line and nothing else.
+    _warn_unknown_words(files.tokenizer, args.prompt)
     pieces = files.tokenizer.count_pieces(args.prompt)
     if pieces > files.tokenizer.max_length - 1:
         _say(args, f"note: the prompt has {pieces} tokens; it is cut to {files.tokenizer.max_length - 1} + </s>")
-    model = files.load()
-    runner = make_runner(model, args.backend, args.precision)
 
     bar = tqdm(total=request.steps, desc="sampling", unit="step", disable=args.quiet, file=sys.stderr)
 

@@ -136,6 +136,16 @@ def test_unknown_words_get_one_warning_line_listing_the_known_ones(tmp_path, cap
     assert generate(capsys, "-p", "A Large, red circle!", "--steps", "1", "-q", "-o", "e.png")[2] == ""
 
 
+def test_a_refused_run_says_its_error_and_no_word_warning(tmp_path, capsys, monkeypatch):
+    """The unknown-word warning comes after every refusal (here: not enough memory for 2,000
+    images), so that a refused run prints exactly one line."""
+    monkeypatch.setattr(pipeline, "available_memory", lambda: 1024**3)
+    code, _, err = generate(capsys, "-p", "a purple dragon", "-b", "2000", "-q", "-o", "d.png")
+    assert code == 2
+    assert err.splitlines() == [err.strip()] and err.startswith("minit2i: error: this run needs about"), err
+    assert leftovers(tmp_path) == []
+
+
 # ---------------------------------------------------------------------------------------------
 # User errors: one line, exit 2, no traceback, no file
 
