@@ -109,6 +109,24 @@ def test_batches_sample_t_r_interval_and_omega_as_the_official_code():
     assert batch["noise"].std() == pytest.approx(2.0, rel=0.01)
 
 
+def test_cfg_max_bounds_the_omega_draws_and_changes_nothing_else():
+    """With cfg_max = 2, log(omega) / log(3) is U(0, 1), so omega stays in [1, 3]; the mean of u
+    over n = 2048 rows is held to 4 standard errors, 4 * 0.29 / sqrt(n) = 0.026. omega is the
+    same uniform draw rescaled: every other draw of the step is the official batch's, bit for bit."""
+    from minit2i.core.tokenizer import PromptTokenizer, make_word_tokenizer
+    from minit2i.training import shapes
+
+    tokenizer = PromptTokenizer(make_word_tokenizer(shapes.vocabulary()), 16)
+    official = distill.distill_batch(dataclasses.replace(OFFICIAL, batch=2048), tokenizer, 7)
+    narrow = distill.distill_batch(dataclasses.replace(OFFICIAL, batch=2048, cfg_max=2.0), tokenizer, 7)
+    u = np.log(narrow["omega"].numpy().astype(np.float64)) / np.log(3.0)
+    assert ((0 <= u) & (u <= 1 + 1e-6)).all() and abs(u.mean() - 0.5) < 4 * 0.29 / np.sqrt(2048)
+    official_u = np.log(official["omega"].numpy().astype(np.float64)) / np.log(13.0)
+    np.testing.assert_allclose(u, official_u, atol=1e-6)
+    for name in ("images", "noise", "t", "r", "t_min", "t_max", "ids", "mask"):
+        assert torch.equal(official[name], narrow[name]), name
+
+
 @pytest.mark.parametrize("band, low, high", [
     ({"low_noise_fraction": 1.0, "low_noise_t_min": 0.85}, 0.0, 0.15),
     ({"high_noise_fraction": 1.0, "high_noise_t_min": 0.9}, 0.9, 1.0),
@@ -219,6 +237,7 @@ def test_a_base_model_is_no_student_to_start_from(teacher, tmp_path, capsys):
     (["--low-noise-fraction", "nan"], ["--low-noise-fraction", "found nan"]),
     (["--high-noise-fraction", "1.5"], ["--high-noise-fraction", "found 1.5"]),
     (["--high-noise-t-min", "-1"], ["--high-noise-t-min", "found -1"]),
+    (["--cfg-max", "-1"], ["--cfg-max", "found -1"]),
 ])
 def test_bad_distillation_arguments_are_one_line_before_any_work(teacher, tmp_path, capsys, extra, words):
     assert run_distillation(teacher, tmp_path / "run", 2, *extra) == 2

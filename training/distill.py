@@ -267,6 +267,8 @@ def parse_args(argv=None):
     p.add_argument("--high-noise-fraction", type=float, default=DistillRecipe.high_noise_fraction,
                    help="share of each batch with t and r ~ U(--high-noise-t-min, 1) (1 = noise)")
     p.add_argument("--high-noise-t-min", type=float, default=DistillRecipe.high_noise_t_min)
+    p.add_argument("--cfg-max", type=float, default=DistillRecipe.cfg_max,
+                   help="training draws omega = (1 + CFG_MAX)^u, u ~ U(0, 1) (12 officially)")
     p.add_argument("--init-from", type=Path, default=None,
                    help="start from an exported student (transformer/), e.g. one distilled from an earlier teacher")
     p.set_defaults(run=Path("runs/demo-mf"), export_dir=DEMO_STUDENT_DIR, steps=DistillRecipe.steps,
@@ -283,13 +285,14 @@ def main(argv=None) -> int:
         interval = check_guidance_interval(args.guidance_interval)
         Range(0.0, 1.0, integer=False).check("--high-noise-fraction", args.high_noise_fraction)
         Range(0.0, 1.0, integer=False).check("--high-noise-t-min", args.high_noise_t_min)
+        Range(0.0, 1000.0, integer=False).check("--cfg-max", args.cfg_max)
         existing_path(args.teacher, "--teacher")
         if args.init_from is not None:
             existing_path(args.init_from, "--init-from")
         torch.set_num_threads(args.threads)
         recipe = dataclasses.replace(DistillRecipe(), **schedule_arguments(args),
                                      high_noise_fraction=args.high_noise_fraction,
-                                     high_noise_t_min=args.high_noise_t_min)
+                                     high_noise_t_min=args.high_noise_t_min, cfg_max=args.cfg_max)
         return execute(DistillRun(args.run, recipe, args.teacher, interval, args.init_from), args)
 
     return guarded("distill", command)
