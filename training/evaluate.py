@@ -22,8 +22,9 @@ image back:
 
 With --short the prompts name only colour and shape ("a red circle"), the model chooses the rest,
 and only colour and shape are scored. It prints accuracy per attribute, separately for held-in
-scenes and the six held-out colour-shape pairs, as Markdown for docs/demo-model.md, then one line per image read wrong; --failures also
-tiles those images into one PNG, in the same order, to look at what the checker saw.
+scenes and the six held-out colour-shape pairs, as Markdown for docs/demo-model.md, then one line
+per image read wrong; --failures also tiles those images into one PNG, in the same order, to look
+at what the checker saw.
 """
 
 from __future__ import annotations
