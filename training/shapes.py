@@ -33,6 +33,10 @@ POSITIONS = {"left": (16, 32), "right": (48, 32), "top": (32, 16), "bottom": (32
 HELD_OUT = {("red", "triangle"), ("green", "circle"), ("blue", "cross"), ("yellow", "square"),
             ("purple", "triangle"), ("cyan", "square")}
 
+# Each optional caption phrase (size, position, background) is kept with this probability by
+# default; a left-out attribute is random, so short captions teach a model to fill in the rest.
+PHRASE_PROBABILITY = 0.75
+
 
 @dataclass(frozen=True)
 class Scene:
@@ -109,7 +113,7 @@ def to_model_range(pixels: np.ndarray) -> np.ndarray:
     return (pixels.astype(np.float32).transpose(0, 3, 1, 2) - 127.5) / 127.5
 
 
-def random_batch(rng: np.random.Generator, batch: int, phrase_probability: float = 0.75):
+def random_batch(rng: np.random.Generator, batch: int, phrase_probability: float = PHRASE_PROBABILITY):
     """(float32 images [B, 3, 64, 64] in [-1, 1], B captions) drawn from the training scenes.
 
     Each optional phrase is kept with `phrase_probability`, so short captions are common.

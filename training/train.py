@@ -83,9 +83,7 @@ class Schedule:
     # pixels inside a patch. 0 is the official objective.
     low_noise_fraction: float = 0.0
     low_noise_t_min: float = 0.6
-    # Each optional caption phrase (size, position, background) is kept with this probability;
-    # a left-out attribute is random, so short captions teach the model to fill in the rest.
-    phrase_probability: float = 0.75
+    phrase_probability: float = shapes.PHRASE_PROBABILITY
 
 
 @dataclass(frozen=True)
