@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 from gpu_parity import (  # noqa: F401 (device, report_worst_error: autouse fixtures)
     BACKEND,
+    EXAMPLES_FACTOR,
     PRECISIONS,
     RUNNER,
     STAGE_BOUND,
@@ -36,7 +37,7 @@ from gpu_parity import (  # noqa: F401 (device, report_worst_error: autouse fixt
     to_f64,
     within,
 )
-from hypothesis import example, given
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from minit2i.accelerated import kernels
@@ -55,6 +56,30 @@ from minit2i.reference.t5 import t5_encode as ref_t5_encode
 
 pytestmark = pytest.mark.gpu  # on the GPU when there is one (scripts/gpu-check runs every test so marked)
 PARITY = parity_settings()
+
+
+def test_parity_draws_stay_random_and_a_failure_prints_its_replay_line():
+    """Hypothesis loads its "ci" profile (derandomize=True: the same draws on every run, where a
+    bound that some input breaks would never be found) by itself where it sees a CI variable.
+    Parity settings made under it still draw randomly, and a failure's notes carry the
+    `@reproduce_failure` line that replays it."""
+    current = settings.get_current_profile_name()
+    settings.load_profile("ci")
+    try:
+        chosen = parity_settings()
+    finally:
+        settings.load_profile(current)
+    assert settings.get_profile("ci").derandomize and not chosen.derandomize
+    assert chosen.max_examples == 12 * EXAMPLES_FACTOR
+
+    @settings(chosen, database=None)
+    @given(st.integers(0, 10))
+    def always_fails(n):
+        assert n < 0
+
+    with pytest.raises(AssertionError) as failure:
+        always_fails()
+    assert any("@reproduce_failure(" in note for note in failure.value.__notes__)
 
 
 # ---------------------------------------------------------------------------------------------
