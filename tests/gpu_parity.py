@@ -15,13 +15,13 @@ against a scale the test computes from the operands' magnitudes, the largest int
 Bounds, from the unit roundoff u (fp32 2^-24, fp16 2^-11, bf16 2^-8), first order (the u^2 terms
 are far below any margin): a kernel computes in fp32 and rounds its output once, so its error is
 at most u_dtype (the store) + k u_fp32, where k counts the fp32 roundings, each weighted by the
-size of what it rounds against the measure's scale (a sum of n terms in any order: n); each test
-derives its k in its docstring. `kernel_bound` doubles that, so a kernel whose library math
-functions (expf, tanhf, 1 / sqrtf: up to 2 ulp on a GPU) round twice as far as assumed still
-passes, while any real bug (a term dropped, the state rounded to the dtype, the wrong operand)
-is far above it: the planted-error tests show it for each bound. A network stage chains about a
-dozen roundings of the storage dtype: STAGE_BOUND is 20 u (fp16 1e-2 -> 3e-2 kept, bf16 8e-2),
-fp32 1e-4 (TF32 off); the stage and sampler tests run on fixed, seeded inputs.
+size of what it rounds against the measure's scale (a sum of n terms in any order: n), and the
+library functions at their documented worst (expf, tanhf: 2 ulp = 4 u); each test derives its k
+in its docstring. `kernel_bound` doubles that worst case; a real bug (a store through bf16, the
+state kept in the dtype, a term too many) stays far above it: the planted-bug tests show it for
+each bound measured against the operands. A network stage chains about a dozen roundings of the
+storage dtype: STAGE_BOUND is 20 u (fp16 1e-2 -> 3e-2 kept, bf16 8e-2), fp32 1e-4 (TF32 off);
+the stage and sampler tests run on fixed, seeded inputs, so no draw can move them.
 
 Hypothesis draws stay random everywhere (`parity_settings`), and a failing draw is printed with
 its `@reproduce_failure` line. MINIT2I_PARITY_EXAMPLES_FACTOR=20 multiplies every parity test's
