@@ -7,7 +7,7 @@ on the same dtype-rounded inputs.
 
 Error measures: `relative_error`, max |twin - ref| / max |ref|, holds where every output element
 carries its own roundings only (a product, a norm, a single rounded sum of exact operands): its
-error is then a few u of itself. Where a result is a difference or a combination whose operands
+error is then a few u of itself (a RoPE rotation: of its pair's norm, which it keeps). Where a result is a difference or a combination whose operands
 carry rounding errors (x + f (g - x), r + (d + b), a convex combination of values), it can cancel
 to far below the operands while their errors stay: `operand_error` measures max |twin - ref|
 against a scale the test computes from the operands' magnitudes, the largest intermediate.
