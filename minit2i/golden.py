@@ -60,10 +60,21 @@ from minit2i.reference.pipeline import PRECISIONS, NumpyRunner
 from minit2i.reference.sampler import initial_noise
 from minit2i.reference.t5 import t5_encode
 
+from .console import emit, printable
 from .default_model import built_in_digest, random_mmjit_weights, random_t5_weights, tokenizer_pieces
 from .pipeline import Model, Request, generate
 
-GOLDEN_DIR = Path(__file__).resolve().parent.parent / "golden"
+
+
+def golden_dir(package: Path = Path(__file__).resolve().parent) -> Path:
+    """Where the recording is: `golden_data/` inside an installed package (pyproject.toml ships the
+    repository's golden/ there as package data), else `golden/` beside the package, as in a source
+    checkout and an editable install."""
+    shipped = package / "golden_data"
+    return shipped if shipped.is_dir() else package.parent / "golden"
+
+
+GOLDEN_DIR = golden_dir()
 MANIFEST_NAME = "manifest.json"
 FORMAT_VERSION = 2
 RECORD_PRECISION = "fp64"
@@ -403,8 +414,8 @@ def load(folder: Path = GOLDEN_DIR) -> tuple[dict, dict[str, np.ndarray]]:
     manifest_path = folder / MANIFEST_NAME
     if not os.path.lexists(manifest_path):  # a FIFO or a broken link is named by the reader below
         raise MiniT2IError(
-            f"no golden recording in {folder} (needs {MANIFEST_NAME} and the arrays file it names); run "
-            "from a source checkout, pass --dir, or create one with `minit2i golden record`"
+            f"no golden recording in {folder} (needs {MANIFEST_NAME} and the arrays file it names); "
+            "reinstall minit2i (it ships the recording), pass --dir, or create one with `minit2i golden record`"
         )
     manifest = read_json_object(manifest_path, "golden manifest")
     if manifest.get("format") != FORMAT_VERSION:
@@ -523,11 +534,9 @@ def _folder_argument(text: str) -> Path:
 
 
 def run(args) -> int:
-    from .cli import emit
-
     if args.action == "record":
         names = record(args.dir, args.force)
-        emit(f"recorded {len(names)} arrays into {args.dir}: {', '.join(names)}")
+        emit(f"recorded {len(names)} arrays into {printable(str(args.dir), None)}: {', '.join(names)}")
         return 0
     outcomes = check(args.dir, args.items)
     for outcome in outcomes:

@@ -52,7 +52,7 @@ import numpy as np
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from minit2i.cli import guarded
+from minit2i.console import guarded
 from minit2i.core.checkpoint import nest
 from minit2i.core.checks import Range, existing_path
 from minit2i.core.errors import MiniT2IError

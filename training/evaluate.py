@@ -36,7 +36,7 @@ from pathlib import Path
 
 import numpy as np
 
-from minit2i.cli import OneLineParser, emit, guarded
+from minit2i.console import OneLineParser, emit, guarded, printable
 from minit2i.core.checks import Range, check_output_file, existing_path, write_atomically
 from minit2i.core.images import check_writable, grid, save_png, to_pixels
 from minit2i.pipeline import REQUEST_RANGES
@@ -338,7 +338,7 @@ def main(argv=None) -> int:
             write_atomically(args.json, (json.dumps(report, indent=2) + "\n").encode())
         if args.failures is not None and wrong:
             save_png(contact_sheet([pixels[i] for i, _ in wrong]), args.failures)
-            emit(f"wrote {args.failures}")
+            emit(f"wrote {printable(str(args.failures), None)}")
         return 0
 
     return guarded("evaluate", command)

@@ -38,7 +38,7 @@ import torch
 from safetensors import SafetensorError
 from tqdm import tqdm
 
-from minit2i.cli import OneLineParser, emit, guarded
+from minit2i.console import OneLineParser, emit, guarded, printable
 from minit2i.core.checkpoint import nest
 from minit2i.core.checks import Range, existing_path, file_kind, parse_json, read_limited, short_list, write_atomically
 from minit2i.core.errors import MiniT2IError
@@ -620,7 +620,7 @@ def execute(run: Run, args) -> int:
     if not args.export_only:
         train(run, args.eval_every, args.checkpoint_every, args.eval_prompts, args.sample_steps, args.cfg_scale)
     run.export(args.export_dir, args.sample_steps, args.cfg_scale)
-    emit(f"exported step {run.step} to {args.export_dir}")
+    emit(f"exported step {run.step} to {printable(str(args.export_dir), None)}")
     return 0
 
 
