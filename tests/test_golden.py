@@ -71,6 +71,30 @@ def test_recording_is_small_and_self_describing():
     assert arrays["default_model.png.pixels"].shape == arrays["default_student.png.pixels"].shape == (64, 64, 3)
 
 
+def test_an_install_reads_the_recording_it_ships_and_a_checkout_its_golden_folder(tmp_path):
+    package = tmp_path / "site-packages" / "minit2i"
+    package.mkdir(parents=True)
+    assert golden.golden_dir(package) == tmp_path / "site-packages" / "golden"  # a checkout's layout
+    (package / "golden_data").mkdir()
+    assert golden.golden_dir(package) == package / "golden_data"
+    assert golden.GOLDEN_DIR == golden.golden_dir()
+
+
+def test_a_regular_install_ships_every_file_of_the_recording():
+    """pyproject.toml maps golden/ to the package minit2i.golden_data and its package data globs
+    match the manifest and the arrays file it names (a glob that misses one would leave
+    `golden check` of an install without its recording)."""
+    import fnmatch
+
+    tomllib = pytest.importorskip("tomllib")
+    setup = tomllib.loads((golden.GOLDEN_DIR.parent / "pyproject.toml").read_text())["tool"]["setuptools"]
+    assert "minit2i.golden_data" in setup["packages"] and setup["package-dir"]["minit2i.golden_data"] == "golden"
+    patterns = setup["package-data"]["minit2i.golden_data"]
+    arrays_file = json.loads((golden.GOLDEN_DIR / golden.MANIFEST_NAME).read_text())["arrays_file"]
+    for name in (golden.MANIFEST_NAME, arrays_file):
+        assert any(fnmatch.fnmatch(name, pattern) for pattern in patterns), name
+
+
 # ---------------------------------------------------------------------------------------------
 # Perturbations of the math: each must be caught by the item(s) it affects, and only by them.
 
