@@ -46,19 +46,19 @@ def say(args, message: str) -> None:
 
 def model_paths(args) -> tuple:
     """(model, t5) as paths or Hub repo ids; t5 None means the one the model's config.json names."""
-    from .default_model import built_in_model
+    from .demo_models import demo_model
 
     if args.model is None and args.t5 is None:
-        transformer, t5, _ = built_in_model("demo")
-        say(args, "no --model/--t5 given: using the built-in demo model, a tiny MiniT2I trained on "
+        transformer, t5, _ = demo_model("demo")
+        say(args, "no --model/--t5 given: using the demo model, a tiny MiniT2I trained on "
                   "coloured shapes (docs/demo-model.md)")
         return transformer, t5
-    built_in = built_in_model(args.model)
-    if built_in is not None:
-        return built_in[0], args.t5 or built_in[1]
+    demo = demo_model(args.model)
+    if demo is not None:
+        return demo[0], args.t5 or demo[1]
     if args.model is None:
         raise MiniT2IError("--model is missing: pass --model (e.g. MiniT2I/MiniT2I) with --t5, or neither "
-                           "for the default model")
+                           "for the demo model")
     return args.model, args.t5
 
 

@@ -72,7 +72,7 @@ def add_generate_parser(sub) -> None:
     from .pipeline import BACKENDS
 
     p = sub.add_parser("generate", help="text to PNG",
-                       description="Generate images from a prompt. Without --model/--t5 the built-in "
+                       description="Generate images from a prompt. Without --model/--t5 the "
                                    "demo model is used: a tiny MiniT2I trained on coloured shapes "
                                    "(try \"a large red circle at the left on a gray background\").")
     p.add_argument("-p", "--prompt", required=True, help="the text prompt")
@@ -207,23 +207,23 @@ def timing_table(result, backend: str, precision: str) -> str:
 
 
 def add_info_parser(sub) -> None:
-    p = sub.add_parser("info", help="describe a weight file, folder or Hub repo, or the built-in demo model",
+    p = sub.add_parser("info", help="describe a weight file, folder or Hub repo, or the demo model",
                        description="Say what a weight file or folder is: model, config, dtype, parameters, prefix. "
                                    "For a Hub repo id: what is cached, and what a run would download and its "
-                                   "size (nothing is downloaded). Without PATH: the built-in demo model.")
+                                   "size (nothing is downloaded). Without PATH: the demo model.")
     p.add_argument("path", nargs="?", default=None,
                    help="MiniT2I transformer or T5 weights (file or folder), or a Hub repo id; "
-                        "default: the built-in demo model")
+                        "default: the demo model")
     add_variant_arguments(p)
     p.set_defaults(run=run_info)
 
 
 def run_info(args) -> int:
-    from .default_model import built_in_model
+    from .demo_models import demo_model
     from .hub import describe_repo, is_repo_id
 
-    if args.path is None or built_in_model(args.path) is not None:
-        emit(describe_built_in(args.path or "demo"))
+    if args.path is None or demo_model(args.path) is not None:
+        emit(describe_demo(args.path or "demo"))
         return 0
     if not is_repo_id(args.path):
         emit(describe(args.path, args.variant, args.jax_tree))
@@ -235,22 +235,22 @@ def run_info(args) -> int:
     return 0
 
 
-def describe_built_in(name: str) -> str:
-    """What a built-in model is, its sampler defaults, the words it knows, and the report of its
+def describe_demo(name: str) -> str:
+    """What a demo model is, its sampler defaults, the words it knows, and the report of its
     transformer and T5 folders."""
-    from .default_model import BUILT_IN_MODELS
+    from .demo_models import DEMO_MODELS
     from .pipeline import describe_recipe, open_model
 
-    transformer, t5, what = BUILT_IN_MODELS[name]
+    transformer, t5, what = DEMO_MODELS[name]
     model = open_model(transformer, t5)
     flag = "" if name == "demo" else f" --model {name}"
     return "\n".join([
-        f"built-in model {name}: {what} (docs/demo-model.md)",
+        f"{name}: {what} (docs/demo-model.md)",
         f"  folders:    {transformer.parent}" + ("" if t5.parent == transformer.parent else f" (T5: {t5.parent})"),
         f"  sampler:    {describe_recipe(model.mmjit)}",
         f"  words:      {' '.join(model.tokenizer.known_words())}",
         f"  try:        minit2i generate{flag} -p \"a large red circle at the left on a gray background\" -o shape.png",
-        f"  also:       {', '.join(n for n in BUILT_IN_MODELS if n != name)} (minit2i info NAME)",
+        f"  also:       {', '.join(n for n in DEMO_MODELS if n != name)} (minit2i info NAME)",
         "",
         describe(transformer),
         "",

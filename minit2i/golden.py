@@ -61,7 +61,7 @@ from minit2i.reference.sampler import initial_noise
 from minit2i.reference.t5 import t5_encode
 
 from .console import emit, printable
-from .default_model import built_in_digest, random_mmjit_weights, random_t5_weights, tokenizer_pieces
+from .demo_models import demo_digest, random_mmjit_weights, random_t5_weights, tokenizer_pieces
 from .pipeline import Model, Request, generate
 
 
@@ -206,8 +206,8 @@ def tiny_sampler_image(recipe: dict, precision: str) -> np.ndarray:
     return generate(model, NumpyRunner(model.mmjit, model.t5, precision), request).images
 
 
-def default_model_png(recipe: dict, precision: str) -> np.ndarray:
-    """`minit2i generate` on a built-in model with its default settings, read back from the PNG:
+def demo_png(recipe: dict, precision: str) -> np.ndarray:
+    """`minit2i generate` on a demo model with its default settings, read back from the PNG:
     uint8 [H, W, 3].
 
     The recipe holds the digest of that model's weights, so a retrained model makes the item stale.
@@ -278,18 +278,18 @@ ITEMS = (
          tiny_sampler_image,
          (FloatCheck("fp64", rtol=1e-6, atol=1e-6), FloatCheck("fp32", rtol=2e-4, atol=2e-5),
           PixelCheck("fp32"))),
-    Item("default_model.png",
+    Item("demo.png",
          {"argv": ["generate", "--prompt", "a large red circle at the left on a gray background", "--seed", "42",
                    "--quiet"]},
-         default_model_png,
+         demo_png,
          (PixelCheck("fp32"),),
-         lambda: {"default_model": built_in_digest("demo")}),
-    Item("default_student.png",
+         lambda: {"demo": demo_digest("demo")}),
+    Item("demo-mf.png",
          {"argv": ["generate", "--model", "demo-mf", "--prompt", "a small green triangle at the right on a gray "
                    "background", "--seed", "42", "--quiet"]},
-         default_model_png,
+         demo_png,
          (PixelCheck("fp32"),),
-         lambda: {"default_student": built_in_digest("demo-mf")}),
+         lambda: {"demo-mf": demo_digest("demo-mf")}),
 )
 
 

@@ -31,7 +31,7 @@ from .console import emit
 from .pipeline import BACKENDS, Model, is_student, make_runner, sampling_defaults
 
 # Default tolerance (rtol, atol) by the less precise side. fp32: float32 rounding reaches ~1e-6
-# of a layer's scale on the tiny and default models (measured against fp64), so 1e-5 leaves a
+# of a layer's scale on the tiny and demo models (measured against fp64), so 1e-5 leaves a
 # margin of 10. fp16 and bf16 keep 11 and 8 mantissa bits (one rounding: 5e-4, 4e-3) and a block
 # chains a dozen roundings: the per-stage bounds of the GPU parity tests, 3e-2 and 8e-2.
 TOLERANCES = {"fp64": (1e-12, 1e-12), "fp32": (1e-5, 1e-6), "fp16": (3e-2, 1e-6), "bf16": (8e-2, 1e-6)}
@@ -233,7 +233,7 @@ def add_parser(sub) -> None:
                        description="Run the T5 encoder and one MMJiT forward (noise at t=0; a Mean Flow "
                                    "student: its first sampler step) on two sides "
                                    "and print, per layer, how far they are apart and the first layer "
-                                   "beyond tolerance. Without --model/--t5 the built-in demo model is used.")
+                                   "beyond tolerance. Without --model/--t5 the demo model is used.")
     p.add_argument("--a", default="numpy:fp64", help="reference side, backend:precision (default numpy:fp64)")
     p.add_argument("--b", default="numpy:fp32", help="compared side, backend:precision (default numpy:fp32)")
     p.add_argument("-p", "--prompt", default="a large red circle at the left on a gray background")

@@ -40,7 +40,7 @@ from minit2i.core.images import save_png
 from minit2i.core.mmjit_config import MMJIT_TINY, MMJiTConfig, mmjit_expected_shapes
 from minit2i.core.t5_config import T5_TINY, T5Config
 from minit2i.core.tokenizer import PromptTokenizer, make_t5_style_tokenizer
-from minit2i.default_model import random_mmjit_weights, random_t5_weights
+from minit2i.demo_models import random_mmjit_weights, random_t5_weights
 from minit2i.pipeline import Request
 from minit2i.reference.pipeline import NumpyRunner
 from minit2i.reference.t5 import t5_encode
@@ -134,7 +134,7 @@ class Tiny(tuple):
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
     """A tiny float32 model in diffusers/HF layout, and its tensors."""
-    from minit2i.default_model import write_model
+    from minit2i.demo_models import write_model
 
     root = tmp_path_factory.mktemp("tiny")
     write_model(root / "transformer", root / "t5", MMJIT_TINY, T5_TINY, 7)
@@ -896,7 +896,7 @@ def test_info_under_an_address_space_limit_is_one_line(tiny, tmp_path):
 
 DEMO_READS = """
 import sys
-from minit2i.default_model import DEMO_MODEL_DIR
+from minit2i.demo_models import DEMO_MODEL_DIR
 
 def refuse(event, args):
     if event == "open" and str(DEMO_MODEL_DIR) in str(args[0]):

@@ -27,7 +27,7 @@ from minit2i.cli import main
 from minit2i.core.checks import human_size
 from minit2i.core.config_fields import to_json
 from minit2i.core.t5_config import T5Config
-from minit2i.default_model import random_t5_weights
+from minit2i.demo_models import random_t5_weights
 from minit2i.hub import is_repo_id
 
 T5_REPO = "tiny-org/tiny-t5"
