@@ -19,7 +19,7 @@ from minit2i.core.mmjit_config import DEFAULT_VARIANT
 # Every subcommand, named here: a module missing from an install fails the import loudly.
 from . import convert, golden, trace
 from .arguments import add_model_arguments, add_variant_arguments, checked_request, say
-from .console import LINE_LIMIT, OneLineParser, emit, guarded, printable
+from .console import LINE_LIMIT, OneLineFormatter, OneLineParser, emit, guarded, printable
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -42,7 +42,7 @@ def _show_notes(quiet: bool) -> None:
     for handler in list(notes.handlers):
         notes.removeHandler(handler)
     handler = logging.StreamHandler(sys.stderr)  # this call's stderr (tests swap it between calls)
-    handler.setFormatter(logging.Formatter("minit2i: %(message)s"))
+    handler.setFormatter(OneLineFormatter("minit2i: %(message)s"))
     notes.addHandler(handler)
     notes.propagate = False
     notes.setLevel(logging.WARNING if quiet else logging.INFO)

@@ -10,6 +10,7 @@ forge a second line) and shortened (a 100 kB argument is not printed whole).
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import sys
 
@@ -93,6 +94,13 @@ def _silence(stream) -> None:
         os.close(null)
     except (OSError, ValueError):
         pass
+
+
+class OneLineFormatter(logging.Formatter):
+    """A log record (the library's notes and warnings) as one `printable` line."""
+
+    def format(self, record) -> str:
+        return printable(super().format(record), LINE_LIMIT)
 
 
 class OneLineParser(argparse.ArgumentParser):

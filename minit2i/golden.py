@@ -111,7 +111,7 @@ class PixelCheck:
     def compare(self, got: np.ndarray, want: np.ndarray) -> tuple[bool, str]:
         diff = np.abs(got.astype(np.int16) - want.astype(np.int16))
         changed = float(np.mean(diff > 0))
-        exact = "bit-identical" if _sha256(got) == _sha256(want) else f"{changed:.2%} of values differ"
+        exact = "bit-identical" if array_sha256(got) == array_sha256(want) else f"{changed:.2%} of values differ"
         return int(diff.max()) <= self.max_levels, f"max|d| {diff.max()} levels (limit {self.max_levels}), {exact}"
 
 
@@ -338,7 +338,7 @@ def record(folder: Path = GOLDEN_DIR, force: bool = False) -> list[str]:
     for item in ITEMS:
         for name, precision in item.stored_arrays().items():
             value = item.run(item.recipe, precision)
-            arrays[name] = value if name == item.name else _as_pixels(value)
+            arrays[name] = value if name == item.name else as_pixels(value)
     buffer = io.BytesIO()
     np.savez_compressed(buffer, **arrays)
     arrays_file = f"golden-{hashlib.sha256(buffer.getvalue()).hexdigest()[:16]}.npz"
@@ -348,7 +348,7 @@ def record(folder: Path = GOLDEN_DIR, force: bool = False) -> list[str]:
                           "python": platform.python_version()},
         "arrays_file": arrays_file,
         "items": {item.name: item.manifest_entry() for item in ITEMS},
-        "arrays": {name: {"shape": list(a.shape), "dtype": str(a.dtype), "sha256": _sha256(a)}
+        "arrays": {name: {"shape": list(a.shape), "dtype": str(a.dtype), "sha256": array_sha256(a)}
                    for name, a in arrays.items()},
     }
     previous = _previous_arrays_file(manifest_path)
@@ -397,7 +397,7 @@ def check(folder: Path = GOLDEN_DIR, names: list[str] | None = None) -> list[Out
             if isinstance(chk, FloatCheck):
                 got, want, label = runs[chk.precision], arrays[item.name], chk.precision
             else:
-                got, want = _as_pixels(runs[chk.precision]), arrays[f"{item.name}.pixels"]
+                got, want = as_pixels(runs[chk.precision]), arrays[f"{item.name}.pixels"]
                 label = f"{chk.precision}/pixels"
             if got.shape != want.shape:
                 passed, detail = False, (f"output shape {list(got.shape)} differs from the recorded "
@@ -488,18 +488,18 @@ def _staleness(item: Item, manifest: dict, arrays: dict[str, np.ndarray]) -> str
     for name in item.stored_arrays():
         if name not in arrays or name not in manifest["arrays"]:
             return f"array {name} missing from the recording; {fix}"
-        if _sha256(arrays[name]) != manifest["arrays"][name]["sha256"]:
+        if array_sha256(arrays[name]) != manifest["arrays"][name]["sha256"]:
             return (f"array {name} does not match its sha256 in {MANIFEST_NAME} (edited or corrupted); "
                     "restore it from git")
     return ""
 
 
-def _as_pixels(value: np.ndarray) -> np.ndarray:
+def as_pixels(value: np.ndarray) -> np.ndarray:
     """Images [B, 3, H, W] float -> uint8 [B, H, W, 3]; uint8 images pass through."""
     return value if value.dtype == np.uint8 else to_pixels(value)
 
 
-def _sha256(array: np.ndarray) -> str:
+def array_sha256(array: np.ndarray) -> str:
     """Hash of dtype, shape and bytes (for integrity of the stored arrays, not for comparison)."""
     digest = hashlib.sha256(f"{array.dtype.str}{array.shape}".encode())
     digest.update(np.ascontiguousarray(array).tobytes())

@@ -569,7 +569,7 @@ def test_golden_array_of_another_shape_is_a_failed_check(tmp_path):
     _, arrays = golden.load()
     arrays["t5.hidden"] = arrays["t5.hidden"][:1]
     np.savez_compressed(tmp_path / manifest["arrays_file"], **arrays)
-    manifest["arrays"]["t5.hidden"]["sha256"] = golden._sha256(arrays["t5.hidden"])
+    manifest["arrays"]["t5.hidden"]["sha256"] = golden.array_sha256(arrays["t5.hidden"])
     (tmp_path / golden.MANIFEST_NAME).write_text(json.dumps(manifest))
     outcomes = golden.check(tmp_path, ["t5.hidden"])
     assert [o.passed for o in outcomes] == [False, False]
@@ -926,7 +926,7 @@ def test_ctrl_c_during_golden_record_exits_130_in_one_line(tmp_path):
     marker, folder = tmp_path / "inside-the-recipes", tmp_path / "golden"
     hold = (f"import pathlib, sys, time; import minit2i.golden as golden; from minit2i.cli import main\n"
             f"def held(value):\n    pathlib.Path({str(marker)!r}).touch(); time.sleep(60)\n"
-            f"golden._as_pixels = held\nsys.exit(main(['golden', 'record', '--dir', {str(folder)!r}]))\n")
+            f"golden.as_pixels = held\nsys.exit(main(['golden', 'record', '--dir', {str(folder)!r}]))\n")
     # SIGINT at its default disposition, as under a terminal: a job started in the background of a
     # non-interactive shell inherits it ignored, and Python then installs no KeyboardInterrupt.
     process = subprocess.Popen([sys.executable, "-c", hold], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,

@@ -3,12 +3,13 @@ from files and arguments is printed escaped and shortened, and a missing subcomm
 
 from __future__ import annotations
 
+import logging
 import shutil
 import subprocess
 import sys
 
 from minit2i.cli import main
-from minit2i.console import LINE_LIMIT, printable
+from minit2i.console import LINE_LIMIT, OneLineFormatter, printable
 
 TINY_ARGS = ["-p", "a red cat", "--steps", "1", "-W", "16", "-H", "16", "-q"]
 # A name that would colour the terminal, ring its bell, and forge a line of its own.
@@ -26,6 +27,11 @@ def test_printable_keeps_the_head_and_the_tail_of_a_long_value():
     shown = printable(text, 100)
     assert shown == "h" * 75 + "...(904 characters left out)..." + "h" * 21 + "TAIL"
     assert printable(text, None) == text and printable("x" * 100, 100) == "x" * 100
+
+
+def test_a_note_is_one_escaped_line():
+    record = logging.LogRecord("minit2i", logging.WARNING, __file__, 1, "cached %s", (HOSTILE,), None)
+    assert OneLineFormatter("minit2i: %(message)s").format(record) == f"minit2i: cached {printable(HOSTILE)}"
 
 
 def test_a_100_kB_argument_is_shortened_in_the_one_line_error(capsys):
