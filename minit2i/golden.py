@@ -65,7 +65,6 @@ from .demo_models import demo_digest, random_mmjit_weights, random_t5_weights, t
 from .pipeline import Model, Request, generate
 
 
-
 def golden_dir(package: Path = Path(__file__).resolve().parent) -> Path:
     """Where the recording is: `golden_data/` inside an installed package (pyproject.toml ships the
     repository's golden/ there as package data), else `golden/` beside the package, as in a source
