@@ -5,7 +5,7 @@
     python benchmarks/cpu.py --quick         # 256x256, 2 double blocks, 2 T5 layers: a smoke run
     python benchmarks/cpu.py --repeats 3 --size 256
 
-Weights are seeded random tensors in the real layout (`minit2i.default_model`); timing does not
+Weights are seeded random tensors in the real layout (`minit2i.demo_models`); timing does not
 depend on their values. The PyTorch peers (training/torch_model.py, shared with the demo model's training) are
 written from the spec, like the reference, and run the very same arrays (shared, no copy); their
 outputs are compared with NumPy's so the timings compare equal work. FLOPs are counted analytically, 2*M*N*K for every matmul
@@ -30,7 +30,7 @@ from minit2i.core.checkpoint import nest
 from minit2i.core.mean_flow_config import MEAN_FLOW_B16, MEAN_FLOW_RECIPE, MeanFlowConfig
 from minit2i.core.mmjit_config import MMJIT_B16, MMJiTConfig
 from minit2i.core.t5_config import T5_FLAN_LARGE, T5Config
-from minit2i.default_model import random_mmjit_weights, random_t5_weights
+from minit2i.demo_models import random_mmjit_weights, random_t5_weights
 from minit2i.reference.layers import attention
 from minit2i.reference.mean_flow import mean_flow_forward
 from minit2i.reference.mean_flow_sampler import sample_mean_flow

@@ -31,7 +31,7 @@ import numpy as np
 from minit2i.accelerated import kernels
 from minit2i.core.checkpoint import nest
 from minit2i.core.errors import MiniT2IError
-from minit2i.core.mmjit_config import MODEL_VARIANTS, VARIANT_ALIASES, MMJiTConfig, mmjit_expected_shapes
+from minit2i.core.mmjit_config import BASE_RECIPE, MODEL_VARIANTS, VARIANT_ALIASES, MMJiTConfig, mmjit_expected_shapes
 from minit2i.reference.layers import joint_rope
 from minit2i.reference.sampler import initial_noise, step_factors
 
@@ -55,7 +55,7 @@ def parse_args(argv=None):
     parser.add_argument("--size", type=int, default=512, help="square image size (default 512)")
     parser.add_argument("--steps", type=int, nargs="+", default=[10, 100], help="step counts (default 10 100)")
     parser.add_argument("--precisions", nargs="+", default=["fp32", "fp16", "bf16"], choices=list(PRECISION_INDEX))
-    parser.add_argument("--cfg-scale", type=float, default=6.0)
+    parser.add_argument("--cfg-scale", type=float, default=BASE_RECIPE["cfg_scale"])
     parser.add_argument("--repeats", type=int, default=2, help="timed runs per setting (best is reported)")
     parser.add_argument("--no-torch", action="store_true", help="skip the PyTorch eager baseline")
     parser.add_argument("--no-graph", action="store_true", help="CuPy: run every step eagerly (no CUDA graph replay)")

@@ -201,6 +201,8 @@ def existing_path(path, flag: str = "") -> Path:
         mode = p.stat().st_mode
     except OSError as err:
         raise MiniT2IError(f"{label}: {_unusable(p, err)}") from None
+    except ValueError:  # a NUL character (a name from a JSON index, say): no file has such a name
+        raise MiniT2IError(f"{label}: a path cannot hold a NUL character; check where the name came from") from None
     if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
         raise MiniT2IError(f"{label}: expected a file or folder, found a {file_kind(mode)}")
     needed = os.R_OK | (os.X_OK if stat.S_ISDIR(mode) else 0)

@@ -91,6 +91,11 @@ MMJIT_TINY = MMJiTConfig(image_size=64, txt_input_size=64, hidden_size=64, depth
                          prompt_length=16, cond_vec_size=64)
 
 MODEL_VARIANTS = {"minit2i-b-16": MMJIT_B16, "minit2i-l-16": MMJIT_L16}
+# The variant of the MiniT2I pipeline repo that `--variant` picks when not given.
+DEFAULT_VARIANT = "minit2i-b-16"
+# The official pipeline's sampler settings for the base model (model.md 7.3): what `generate` uses
+# when neither a flag nor the model's config.json says otherwise.
+BASE_RECIPE = {"steps": 100, "cfg_scale": 6.0}
 # Aliases accepted by the official hub pipeline (model.md 1.3).
 VARIANT_ALIASES = {
     **{a: "minit2i-b-16" for a in ("b", "b16", "b-16", "base", "minit2i-b16", "minit2i-b-16", "minit2i-b/16")},

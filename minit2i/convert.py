@@ -22,10 +22,11 @@ from minit2i.core.errors import MiniT2IError
 from minit2i.core.mean_flow_config import MeanFlowConfig
 from minit2i.core.mmjit_config import DIFFUSERS_PREFIX, mmjit_dead_shapes
 
+from .arguments import add_variant_arguments
+from .console import emit, printable
+
 
 def add_parser(sub) -> None:
-    from .cli import add_jax_tree_argument
-
     p = sub.add_parser("convert", help="write a transformer checkpoint (e.g. a JAX one) as safetensors",
                        description="Read a MiniT2I transformer checkpoint (an official JAX/Orbax checkpoint, a "
                                    "-jax Hub repo id, or any --model form) and write it as DST.safetensors with "
@@ -33,15 +34,13 @@ def add_parser(sub) -> None:
                                    "names for the Mean Flow student (docs/jax-checkpoints.md).")
     p.add_argument("source", help="checkpoint path or Hub repo id (as --model takes)")
     p.add_argument("destination", help="the .safetensors file to write; config.json is written beside it")
-    p.add_argument("--variant", default="minit2i-b-16", help="variant inside a pipeline repo (b16, l16, ...)")
-    add_jax_tree_argument(p)
+    add_variant_arguments(p)
     p.add_argument("--force", action="store_true", help="replace an existing DST and the config.json beside it")
     p.set_defaults(run=run)
 
 
 def run(args) -> int:
     """The outputs are checked first, then the source's metadata, then its tensors are read."""
-    from .cli import emit
     from .hub import resolve_model
     from .model_files import inspect_mmjit
 
@@ -53,8 +52,8 @@ def run(args) -> int:
     source = f"{checkpoint.format}, {checkpoint.tree.label} tree" if checkpoint.tree else checkpoint.format
     write_together({destination: lambda f: f.write(safetensors_bytes(tensors, source)),
                     config_path: lambda f: f.write(json.dumps(config, indent=2).encode())})
-    emit(f"wrote {destination} ({len(tensors)} tensors, {human_size(destination.stat().st_size)}, from the "
-         f"{source}) and {config_path}")
+    emit(f"wrote {printable(str(destination), None)} ({len(tensors)} tensors, "
+         f"{human_size(destination.stat().st_size)}, from the {source}) and {printable(str(config_path), None)}")
     return 0
 
 

@@ -35,7 +35,7 @@ from minit2i.core.checkpoint import (
 )
 from minit2i.core.checks import existing_path, read_json, read_json_object, read_limited, short_list, shown
 from minit2i.core.errors import MiniT2IError
-from minit2i.core.mmjit_config import VARIANT_ALIASES
+from minit2i.core.mmjit_config import DEFAULT_VARIANT, VARIANT_ALIASES
 from minit2i.core.orbax_file import ORBAX_METADATA
 from minit2i.core.safetensors_file import read_index
 
@@ -153,7 +153,7 @@ def looks_like_t5(names: set[str]) -> bool:
     return bool(names & t5_files) and not any(n.endswith(MMJIT_WEIGHTS) for n in names)
 
 
-def find_mmjit_files(path: str | Path, variant: str = "minit2i-b-16") -> tuple[list[Path], Path | None]:
+def find_mmjit_files(path: str | Path, variant: str = DEFAULT_VARIANT) -> tuple[list[Path], Path | None]:
     """Resolve any accepted local MMJiT location to (safetensors files, config.json or None), or
     to ([its folder], None) for an Orbax checkpoint (`is_orbax_folder`)."""
     root = existing_path(path, "--model")
@@ -292,7 +292,7 @@ def _read_ref(ref: Path) -> tuple[str | None, str | None]:
     return commit, None
 
 
-def inspect_mmjit(path: str | Path, variant: str = "minit2i-b-16", jax_tree: str | None = None) -> Checkpoint:
+def inspect_mmjit(path: str | Path, variant: str = DEFAULT_VARIANT, jax_tree: str | None = None) -> Checkpoint:
     """Find and check a local MMJiT checkpoint from its headers and config.json alone (an Orbax
     one from its metadata, reading the parameter tree `jax_tree` names, by default the official one)."""
     files, config_path = find_mmjit_files(path, variant)
@@ -313,7 +313,7 @@ def inspect_t5(path: str | Path, expected_d_model: int | None = None) -> Checkpo
     return check_t5_header(read_index(files), config_path, files, expected_d_model)
 
 
-def load_mmjit(path: str | Path, variant: str = "minit2i-b-16", jax_tree: str | None = None) -> LoadedWeights:
+def load_mmjit(path: str | Path, variant: str = DEFAULT_VARIANT, jax_tree: str | None = None) -> LoadedWeights:
     """Load and check an MMJiT checkpoint; tensors keyed without the `model.net.` style prefix."""
     return inspect_mmjit(path, variant, jax_tree).load()
 

@@ -29,7 +29,7 @@ import numpy as np
 
 from minit2i.core.checkpoint import nest
 from minit2i.core.images import to_pixels
-from minit2i.default_model import default_model_dir
+from minit2i.demo_models import DEMO_MODEL_DIR
 from minit2i.pipeline import load_model, sampling_defaults
 from minit2i.reference import layers, mmjit, sampler, t5
 
@@ -39,7 +39,7 @@ warnings.filterwarnings("ignore", message="IProgress not found")
 PROMPT = "a large red circle at the left on a gray background"
 SEED = 42
 
-folder = default_model_dir()
+folder = DEMO_MODEL_DIR
 model = load_model(folder / "transformer", folder / "t5")
 config, t5_config = model.mmjit.config, model.t5.config
 mmjit_params, t5_params = nest(model.mmjit.tensors), nest(model.t5.tensors)
@@ -346,10 +346,10 @@ plt.show()
 # the image is the last x0. Same prompt, same seed (same starting noise) as the base model.
 
 # %%
-from minit2i.default_model import BUILT_IN_MODELS  # noqa: E402
+from minit2i.demo_models import DEMO_MODELS  # noqa: E402
 from minit2i.reference import mean_flow, mean_flow_sampler  # noqa: E402
 
-student_model = load_model(*BUILT_IN_MODELS["demo-mf"][:2])
+student_model = load_model(*DEMO_MODELS["demo-mf"][:2])
 student_config, student_params = student_model.mmjit.config, nest(student_model.mmjit.tensors)
 student_settings = sampling_defaults(student_model)
 print("prefix tokens:", student_config.num_aux_tokens, "| settings:", student_settings)

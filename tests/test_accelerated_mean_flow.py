@@ -46,7 +46,7 @@ from minit2i.accelerated.mean_flow import mean_flow_forward, unrotated_prefix, u
 from minit2i.core.checkpoint import nest
 from minit2i.core.errors import MiniT2IError
 from minit2i.core.t5_config import T5_TINY
-from minit2i.default_model import write_model
+from minit2i.demo_models import write_model
 from minit2i.pipeline import load_model
 from minit2i.reference.mean_flow import mean_flow_forward as ref_mean_flow_forward
 from minit2i.reference.mean_flow_sampler import sample_mean_flow as ref_sample_mean_flow

@@ -23,7 +23,7 @@ from test_hub import cli, pixels
 from minit2i.core.mean_flow_config import MEAN_FLOW_TINY
 from minit2i.core.mmjit_config import MMJIT_TINY, mmjit_dead_shapes
 from minit2i.core.orbax_file import OrbaxArrays
-from minit2i.default_model import random_mmjit_weights
+from minit2i.demo_models import random_mmjit_weights
 from minit2i.model_files import inspect_mmjit
 
 SMALL = ["-W", "64", "-H", "64", "--steps", "2", "-q"]

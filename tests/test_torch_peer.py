@@ -8,7 +8,7 @@ import pytest
 
 from minit2i.core.checkpoint import nest
 from minit2i.core.mean_flow_config import MEAN_FLOW_TINY
-from minit2i.default_model import random_mmjit_weights
+from minit2i.demo_models import random_mmjit_weights
 from minit2i.reference.mean_flow import mean_flow_forward
 
 torch = pytest.importorskip("torch", reason="the PyTorch peers need the [train] or [crosscheck] extra (torch)")

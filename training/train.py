@@ -38,16 +38,16 @@ import torch
 from safetensors import SafetensorError
 from tqdm import tqdm
 
-from minit2i.cli import OneLineParser, emit, guarded
+from minit2i.console import OneLineParser, emit, guarded, printable
 from minit2i.core.checkpoint import nest
 from minit2i.core.checks import Range, existing_path, file_kind, parse_json, read_limited, short_list, write_atomically
 from minit2i.core.errors import MiniT2IError
 from minit2i.core.mmjit_config import MMJiTConfig, mmjit_expected_shapes
 from minit2i.core.t5_config import T5Config, t5_expected_shapes
 from minit2i.core.tokenizer import PromptTokenizer, make_word_tokenizer
-from minit2i.default_model import DEMO_MODEL_DIR, save_model
+from minit2i.demo_models import DEMO_MODEL_DIR, save_model
 from minit2i.pipeline import REQUEST_RANGES
-from minit2i.reference.sampler import sample
+from minit2i.reference.sampler import NOISE_SCALE, sample
 
 from . import shapes
 from .evaluate import evaluate_scenes, evaluation_scenes
@@ -189,7 +189,7 @@ def v_loss(params: dict, mmjit: MMJiTConfig, t5: T5Config, tables, batch: dict, 
     """Mean squared velocity error of the x0 prediction (scalar)."""
     mmjit_params, t5_params = split_tree(params)
     t = batch["t"][:, None, None, None]
-    x_t = t * batch["images"] + (1 - t) * 2.0 * batch["noise"]
+    x_t = t * batch["images"] + (1 - t) * NOISE_SCALE * batch["noise"]
     context = t5_encode(t5_params, t5, batch["ids"], batch["mask"])
     x0 = mmjit_forward(mmjit_params, mmjit, tables, x_t, context, batch["mmjit_mask"])
     return (((x0 - batch["images"]) / torch.clamp(1 - t, min=a_min)) ** 2).mean()
@@ -343,7 +343,7 @@ class Run:
         return {"loss": loss.item(), **logged}
 
     def export(self, folder: Path, steps: int, cfg_scale: float) -> None:
-        """The EMA weights as a float16 model in the real file layouts (minit2i.default_model),
+        """The EMA weights as a float16 model in the real file layouts (minit2i.demo_models),
         and beside them training-log.jsonl: the loss per 10-step window and every evaluation.
 
         Everything is written to a sibling staging folder that then takes `folder`'s place, so an
@@ -620,7 +620,7 @@ def execute(run: Run, args) -> int:
     if not args.export_only:
         train(run, args.eval_every, args.checkpoint_every, args.eval_prompts, args.sample_steps, args.cfg_scale)
     run.export(args.export_dir, args.sample_steps, args.cfg_scale)
-    emit(f"exported step {run.step} to {args.export_dir}")
+    emit(f"exported step {run.step} to {printable(str(args.export_dir), None)}")
     return 0
 
 
