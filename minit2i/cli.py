@@ -11,7 +11,9 @@ import argparse
 import importlib
 import logging
 import os
+import signal
 import sys
+import threading
 from pathlib import Path
 
 from minit2i.core.checks import writable_folder
@@ -39,6 +41,7 @@ def guarded(prog: str, command) -> int:
     `minit2i` CLI and the training scripts."""
     if sys.stderr is None:  # started with stderr closed (`2>&-`): messages go nowhere, not to stdout
         sys.stderr = open(os.devnull, "w")
+    previous_handler = _raise_on_sigterm()
     try:
         if sys.stdout is None:  # started with stdout closed (`>&-`): results could not be shown
             raise MiniT2IError("stdout is closed; redirect it (e.g. >/dev/null) instead of closing it")
@@ -54,8 +57,29 @@ def guarded(prog: str, command) -> int:
     except MemoryError:
         return _fail(f"{prog}: error: out of memory (the process may run under a memory or address-space "
                      "limit, `ulimit -v`); raise the limit or use a smaller model or run", 2)
+    except Terminated:
+        return _fail(f"{prog}: terminated", 128 + signal.SIGTERM)
     except KeyboardInterrupt:
         return _fail(f"{prog}: interrupted", 130)
+    finally:
+        if previous_handler is not None:
+            signal.signal(signal.SIGTERM, previous_handler)
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where the program is, so that it cleans up (temporary files) as after Ctrl-C."""
+
+
+def _raise_on_sigterm():
+    """Make SIGTERM raise `Terminated`; the handler it replaces, or None where Python takes no
+    signals (a thread other than the main one)."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+
+    def terminate(signum, frame):
+        raise Terminated
+
+    return signal.signal(signal.SIGTERM, terminate) or signal.SIG_DFL
 
 
 def emit(text: str) -> None:
