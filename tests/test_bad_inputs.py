@@ -1035,3 +1035,143 @@ def test_generated_file_kinds_and_sizes(tiny, name, kind):
         _make_kind(t5 / name, kind)
         generate_outcome(tiny[0], t5)
         info_outcome(t5)
+
+
+# ---------------------------------------------------------------------------------------------
+# convert: its two files commit together, signals and a full disk, the names --model takes
+
+
+def convert_pair(folder: Path) -> dict[str, bytes]:
+    """The files in a convert destination folder, with their bytes."""
+    return {p.name: p.read_bytes() for p in sorted(folder.iterdir())}
+
+
+@pytest.fixture
+def old_pair(tmp_path) -> Path:
+    """A destination folder holding an earlier conversion's pair (model.safetensors, config.json)."""
+    folder = tmp_path / "out"
+    folder.mkdir()
+    (folder / "model.safetensors").write_bytes(OLD_BYTES)
+    (folder / "config.json").write_bytes(b'{"old": true}')
+    return folder
+
+
+@pytest.mark.parametrize("failure", [OSError(5, "Input/output error"), KeyboardInterrupt()],
+                         ids=["an I/O error", "Ctrl-C"])
+def test_convert_commits_its_pair_together(tiny, old_pair, monkeypatch, failure):
+    """A failure as config.json is put in place, after the weights were: the old pair is put back."""
+    before = convert_pair(old_pair)
+
+    def failing(move):
+        def move_or_fail(source, target, *args, **kwargs):
+            if str(source).endswith(".part") and Path(target).name == "config.json":
+                raise failure
+            return move(source, target, *args, **kwargs)
+        return move_or_fail
+
+    monkeypatch.setattr(os, "rename", failing(os.rename))
+    monkeypatch.setattr(os, "replace", failing(os.replace))
+    code, out, err = run_cli("convert", tiny[0], old_pair / "model.safetensors", "--force")
+    assert code == (130 if isinstance(failure, KeyboardInterrupt) else 2) and "Traceback" not in err, err
+    assert convert_pair(old_pair) == before
+    monkeypatch.undo()
+    assert run_cli("convert", tiny[0], old_pair / "model.safetensors", "--force")[0] == 0
+    after = convert_pair(old_pair)
+    assert sorted(after) == sorted(before) and all(after[name] != before[name] for name in after)
+
+
+def test_a_full_disk_during_convert_names_the_file_and_the_fix(tiny, old_pair, monkeypatch):
+    from minit2i import convert
+
+    def disk_full(tensors, source):
+        raise OSError(28, "No space left on device")
+
+    before = convert_pair(old_pair)
+    monkeypatch.setattr(convert, "safetensors_bytes", disk_full)
+    assert_one_line_error(*run_cli("convert", tiny[0], old_pair / "model.safetensors", "--force"),
+                          f"cannot write {old_pair / 'model.safetensors'}: No space left on device; free some space "
+                          "on its disk, or choose a DST on another one")
+    assert convert_pair(old_pair) == before
+
+
+def test_sigterm_during_convert_cleans_up_as_ctrl_c(tiny, tmp_path):
+    """SIGTERM while the weights are being written (held there; a marker file says when): the
+    temporary file is removed, as after Ctrl-C, and the exit status is 128 + 15."""
+    import signal
+    import time
+
+    marker, folder = tmp_path / "writing", tmp_path / "out"
+    folder.mkdir()
+    hold = (f"import pathlib, sys, time; import minit2i.convert as convert; from minit2i.cli import main\n"
+            f"def held(tensors, source):\n    pathlib.Path({str(marker)!r}).touch(); time.sleep(60)\n"
+            f"convert.safetensors_bytes = held\n"
+            f"sys.exit(main(['convert', {str(tiny[0])!r}, {str(folder / 'model.safetensors')!r}]))\n")
+    process = subprocess.Popen([sys.executable, "-c", hold], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while not marker.exists() and process.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    process.send_signal(signal.SIGTERM)
+    out, err = process.communicate(timeout=60)
+    assert (process.returncode, out, err) == (143, "", "minit2i: terminated\n")
+    assert list(folder.iterdir()) == []
+
+
+def test_convert_takes_the_built_in_names(tmp_path):
+    from safetensors import safe_open
+
+    for name, tensors in (("demo", "model.net.final_layer.linear.weight"), ("demo-mf", "omega_tokens")):
+        folder = tmp_path / name
+        folder.mkdir()
+        code, out, err = run_cli("convert", name, folder / "model.safetensors")
+        assert (code, err) == (0, ""), err
+        with safe_open(str(folder / "model.safetensors"), framework="numpy") as f:
+            assert tensors in f.keys()
+
+
+@pytest.mark.parametrize("spec", ["./no/such", "../no/such", "no/such/", "~/no/such", "no/such.safetensors",
+                                  "no/such.SAFETENSORS"])
+def test_a_missing_path_that_looks_local_is_not_sent_to_the_hub(tmp_path, monkeypatch, spec):
+    from minit2i import hub
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(hub, "local_snapshot", lambda model: pytest.fail(f"{spec} was sent to the Hub"))
+    for args in (["info", spec], ["convert", spec, "x.safetensors"]):
+        assert_one_line_error(*run_cli(*args), "no such file or folder")
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("destination", ["", ".", "..", "/"])
+def test_a_convert_destination_that_names_no_file_is_one_line(tiny, tmp_path, monkeypatch, destination):
+    monkeypatch.chdir(tmp_path)
+    assert_one_line_error(*run_cli("convert", tiny[0], destination), "names no file")
+    assert list(tmp_path.iterdir()) == []
+
+
+@CASES
+@given(destination=st.one_of(
+    st.sampled_from(["", ".", "..", "/", "sub/", "sub/x.safetensors", "missing/x.safetensors", "x", "x.SAFETENSORS",
+                     "x.safetensors/", "x" * 250 + ".safetensors", "config.json"]),
+    st.text(st.characters(blacklist_characters="/\0", blacklist_categories=["Cs"]), max_size=12).map(
+        lambda name: name + ".safetensors")),
+    force=st.booleans())
+def test_generated_convert_destinations(tiny, destination, force):
+    """Any destination into a folder holding an earlier pair: a new pair written whole (exit 0),
+    or one line with the old pair as it was and nothing else created."""
+    old = {"sub/x.safetensors": OLD_BYTES, "sub/config.json": b"{}"}
+    with tempfile.TemporaryDirectory() as root:
+        (Path(root) / "sub").mkdir()
+        for name, data in old.items():
+            (Path(root) / name).write_bytes(data)
+        start = os.getcwd()
+        os.chdir(root)  # the destination is relative to the folder holding the earlier pair
+        try:
+            code, out, err = run_cli("convert", tiny[0], destination, *["--force"] * force)
+            written = sorted(str(p) for p in Path(".").rglob("*") if p.is_file() and str(p) not in old)
+        finally:
+            os.chdir(start)
+        if code == 0:
+            dst = Path(destination)
+            assert written == sorted({str(dst), str(dst.parent / "config.json")} - set(old)), written
+        else:
+            assert_one_line_error(code, out, err)
+            assert written == [] and all((Path(root) / name).read_bytes() == data for name, data in old.items())
