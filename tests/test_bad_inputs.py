@@ -27,6 +27,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from safetensors.numpy import save_file
+from test_jax_checkpoints import base_checkpoint  # noqa: F401  (a fixture: the official writer's checkpoint)
 from tokenizers import Tokenizer, models, pre_tokenizers
 
 import minit2i.pipeline as pipeline
@@ -1145,6 +1146,101 @@ def test_a_convert_destination_that_names_no_file_is_one_line(tiny, tmp_path, mo
     monkeypatch.chdir(tmp_path)
     assert_one_line_error(*run_cli("convert", tiny[0], destination), "names no file")
     assert list(tmp_path.iterdir()) == []
+
+
+def within(seconds: float, call):
+    """`call()` in a thread, so that a run that blocks fails the test after `seconds` instead of
+    hanging it (a hang guard: each call here takes a few seconds at most)."""
+    import threading
+
+    outcome = []
+    worker = threading.Thread(target=lambda: outcome.append(call()), daemon=True)
+    worker.start()
+    worker.join(timeout=seconds)
+    assert not worker.is_alive(), "the run blocked"
+    return outcome[0]
+
+
+JAX_STORE_PARTS = ["manifest.ocdbt", "ocdbt.process_0/manifest.ocdbt", "a B-tree or data file", "a root data file",
+                   "_METADATA", "_CHECKPOINT_METADATA"]
+
+
+@FEW
+@given(part=st.sampled_from(JAX_STORE_PARTS), damage=st.one_of(
+    st.sampled_from(FILE_KINDS), st.tuples(st.integers(0, 10**6), st.binary(min_size=1, max_size=8), st.booleans())))
+def test_generated_jax_checkpoint_damage(base_checkpoint, part, damage):
+    """The official writer's checkpoint with one of its files replaced by a FIFO, a folder, a
+    broken link, a device, an oversized or an empty file, or overwritten with a few bytes at an
+    offset (and cut there): convert writes the complete model (exit 0) or refuses in one line
+    and writes nothing; nothing blocks (60 s guard; a conversion takes about a second)."""
+    with tempfile.TemporaryDirectory() as root:
+        damaged = Path(root) / "checkpoint_5"
+        shutil.copytree(base_checkpoint, damaged)
+        files = {"a B-tree or data file": sorted((damaged / "ocdbt.process_0" / "d").iterdir())[0],
+                 "a root data file": sorted((damaged / "d").iterdir())[0]}
+        target = files.get(part, damaged / part)
+        if isinstance(damage, str):
+            _make_kind(target, damage)
+        else:
+            offset, data, cut = damage
+            content = bytearray(target.read_bytes())
+            at = offset % (len(content) + 1)
+            content[at:at + len(data)] = data
+            target.write_bytes(bytes(content[:at + len(data)] if cut else content))
+        out = Path(root) / "out"
+        out.mkdir()
+        code, stdout, err = within(60, lambda: run_cli("convert", damaged, out / "model.safetensors"))
+        assert "Traceback" not in err
+        if code == 0:
+            assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors"]
+        else:
+            assert_one_line_error(code, stdout, err)
+            assert list(out.iterdir()) == []
+
+
+@pytest.fixture(scope="module")
+def resumable(tmp_path_factory) -> Path:
+    """A run folder of a two-step tiny training run (checkpoint.safetensors, log.jsonl)."""
+    pytest.importorskip("torch", reason="training needs the [train] extra (torch)")
+    from minit2i.training import train
+
+    folder = tmp_path_factory.mktemp("resumable") / "run"
+    assert train.main(["--tiny", "--steps", "2", "--batch", "2", "--run", str(folder), "--eval-every", "0",
+                       "--threads", "1", "--export-dir", str(folder.parent / "export")]) == 0
+    return folder
+
+
+@CASES
+@given(data=st.data(), value=st.sampled_from([float("nan"), float("inf"), -float("inf"), -1.0, 0.0, 1.5, 3e38]),
+       step=st.one_of(st.none(), st.integers(-3, 10**8), st.sampled_from(["2", 2.0, True, [2]])))
+def test_generated_resumable_checkpoints(resumable, data, value, step):
+    """A resumable checkpoint with one value of one tensor changed (a weight, an EMA weight, an
+    AdamW moment or step count) and maybe its recorded step: the export runs (exit 0) or one
+    line names what is wrong, and the run folder is left as it was."""
+    from safetensors import safe_open
+    from safetensors.numpy import save
+
+    from minit2i.training import train
+
+    with safe_open(str(resumable / train.CHECKPOINT), framework="numpy") as f:
+        tensors, record = {k: f.get_tensor(k) for k in f.keys()}, json.loads(f.metadata()["run"])
+    name = data.draw(st.sampled_from(sorted(tensors)))
+    changed = tensors[name].copy()
+    changed.reshape(-1)[data.draw(st.integers(0, changed.size - 1))] = value
+    record = record if step is None else {**record, "step": step}
+    with tempfile.TemporaryDirectory() as root:
+        run = Path(root) / "run"
+        shutil.copytree(resumable, run)
+        (run / train.CHECKPOINT).write_bytes(save({**tensors, name: changed}, metadata={"run": json.dumps(record)}))
+        before = {p.name: p.read_bytes() for p in run.iterdir()}
+        err = io.StringIO()
+        with contextlib.redirect_stderr(err):
+            code = train.main(["--tiny", "--batch", "2", "--run", str(run), "--export-only",
+                               "--export-dir", str(Path(root) / "out")])
+        assert "Traceback" not in err.getvalue()
+        assert code == 0 or (code == 2 and err.getvalue().count("\n") == 1 and err.getvalue().startswith("train: error:"))
+        assert (Path(root) / "out").exists() == (code == 0), err.getvalue()
+        assert {p.name: p.read_bytes() for p in run.iterdir()} == before
 
 
 @CASES
