@@ -916,26 +916,34 @@ def test_help_and_a_user_model_read_nothing_of_the_demo_model(tiny, tmp_path):
     assert (tmp_path / "x.png").is_file()
 
 
+def signalled_while_held(code: str, marker: Path, signum: int) -> tuple[int, str, str]:
+    """(exit status, stdout, stderr) of `python -c CODE`, sent `signum` once it has created
+    `marker` (where the code holds itself, so the signal lands there however fast this machine is)."""
+    import signal
+    import time
+
+    # SIGINT at its default disposition, as under a terminal: a job started in the background of a
+    # non-interactive shell inherits it ignored, and Python then installs no KeyboardInterrupt.
+    process = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    deadline = time.monotonic() + 120
+    while not marker.exists() and process.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    process.send_signal(signum)
+    out, err = process.communicate(timeout=60)
+    return process.returncode, out, err
+
+
 def test_ctrl_c_during_golden_record_exits_130_in_one_line(tmp_path):
     """SIGINT while the recipes run: the first recipe's result is held (a marker file says when)
     so the signal lands inside the recording however fast this machine computes."""
     import signal
-    import time
 
     marker, folder = tmp_path / "inside-the-recipes", tmp_path / "golden"
     hold = (f"import pathlib, sys, time; import minit2i.golden as golden; from minit2i.cli import main\n"
             f"def held(value):\n    pathlib.Path({str(marker)!r}).touch(); time.sleep(60)\n"
             f"golden._as_pixels = held\nsys.exit(main(['golden', 'record', '--dir', {str(folder)!r}]))\n")
-    # SIGINT at its default disposition, as under a terminal: a job started in the background of a
-    # non-interactive shell inherits it ignored, and Python then installs no KeyboardInterrupt.
-    process = subprocess.Popen([sys.executable, "-c", hold], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                               preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
-    deadline = time.monotonic() + 120
-    while not marker.exists() and process.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.05)
-    process.send_signal(signal.SIGINT)
-    out, err = process.communicate(timeout=60)
-    assert (process.returncode, out, err) == (130, "", "minit2i: interrupted\n")
+    assert signalled_while_held(hold, marker, signal.SIGINT) == (130, "", "minit2i: interrupted\n")
     assert not folder.exists() or list(folder.iterdir()) == []
 
 
@@ -1099,7 +1107,6 @@ def test_sigterm_during_convert_cleans_up_as_ctrl_c(tiny, tmp_path):
     """SIGTERM while the weights are being written (held there; a marker file says when): the
     temporary file is removed, as after Ctrl-C, and the exit status is 128 + 15."""
     import signal
-    import time
 
     marker, folder = tmp_path / "writing", tmp_path / "out"
     folder.mkdir()
@@ -1107,13 +1114,7 @@ def test_sigterm_during_convert_cleans_up_as_ctrl_c(tiny, tmp_path):
             f"def held(tensors, source):\n    pathlib.Path({str(marker)!r}).touch(); time.sleep(60)\n"
             f"convert.safetensors_bytes = held\n"
             f"sys.exit(main(['convert', {str(tiny[0])!r}, {str(folder / 'model.safetensors')!r}]))\n")
-    process = subprocess.Popen([sys.executable, "-c", hold], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 120
-    while not marker.exists() and process.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.05)
-    process.send_signal(signal.SIGTERM)
-    out, err = process.communicate(timeout=60)
-    assert (process.returncode, out, err) == (143, "", "minit2i: terminated\n")
+    assert signalled_while_held(hold, marker, signal.SIGTERM) == (143, "", "minit2i: terminated\n")
     assert list(folder.iterdir()) == []
 
 
