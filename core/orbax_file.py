@@ -6,7 +6,9 @@ file naming every leaf of the saved tree by its key path, and an OCDBT key-value
 path (`params.net.img_embedder.proj1.kernel`). `read_tree_paths` lists the leaves from
 `_METADATA`; `OrbaxArrays.info` reads one leaf's zarr metadata (dtype, shape, zarr version) and
 `.tensor` its data, so that a checkpoint is checked from metadata alone before any array is read, as a
-safetensors file is from its header.
+safetensors file is from its header. A checkpoint is data from outside: the store's files are
+checked for their kind and size before tensorstore opens any (`check_store_files`), and what an
+array declares is bounded before tensorstore allocates for it.
 """
 
 from __future__ import annotations

@@ -20,6 +20,7 @@ non-determinism of multi-threaded float32 reductions in torch).
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import hashlib
 import json
@@ -461,8 +462,8 @@ def check_export_dir(folder: Path, run_folder: Path) -> None:
     so is a parent folder export cannot write in, before any training."""
     fix = "choose a new or empty --export-dir"
     if folder.name in ("", "..") or folder.resolve() in (Path.cwd(), *Path.cwd().parents):
-        raise MiniT2IError(f"--export-dir {folder} is the current folder or one holding it, which export would "
-                           f"replace; {fix}, e.g. {Path('export')}")
+        raise MiniT2IError(f"--export-dir {folder} is the current folder, one holding it or a `..` (export would "
+                           f"replace it); {fix}, e.g. --export-dir export")
     check_writable_parent(folder)
     if folder.is_symlink():
         raise MiniT2IError(f"--export-dir {folder} is a symbolic link; pass the folder it points to, or {fix}")
@@ -659,7 +660,7 @@ def run_parser(prog: str, description: str) -> OneLineParser:
     return p
 
 
-def parse_run_arguments(parser: OneLineParser, argv) -> object:
+def parse_run_arguments(parser: OneLineParser, argv) -> argparse.Namespace:
     """`parser`'s arguments, with --export-dir defaulting to the --run folder's export/."""
     args = parser.parse_args(argv)
     if args.export_dir is None:
