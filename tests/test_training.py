@@ -288,6 +288,29 @@ def test_a_damaged_training_log_is_one_line_naming_its_line(trained, tmp_path, c
         assert snapshot(run) == before and not (tmp_path / "out").exists()
 
 
+@pytest.mark.parametrize("log, mode, words", [
+    ("log.jsonl", ["--steps", "6"], "training log {}: expected a file, found a FIFO"),
+    ("sweep.jsonl", ["--sweep", "--sweep-steps", "1", "--sweep-cfg", "2", "--eval-prompts", "1"],
+     "cannot append to the run's log {} (a FIFO)"),
+])
+def test_a_fifo_in_place_of_a_run_log_is_refused_not_waited_on(trained, tmp_path, capsys, log, mode, words):
+    """The run runs in a thread, so that blocking on the FIFO fails the test after 60 s (the
+    refused run takes under a second; the sweep's one evaluation a few)."""
+    import threading
+
+    run = tmp_path / "run"
+    run.mkdir()
+    shutil.copy(trained[0] / train.CHECKPOINT, run)
+    os.mkfifo(run / log)
+    errors = []
+    worker = threading.Thread(target=lambda: errors.append(
+        training_error(capsys, *TINY, "--run", run, "--export-dir", tmp_path / "out", *mode)), daemon=True)
+    worker.start()
+    worker.join(timeout=60)
+    assert not worker.is_alive(), f"the run blocked on the FIFO {log}"
+    assert words.format(run / log) in errors[0], errors[0]
+
+
 def test_export_replaces_a_previous_export_and_keeps_it_if_interrupted(trained, tmp_path, capsys, monkeypatch):
     export = tmp_path / "export"
     assert train.main([*TINY, "--run", str(trained[0]), "--export-only", "--export-dir", str(export)]) == 0

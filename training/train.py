@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import errno
 import hashlib
 import json
 import math
@@ -384,8 +385,20 @@ class Run:
                                                                       metadata={"run": record}))
 
     def log(self, record: dict, name: str = LOG) -> None:
+        """Append `record` as a JSON line to the run folder's `name`, which must be a regular file
+        if it is there: a FIFO put in its place would block the run (opened without blocking, a
+        FIFO with no reader fails, one with a reader is refused)."""
         self.folder.mkdir(parents=True, exist_ok=True)
-        with open(self.folder / name, "a") as f:
+        path = self.folder / name
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK, 0o666)
+        except OSError as err:  # ENXIO: a FIFO that no process reads
+            found = "a FIFO" if err.errno == errno.ENXIO else err.strerror
+            raise MiniT2IError(f"cannot append to the run's log {path} ({found}); remove it or fix it") from None
+        with os.fdopen(fd, "a") as f:
+            mode = os.fstat(fd).st_mode
+            if not stat.S_ISREG(mode):
+                raise MiniT2IError(f"cannot append to the run's log {path} (a {file_kind(mode)}); remove it or fix it")
             f.write(json.dumps(record) + "\n")
 
     def loss(self, step: int) -> tuple[torch.Tensor, dict[str, float]]:
