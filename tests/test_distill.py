@@ -17,7 +17,7 @@ from minit2i.pipeline import is_student, load_model
 from minit2i.reference.mean_flow import mean_flow_forward
 
 torch = pytest.importorskip("torch", reason="distillation needs the [train] extra (torch)")
-from test_training import run_training, train_checkpoint  # noqa: E402
+from test_training import package_files, run_training, train_checkpoint  # noqa: E402
 
 from minit2i.training import distill  # noqa: E402  (needs torch)
 from minit2i.training.torch_model import mean_flow_forward as torch_mean_flow_forward  # noqa: E402
@@ -259,6 +259,16 @@ def test_a_folder_that_is_no_export_is_named_by_its_flag(teacher, tmp_path, caps
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and f"{flag} {empty / 'transformer'}: no such file or folder" in err, err
     assert "--model" not in err and not (tmp_path / "run").exists()
+
+
+def test_a_distillation_without_export_dir_leaves_the_package_as_it_was(teacher, tmp_path, monkeypatch):
+    """The student is exported to the run folder's export/, not over the shipped demo-mf."""
+    before = package_files()
+    monkeypatch.chdir(tmp_path)
+    assert distill.main(["--teacher", str(teacher), "--steps", "1", "--run", "R", "--eval-every", "0",
+                         "--batch", "2"]) == 0
+    assert package_files() == before
+    assert sorted(p.name for p in (tmp_path / "R" / "export").iterdir()) == ["training-log.jsonl", "transformer"]
 
 
 def test_a_sweep_evaluates_the_student_at_each_setting(distilled, teacher, capsys):

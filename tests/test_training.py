@@ -237,15 +237,19 @@ def test_export_refuses_user_files_of_another_kind_under_export_names(trained, t
     assert elsewhere.read_text() == "my tokenizer"
 
 
+def package_files() -> dict[Path, bytes]:
+    """Every file of the installed `minit2i` package folder (the demo models' included) with its bytes."""
+    package = Path(minit2i.__file__).parent
+    return {p: p.read_bytes() for p in package.rglob("*") if p.is_file() and "__pycache__" not in p.parts}
+
+
 def test_a_run_without_export_dir_leaves_the_package_as_it_was(tmp_path, monkeypatch):
     """The default --export-dir is the run folder's export/, never the installed package's demo
     model (whose files an editable install shares with the repository)."""
-    package = Path(minit2i.__file__).parent
-    before = {p: p.read_bytes() for p in package.rglob("*") if p.is_file() and "__pycache__" not in p.parts}
+    before = package_files()
     monkeypatch.chdir(tmp_path)
     assert train.main([*TINY, "--steps", "3", "--run", "R", "--eval-every", "0", "--threads", "1"]) == 0
-    after = {p: p.read_bytes() for p in package.rglob("*") if p.is_file() and "__pycache__" not in p.parts}
-    assert after == before
+    assert package_files() == before
     assert load_model(tmp_path / "R" / "export" / "transformer", tmp_path / "R" / "export" / "t5").mmjit.config == \
         train.SMOKE_MMJIT
 
