@@ -27,7 +27,6 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from safetensors.numpy import save_file
-from test_jax_checkpoints import base_checkpoint  # noqa: F401  (a fixture: the official writer's checkpoint)
 from tokenizers import Tokenizer, models, pre_tokenizers
 
 import minit2i.pipeline as pipeline
@@ -1162,6 +1161,20 @@ def within(seconds: float, call):
     return outcome[0]
 
 
+@pytest.fixture(scope="module")
+def official_checkpoint(tmp_path_factory) -> Path:
+    """A checkpoint of the official JAX writer (test_jax_checkpoints' base tree), written in a
+    subprocess: JAX starts threads, after which this process's forks (the subprocess tests
+    of the other modules) could deadlock."""
+    for module in ("tensorstore", "flax", "orbax"):
+        pytest.importorskip(module, reason="needs the jax-test extra (jax, flax, orbax): pip install -e \".[jax-test]\"")
+    folder = tmp_path_factory.mktemp("jax")
+    writer = (f"import sys; from pathlib import Path; sys.path.insert(0, {str(Path(__file__).parent)!r})\n"
+              f"import test_jax_checkpoints as t; t.write(Path({str(folder)!r}), t.train_state(t.base_nets(), 5))\n")
+    subprocess.run([sys.executable, "-c", writer], check=True, capture_output=True, timeout=300)
+    return folder / "checkpoint_5"
+
+
 JAX_STORE_PARTS = ["manifest.ocdbt", "ocdbt.process_0/manifest.ocdbt", "a B-tree or data file", "a root data file",
                    "_METADATA", "_CHECKPOINT_METADATA"]
 
@@ -1169,14 +1182,14 @@ JAX_STORE_PARTS = ["manifest.ocdbt", "ocdbt.process_0/manifest.ocdbt", "a B-tree
 @FEW
 @given(part=st.sampled_from(JAX_STORE_PARTS), damage=st.one_of(
     st.sampled_from(FILE_KINDS), st.tuples(st.integers(0, 10**6), st.binary(min_size=1, max_size=8), st.booleans())))
-def test_generated_jax_checkpoint_damage(base_checkpoint, part, damage):
+def test_generated_jax_checkpoint_damage(official_checkpoint, part, damage):
     """The official writer's checkpoint with one of its files replaced by a FIFO, a folder, a
     broken link, a device, an oversized or an empty file, or overwritten with a few bytes at an
     offset (and cut there): convert writes the complete model (exit 0) or refuses in one line
     and writes nothing; nothing blocks (60 s guard; a conversion takes about a second)."""
     with tempfile.TemporaryDirectory() as root:
         damaged = Path(root) / "checkpoint_5"
-        shutil.copytree(base_checkpoint, damaged)
+        shutil.copytree(official_checkpoint, damaged)
         files = {"a B-tree or data file": sorted((damaged / "ocdbt.process_0" / "d").iterdir())[0],
                  "a root data file": sorted((damaged / "d").iterdir())[0]}
         target = files.get(part, damaged / part)
