@@ -12,7 +12,9 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import signal
 import sys
+import threading
 
 from minit2i.core.errors import MiniT2IError
 
@@ -35,10 +37,12 @@ def printable(text: str, limit: int | None = VALUE_LIMIT, keep: str = "") -> str
 
 def guarded(prog: str, command) -> int:
     """`command()`'s exit status, with every failure that is not a bug as one line: user and
-    environment errors `PROG: error: ...` and status 2, Ctrl-C status 130. A reader closing
-    the pipe on stdout (`| head -1`) is its choice, not an error: a quiet exit 0."""
+    environment errors `PROG: error: ...` and status 2, Ctrl-C status 130, SIGTERM 143 (after the
+    same clean-up as Ctrl-C). A reader closing the pipe on stdout (`| head -1`) is its choice, not
+    an error: a quiet exit 0."""
     if sys.stderr is None:  # started with stderr closed (`2>&-`): messages go nowhere, not to stdout
         sys.stderr = open(os.devnull, "w")
+    previous_handler = _raise_on_sigterm()
     try:
         if sys.stdout is None:  # started with stdout closed (`>&-`): results could not be shown
             raise MiniT2IError("stdout is closed; redirect it (e.g. >/dev/null) instead of closing it")
@@ -54,8 +58,29 @@ def guarded(prog: str, command) -> int:
     except MemoryError:
         return fail(f"{prog}: error: out of memory (the process may run under a memory or address-space "
                     "limit, `ulimit -v`); raise the limit or use a smaller model or run", 2)
+    except Terminated:
+        return fail(f"{prog}: terminated", 128 + signal.SIGTERM)
     except KeyboardInterrupt:
         return fail(f"{prog}: interrupted", 130)
+    finally:
+        if previous_handler is not None:
+            signal.signal(signal.SIGTERM, previous_handler)
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where the program is, so that it cleans up (temporary files) as after Ctrl-C."""
+
+
+def _raise_on_sigterm():
+    """Make SIGTERM raise `Terminated`; the handler it replaces, or None where Python takes no
+    signals (a thread other than the main one)."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+
+    def terminate(signum, frame):
+        raise Terminated
+
+    return signal.signal(signal.SIGTERM, terminate) or signal.SIG_DFL
 
 
 def emit(text: str) -> None:

@@ -132,7 +132,7 @@ def is_repo_id(spec) -> bool:
     """True for `org/name` that is not an existing path (an existing path always wins)."""
     text = str(spec)
     return (REPO_ID.fullmatch(text) is not None and "--" not in text and ".." not in text
-            and not text.endswith(".safetensors") and not os.path.lexists(os.path.expanduser(text)))
+            and not text.lower().endswith(".safetensors") and not os.path.lexists(os.path.expanduser(text)))
 
 
 # The official JAX repos (MiniT2I/MiniT2I-B-16-jax, ...) hold an Orbax checkpoint folder: `checkpoint/` as

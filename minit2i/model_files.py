@@ -71,7 +71,7 @@ class Choice:
 def choose_mmjit(names: set[str], variant: str, where: str) -> Choice:
     """The transformer of a file listing: an Orbax checkpoint, a diffusers folder, its parent, a
     pipeline variant, or a lone file."""
-    orbax = choose_orbax(names)
+    orbax = choose_orbax(names, where)
     if orbax is not None:
         metadata = orbax + ORBAX_METADATA
         return Choice(sorted(n for n in names if n.startswith(orbax) and n != metadata), None, index=metadata)
@@ -87,15 +87,25 @@ def choose_mmjit(names: set[str], variant: str, where: str) -> Choice:
     return _choice(names, _lone_safetensors(names, where, "MiniT2I transformer", MMJIT_WEIGHTS))
 
 
-def choose_orbax(names: set[str]) -> str | None:
+def choose_orbax(names: set[str], where: str) -> str | None:
     """The Orbax checkpoint folder of a file listing, as a prefix ("" for the listing's own root),
-    by the official loader's order: the root itself, `checkpoint/`, the latest `checkpoint_<step>/`;
-    None when the listing holds none. A folder counts when it has its `_METADATA`."""
+    by the official loader's order: the root itself, `checkpoint/`, the latest `checkpoint_<step>/`
+    (two folders naming that step, `checkpoint_5` and `checkpoint_05`, are refused); None when the
+    listing holds none. A folder counts when it has its `_METADATA`."""
     folders = {name.rpartition("/")[0] for name in names if name.rpartition("/")[2] == ORBAX_METADATA}
     if "" in folders or "checkpoint" in folders:
         return "" if "" in folders else "checkpoint/"
-    steps = {int(m.group(2)): folder for folder in folders if (m := ORBAX_FOLDER.fullmatch(folder)) and m.group(2)}
-    return steps[max(steps)] + "/" if steps else None
+    steps: dict[int, list[str]] = {}
+    for folder in sorted(folders):
+        if (match := ORBAX_FOLDER.fullmatch(folder)) and match.group(2):
+            steps.setdefault(int(match.group(2)), []).append(folder)
+    if not steps:
+        return None
+    latest = steps[max(steps)]
+    if len(latest) > 1:  # checkpoint_5 and checkpoint_05: which one wins would depend on listing order
+        raise MiniT2IError(f"{where}: {' and '.join(latest)} both hold step {max(steps)}; remove or rename all but one "
+                           "(or pass the checkpoint folder itself)")
+    return latest[0] + "/"
 
 
 def choose_t5(names: set[str], where: str, read_shards) -> Choice:

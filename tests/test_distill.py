@@ -17,7 +17,7 @@ from minit2i.pipeline import is_student, load_model
 from minit2i.reference.mean_flow import mean_flow_forward
 
 torch = pytest.importorskip("torch", reason="distillation needs the [train] extra (torch)")
-from test_training import run_training, train_checkpoint  # noqa: E402
+from test_training import package_files, run_training, train_checkpoint  # noqa: E402
 
 from minit2i.training import distill  # noqa: E402  (needs torch)
 from minit2i.training.torch_model import mean_flow_forward as torch_mean_flow_forward  # noqa: E402
@@ -238,12 +238,37 @@ def test_a_base_model_is_no_student_to_start_from(teacher, tmp_path, capsys):
     (["--high-noise-fraction", "1.5"], ["--high-noise-fraction", "found 1.5"]),
     (["--high-noise-t-min", "-1"], ["--high-noise-t-min", "found -1"]),
     (["--cfg-max", "-1"], ["--cfg-max", "found -1"]),
+    (["--cfg-scale", "0.5"], ["--cfg-scale of a Mean Flow student", "found 0.5"]),
+    (["--sweep", "--sweep-cfg", "2", "0"], ["--sweep-cfg of a Mean Flow student", "found 0"]),
 ])
 def test_bad_distillation_arguments_are_one_line_before_any_work(teacher, tmp_path, capsys, extra, words):
     assert run_distillation(teacher, tmp_path / "run", 2, *extra) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("distill: error:") and all(w in err for w in words), err
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("flag", ["--teacher", "--init-from"])
+def test_a_folder_that_is_no_export_is_named_by_its_flag(teacher, tmp_path, capsys, flag):
+    """--teacher and --init-from are read as exports (transformer/, t5/): a folder without them is
+    named after the flag the user typed, not after the loader's --model."""
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    extra = ["--teacher", empty] if flag == "--teacher" else ["--init-from", empty]
+    assert run_distillation(teacher, tmp_path / "run", 2, *extra) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"{flag} {empty / 'transformer'}: no such file or folder" in err, err
+    assert "--model" not in err and not (tmp_path / "run").exists()
+
+
+def test_a_distillation_without_export_dir_leaves_the_package_as_it_was(teacher, tmp_path, monkeypatch):
+    """The student is exported to the run folder's export/, not over the shipped demo-mf."""
+    before = package_files()
+    monkeypatch.chdir(tmp_path)
+    assert distill.main(["--teacher", str(teacher), "--steps", "1", "--run", "R", "--eval-every", "0",
+                         "--batch", "2"]) == 0
+    assert package_files() == before
+    assert sorted(p.name for p in (tmp_path / "R" / "export").iterdir()) == ["training-log.jsonl", "transformer"]
 
 
 def test_a_sweep_evaluates_the_student_at_each_setting(distilled, teacher, capsys):

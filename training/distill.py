@@ -1,6 +1,7 @@
 """Distil the four-step demo student (a Mean Flow MMJiT) from the demo model, then export it.
 
-    python -m minit2i.training.distill                     # distil (or resume) runs/demo-mf, export to minit2i/demo_model_mf
+    python -m minit2i.training.distill                     # distil (or resume) runs/demo-mf, export to runs/demo-mf/export
+    python -m minit2i.training.distill --export-dir minit2i/demo_model_mf   # the same, replacing the shipped student
     python -m minit2i.training.distill --teacher DIR --steps 20 --run runs/smoke --export-dir /tmp/smoke-mf
     python -m minit2i.training.distill --sweep --guidance-interval 0.2 0.8   # evaluate the checkpoint's settings
     python -m minit2i.training.distill --init-from minit2i/demo_model_mf --run runs/demo-mf-2   # a retrained teacher
@@ -58,15 +59,16 @@ from minit2i.core.checks import Range, existing_path
 from minit2i.core.errors import MiniT2IError
 from minit2i.core.mean_flow_config import MeanFlowConfig, mean_flow_expected_shapes
 from minit2i.core.mmjit_config import MMJiTConfig
-from minit2i.demo_models import DEMO_MODEL_DIR, DEMO_STUDENT_DIR, save_transformer
-from minit2i.pipeline import check_guidance_interval, load_model
+from minit2i.demo_models import DEMO_MODEL_DIR, save_transformer
+from minit2i.pipeline import STUDENT_CFG_SCALE, check_guidance_interval
 from minit2i.reference.mean_flow_sampler import MIN_TIME, sample_mean_flow
 from minit2i.reference.sampler import NOISE_SCALE
 
 from . import shapes
 from .evaluate import evaluate_scenes
 from .torch_model import mean_flow_forward, mmjit_forward, position_tables, t5_encode, to_torch_tree
-from .train import Run, Schedule, check_arguments, execute, run_parser, schedule_arguments, weights_digest
+from .train import (Run, Schedule, check_arguments, execute, load_export, parse_run_arguments, run_parser,
+                    schedule_arguments, weights_digest)
 
 # Standard deviation of the prefix's new weights (the official initialiser of its tokens and embedders).
 PREFIX_INIT_STD = 0.02
@@ -195,7 +197,7 @@ class DistillRun(Run):
     def __init__(self, folder: Path, recipe: DistillRecipe, teacher_dir: Path,
                  guidance_interval: tuple[float, float], init_from: Path | None = None):
         self.teacher_dir = teacher_dir
-        teacher = load_model(teacher_dir / "transformer", teacher_dir / "t5")
+        teacher = load_export(teacher_dir, "--teacher")
         self.teacher_tensors = teacher.mmjit.tensors
         self.teacher_config = teacher.mmjit.config
         self.teacher = to_torch_tree(nest(teacher.mmjit.tensors))
@@ -214,7 +216,7 @@ class DistillRun(Run):
     def exported_start(self, folder: Path) -> dict[str, np.ndarray]:
         """An exported student's weights (folder/transformer), to go on distilling it from this
         teacher; it must be this teacher's student architecture."""
-        student = load_model(folder / "transformer", self.teacher_dir / "t5")
+        student = load_export(folder, "--init-from", t5_folder=self.teacher_dir / "t5")
         if student.mmjit.config != self.mmjit:
             raise MiniT2IError(f"--init-from {folder} is not a student of this teacher's architecture; pass an "
                                "export of distill.py made from the same kind of teacher")
@@ -271,11 +273,11 @@ def parse_args(argv=None):
                    help="training draws omega = (1 + CFG_MAX)^u, u ~ U(0, 1) (12 officially)")
     p.add_argument("--init-from", type=Path, default=None,
                    help="start from an exported student (transformer/), e.g. one distilled from an earlier teacher")
-    p.set_defaults(run=Path("runs/demo-mf"), export_dir=DEMO_STUDENT_DIR, steps=DistillRecipe.steps,
+    p.set_defaults(run=Path("runs/demo-mf"), steps=DistillRecipe.steps,
                    lr=DistillRecipe.lr, warmup=DistillRecipe.warmup, low_noise_fraction=DistillRecipe.low_noise_fraction,
                    low_noise_t_min=DistillRecipe.low_noise_t_min,
                    checkpoint_every=50, sample_steps=4, sweep_steps=[2, 4, 8], sweep_cfg=[2.0, 3.0, 5.0])
-    return p.parse_args(argv)
+    return parse_run_arguments(p, argv)
 
 
 def main(argv=None) -> int:
@@ -283,6 +285,10 @@ def main(argv=None) -> int:
         args = parse_args(argv)
         check_arguments(args)
         interval = check_guidance_interval(args.guidance_interval)
+        # The student's guidance is omega, whose range `generate` holds it to (at least 1).
+        for flag, values in (("--cfg-scale", [args.cfg_scale]), ("--sweep-cfg", args.sweep_cfg)):
+            for value in values:
+                STUDENT_CFG_SCALE.check(f"{flag} of a Mean Flow student (omega, 1 = no guidance)", value)
         Range(0.0, 1.0, integer=False).check("--high-noise-fraction", args.high_noise_fraction)
         Range(0.0, 1.0, integer=False).check("--high-noise-t-min", args.high_noise_t_min)
         Range(0.0, 1000.0, integer=False).check("--cfg-max", args.cfg_max)
