@@ -26,10 +26,10 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from minit2i.core.checkpoint import nest
 from minit2i.core.mean_flow_config import MEAN_FLOW_B16, MEAN_FLOW_RECIPE, MeanFlowConfig
 from minit2i.core.mmjit_config import MMJIT_B16, MMJiTConfig
 from minit2i.core.t5_config import T5_FLAN_LARGE, T5Config
+from minit2i.core.weights import nest
 from minit2i.default_model import random_mmjit_weights, random_t5_weights
 from minit2i.reference.layers import attention
 from minit2i.reference.mean_flow import mean_flow_forward
@@ -171,7 +171,7 @@ def bench_mean_flow_image(student: MeanFlowConfig, t5: T5Config, size: int, repe
     tables = torch_peer.position_tables(student, size, prefix + TEXT_LENGTH, unrotated=prefix)
 
     def run_numpy():
-        context = t5_encode(t5_params, t5, ids, mask, np.float32)
+        context = t5_encode(t5_params, t5, ids, mask)
         return sample_mean_flow(lambda x, *rest: mean_flow_forward(params, student, x, *rest), noise, context,
                                 mask, steps, omega, interval)
 
@@ -195,7 +195,7 @@ def bench_t5(config: T5Config, repeats: int) -> dict:
     mask[0, :TEXT_LENGTH // 3] = 1.0
     tparams, tids, tmask = torch_peer.to_torch_tree(params), torch.from_numpy(ids), torch.from_numpy(mask)
     return comparison(f"T5 encoder b1 L{TEXT_LENGTH} ({config.num_layers} layers)",
-                      lambda: t5_encode(params, config, ids, mask, np.float32),
+                      lambda: t5_encode(params, config, ids, mask),
                       lambda: torch_peer.t5_encode(tparams, config, tids, tmask),
                       t5_flops(config, 1, TEXT_LENGTH), repeats)
 

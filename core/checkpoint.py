@@ -40,23 +40,7 @@ from .t5_config import (
     infer_t5_config,
     t5_expected_shapes,
 )
-
-
-@dataclass
-class LoadedWeights:
-    """Checked float32 tensors under their stripped names, plus where they came from."""
-
-    config: MMJiTConfig | T5Config
-    tensors: dict[str, np.ndarray]
-    files: list[Path]
-    prefix: str
-    stored_dtypes: list[str]
-    config_source: str
-    ignored: list[str] = field(default_factory=list)
-
-    @property
-    def num_parameters(self) -> int:
-        return sum(int(t.size) for t in self.tensors.values())
+from .weights import LoadedWeights
 
 
 def check_tensors(index, expected: dict[str, tuple[int, ...]], ignored_prefixes, what: str, fix: str) -> list[str]:
@@ -279,26 +263,3 @@ def _detect_prefix(index) -> str:
         if any(k.startswith(prefix + "img_embedder.") for k in index):
             return prefix
     return ""
-
-
-def nest(flat: dict[str, np.ndarray]) -> dict:
-    """{'a.0.b': x} -> {'a': [{'b': x}]}: the checkpoint's names as a tree, picoGPT style."""
-    tree: dict = {}
-    for name, value in flat.items():
-        node = tree
-        parts = name.split(".")
-        for part in parts[:-1]:
-            node = node.setdefault(part, {})
-        node[parts[-1]] = value
-    return _lists_for_numbered(tree)
-
-
-def _lists_for_numbered(node):
-    if not isinstance(node, dict):
-        return node
-    node = {k: _lists_for_numbered(v) for k, v in node.items()}
-    # Only 0..n-1 becomes a list: a torch Sequential's "mlp.0", "mlp.2" (the SiLU between has no
-    # tensors) stays a dict keyed by those numbers.
-    if node and set(node) == {str(i) for i in range(len(node))}:
-        return [node[str(i)] for i in range(len(node))]
-    return node

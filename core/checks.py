@@ -11,7 +11,6 @@ import math
 import os
 import re
 import stat
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO, Callable
@@ -249,6 +248,8 @@ TEMPORARY_EXTRA = len("..XXXXXXXX.part")
 def write_temporary(path: Path, write: Callable[[BinaryIO], object]) -> str:
     """The name of a new temporary file beside `path`, filled by `write(file)` and given the mode
     a plain open() would give, to be renamed to `path`; on any failure it is removed."""
+    import tempfile  # here, not at the top: the configs import this module and load no file machinery
+
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".part", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as f:

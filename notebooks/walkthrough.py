@@ -27,8 +27,8 @@ import warnings
 import matplotlib.pyplot as plt
 import numpy as np
 
-from minit2i.core.checkpoint import nest
 from minit2i.core.images import to_pixels
+from minit2i.core.weights import nest
 from minit2i.default_model import default_model_dir
 from minit2i.pipeline import load_model, sampling_defaults
 from minit2i.reference import layers, mmjit, sampler, t5

@@ -12,7 +12,7 @@ import dataclasses
 import numpy as np
 import pytest
 
-from minit2i.core.checkpoint import nest
+from minit2i.core.weights import nest
 from minit2i.pipeline import is_student, load_model
 from minit2i.reference.mean_flow import mean_flow_forward
 

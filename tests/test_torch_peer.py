@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from minit2i.core.checkpoint import nest
 from minit2i.core.mean_flow_config import MEAN_FLOW_TINY
+from minit2i.core.weights import nest
 from minit2i.default_model import random_mmjit_weights
 from minit2i.reference.mean_flow import mean_flow_forward
 

@@ -16,8 +16,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from minit2i.core.checkpoint import nest
 from minit2i.core.tokenizer import PromptTokenizer, make_word_tokenizer
+from minit2i.core.weights import nest
 from minit2i.pipeline import load_model
 from minit2i.reference.mmjit import mmjit_forward
 from minit2i.reference.t5 import t5_encode
@@ -108,7 +108,7 @@ def test_export_is_reproduced_by_the_numpy_reference(trained):
     assert model.mmjit.stored_dtypes == ["F16"] and model.sampling == {"steps": 20, "cfg_scale": 3.0}
     ids, mask = model.tokenizer(["a large red circle at the left on a gray background", "a blue cross"])
     t5_params, mmjit_params = nest(model.t5.tensors), nest(model.mmjit.tensors)
-    context = t5_encode(t5_params, model.t5.config, ids, mask, np.float32)
+    context = t5_encode(t5_params, model.t5.config, ids, mask)
     torch_context = torch_t5_encode(to_torch_tree(t5_params), model.t5.config, torch.from_numpy(ids),
                                     torch.from_numpy(mask)).numpy()
     np.testing.assert_allclose(context, torch_context, rtol=1e-5, atol=1e-5 * np.abs(torch_context).max())

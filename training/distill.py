@@ -53,11 +53,11 @@ import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from minit2i.cli import guarded
-from minit2i.core.checkpoint import nest
 from minit2i.core.checks import Range, existing_path
 from minit2i.core.errors import MiniT2IError
 from minit2i.core.mean_flow_config import MeanFlowConfig, mean_flow_expected_shapes
 from minit2i.core.mmjit_config import MMJiTConfig
+from minit2i.core.weights import nest
 from minit2i.default_model import DEMO_MODEL_DIR, DEMO_STUDENT_DIR, save_transformer
 from minit2i.pipeline import check_guidance_interval, load_model
 from minit2i.reference.mean_flow_sampler import MIN_TIME, sample_mean_flow

@@ -39,12 +39,12 @@ from safetensors import SafetensorError
 from tqdm import tqdm
 
 from minit2i.cli import OneLineParser, emit, guarded
-from minit2i.core.checkpoint import nest
 from minit2i.core.checks import Range, existing_path, file_kind, parse_json, read_limited, short_list, write_atomically
 from minit2i.core.errors import MiniT2IError
 from minit2i.core.mmjit_config import MMJiTConfig, mmjit_expected_shapes
 from minit2i.core.t5_config import T5Config, t5_expected_shapes
 from minit2i.core.tokenizer import PromptTokenizer, make_word_tokenizer
+from minit2i.core.weights import nest
 from minit2i.default_model import DEMO_MODEL_DIR, save_model
 from minit2i.pipeline import REQUEST_RANGES
 from minit2i.reference.sampler import sample
