@@ -134,11 +134,11 @@ def bench_mmjit(config: MMJiTConfig, size: int, repeats: int) -> dict:
     mask = np.zeros((BATCH, TEXT_LENGTH), dtype=np.float32)
     mask[0, :TEXT_LENGTH // 3] = 1.0  # a short prompt; the unconditional row is all padding
     mask[1, :1] = 1.0
-    tparams, tables = torch_peer.to_torch_tree(params), torch_peer.position_tables(config, size, TEXT_LENGTH)
+    tparams = torch_peer.to_torch_tree(params)
     args = [torch.from_numpy(a) for a in (images, context, mask)]
     return comparison(f"MMJiT {size}x{size} b{BATCH} L{TEXT_LENGTH} ({config.depth_double} double blocks)",
                       lambda: mmjit_forward(params, config, images, context, mask),
-                      lambda: torch_peer.mmjit_forward(tparams, config, tables, *args),
+                      lambda: torch_peer.mmjit_forward(tparams, config, *args),
                       mmjit_flops(config, BATCH, size, TEXT_LENGTH), repeats)
 
 
@@ -168,7 +168,6 @@ def bench_mean_flow_image(student: MeanFlowConfig, t5: T5Config, size: int, repe
     steps, omega, interval = (MEAN_FLOW_RECIPE[k] for k in ("steps", "cfg_scale", "guidance_interval"))
     prefix = student.num_aux_tokens
     tparams, tt5 = torch_peer.to_torch_tree(params), torch_peer.to_torch_tree(t5_params)
-    tables = torch_peer.position_tables(student, size, prefix + TEXT_LENGTH, unrotated=prefix)
 
     def run_numpy():
         context = t5_encode(t5_params, t5, ids, mask)
@@ -177,7 +176,7 @@ def bench_mean_flow_image(student: MeanFlowConfig, t5: T5Config, size: int, repe
 
     def torch_denoise(x, h, om, t_min, t_max, context, msk):
         scalars = [torch.from_numpy(v.astype(np.float32)) for v in (h, om, t_min, t_max)]
-        return torch_peer.mean_flow_forward(tparams, student, tables, torch.from_numpy(x), *scalars, context,
+        return torch_peer.mean_flow_forward(tparams, student, torch.from_numpy(x), *scalars, context,
                                             torch.from_numpy(msk)).numpy()
 
     def run_torch():

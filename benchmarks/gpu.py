@@ -213,7 +213,6 @@ def torch_sampler(torch, params, config: MMJiTConfig, size, steps, precision, cf
     dtype = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[precision]
     tree = torch_peer.to_torch_tree(params, dev, dtype)
     length = config.prompt_length
-    tables = torch_peer.position_tables(config, size, length, dev, dtype)
     gen = np.random.default_rng(1)
     context = torch.as_tensor(gen.standard_normal((1, length, config.txt_input_size), dtype=np.float32), device=dev, dtype=dtype)
     both_context = torch.cat([context, context])
@@ -225,7 +224,7 @@ def torch_sampler(torch, params, config: MMJiTConfig, size, steps, precision, cf
     def run():
         x = noise.clone()
         for f in factors:
-            x0 = torch_peer.mmjit_forward(tree, config, tables, torch.cat([x, x]).to(dtype), both_context, both_mask).float()
+            x0 = torch_peer.mmjit_forward(tree, config, torch.cat([x, x]).to(dtype), both_context, both_mask).float()
             guided = x0[1:] + cfg_scale * (x0[:1] - x0[1:])
             x = x + float(f) * (guided - x)
         return x

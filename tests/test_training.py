@@ -26,7 +26,7 @@ from minit2i.training import shapes
 torch = pytest.importorskip("torch", reason="training needs the [train] extra (torch)")
 from minit2i.training import train  # noqa: E402  (needs torch
 from minit2i.training.torch_model import mmjit_forward as torch_mmjit_forward  # noqa: E402
-from minit2i.training.torch_model import position_tables, to_torch_tree  # noqa: E402
+from minit2i.training.torch_model import to_torch_tree  # noqa: E402
 from minit2i.training.torch_model import t5_encode as torch_t5_encode
 
 # ---------------------------------------------------------------------------------------------
@@ -115,8 +115,7 @@ def test_export_is_reproduced_by_the_numpy_reference(trained):
     x = np.random.default_rng(3).standard_normal((2, 3, 64, 64)).astype(np.float32)
     config = model.mmjit.config
     ours = mmjit_forward(mmjit_params, config, x, context, mask)
-    theirs = torch_mmjit_forward(to_torch_tree(mmjit_params), config, position_tables(config, 64, config.prompt_length),
-                                 *map(torch.from_numpy, (x, context, mask))).numpy()
+    theirs = torch_mmjit_forward(to_torch_tree(mmjit_params), config, *map(torch.from_numpy, (x, context, mask))).numpy()
     np.testing.assert_allclose(ours, theirs, rtol=1e-5, atol=1e-5 * np.abs(theirs).max())
 
 
