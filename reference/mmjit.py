@@ -148,6 +148,16 @@ def transformer_body(img, txt, params, config: MMJiTConfig, grid_h: int, grid_w:
     img [B, N, D], txt [B, L, D], rope tables (cos, sin) [L, Dh/2] and [L + N, Dh/2] -> x0
     [B, C, H, W]. Shared with the Mean Flow student, which only brings other tokens and tables.
     """
+    img = run_blocks(img, txt, params, config, txt_rope, rope, report, preamble_block, double_block)
+    out = final_layer(img, params["final_layer"])
+    report("final_layer", out)
+    return unpatchify(out, grid_h, grid_w, config.patch_size, config.in_channels)
+
+
+def run_blocks(img, txt, params, config: MMJiTConfig, txt_rope, rope, report, preamble_block, double_block):
+    """The preamble blocks (text only, `txt_rope`), then the double blocks (joint, `rope`), each
+    output reported -> the image tokens [B, N, D]. The twins run their own block functions through
+    this one loop, so all three report the same stages under the same names."""
     for i, block in enumerate(params["txt_preamble_blocks"]):
         txt = preamble_block(txt, block, txt_rope, config)
         report(f"preamble.{i}", txt)
@@ -155,6 +165,4 @@ def transformer_body(img, txt, params, config: MMJiTConfig, grid_h: int, grid_w:
         img, txt = double_block(img, txt, block, rope, config)
         report(f"double.{i}.img", img)
         report(f"double.{i}.txt", txt)
-    out = final_layer(img, params["final_layer"])
-    report("final_layer", out)
-    return unpatchify(out, grid_h, grid_w, config.patch_size, config.in_channels)
+    return img

@@ -3,9 +3,9 @@ define under one name takes the same parameters, in the same order, in all of th
 read side by side. Where a twin needs something else it has another name (the GPU samplers'
 `use_graph`: `sample_on_device`).
 
-The twins are found, not listed: `accelerated/NAME.py` is the twin of `reference/NAME.py` (the
-launchers of `accelerated/kernels.py` and `accelerated/cublas.py` have no reference file: they take
-the CUDA kernels' arguments), and `training/torch_model.py` is a peer of all of them. Module-level
+The twins are found, not listed: a module of accelerated/ is the twin of the reference module of
+the same name (the launchers of `accelerated/kernels.py` and `accelerated/cublas.py` have no
+reference module: they take the CUDA kernels' arguments), and `training/torch_model.py` is a peer of all of them. Module-level
 functions and the public methods of their classes (the runners) are compared; a method that only
 forwards `*args, **kwargs` to its parent's takes the parent's parameters.
 """
