@@ -32,3 +32,21 @@ def test_student_peer_matches_the_reference_in_float64():
     tensors = [torch.from_numpy(a) for a in (images, *scalars, context, mask)]
     got = torch_model.mean_flow_forward(torch_model.to_torch_tree(params, dtype=torch.float64), config, *tensors).numpy()
     assert np.max(np.abs(got - want)) / np.max(np.abs(want)) < 1e-6
+
+
+def test_tables_cached_in_inference_mode_serve_a_training_step():
+    """The peer caches its position tables per shape; a table first built inside inference mode
+    (the benchmarks) must still be usable by autograd, which refuses inference tensors."""
+    from minit2i.core.mmjit_config import MMJIT_TINY
+
+    torch_model.sincos_table.cache_clear()
+    torch_model.rope_tables.cache_clear()
+    params = torch_model.to_torch_tree(nest(random_mmjit_weights(MMJIT_TINY, seed=1)))
+    images = torch.linspace(-1, 1, 3 * 32 * 32).reshape(1, 3, 32, 32)
+    context = torch.ones(1, MMJIT_TINY.prompt_length, MMJIT_TINY.txt_input_size)
+    mask = torch.ones(1, MMJIT_TINY.prompt_length)
+    with torch.inference_mode():
+        torch_model.mmjit_forward(params, MMJIT_TINY, images, context, mask)
+    images.requires_grad_()  # then autograd keeps the RoPE tables that multiply the image's q and k
+    torch_model.mmjit_forward(params, MMJIT_TINY, images, context, mask).square().sum().backward()
+    assert images.grad is not None and torch.count_nonzero(images.grad) > 0

@@ -73,10 +73,18 @@ def merge_heads(x):
 # (copies, because the reference caches its tables read-only and torch refuses read-only memory)
 
 
+def table_copy(table, device, dtype) -> torch.Tensor:
+    """A torch copy of a reference table, made outside inference mode: a table cached during an
+    inference-mode run (the benchmarks) still serves a training step, whose autograd refuses
+    inference tensors."""
+    with torch.inference_mode(False):
+        return torch.tensor(table, device=device, dtype=dtype)
+
+
 @lru_cache(maxsize=16)
 def sincos_table(grid_h: int, grid_w: int, dim: int, device, dtype) -> torch.Tensor:
     """reference.layers.sincos_2d_table -> [grid_h*grid_w, dim] on `device` in `dtype`."""
-    return torch.tensor(sincos_2d_table(grid_h, grid_w, dim, np.float32), device=device, dtype=dtype)
+    return table_copy(sincos_2d_table(grid_h, grid_w, dim, np.float32), device, dtype)
 
 
 @lru_cache(maxsize=16)
@@ -84,7 +92,7 @@ def rope_tables(text_length: int, grid_h: int, grid_w: int, head_dim: int, unrot
     """(text rope, joint rope): (cos, sin) [L, Dh/2] and [L + N, Dh/2] (text rows first), the first
     `unrotated` joint rows at angle 0 (the Mean Flow student's prefix, model.md 9.2)."""
     joint = unrotated_prefix(joint_rope(text_length, grid_h, grid_w, head_dim, np.float32), unrotated)
-    return tuple(tuple(torch.tensor(table, device=device, dtype=dtype) for table in tables)
+    return tuple(tuple(table_copy(table, device, dtype) for table in tables)
                  for tables in (text_rope(text_length, head_dim, np.float32), joint))
 
 
