@@ -69,7 +69,8 @@ def _upload_stream(block, prefix: str, dtype) -> dict:
 
 
 def _upload_qk_norms(block, dtype) -> dict:
-    return {"q_norm": upload_norm(block["q_norm"], dtype), "k_norm": upload_norm(block["k_norm"], dtype)}
+    """The block's per-head q and k norm weights [Dh], as the pair `kernels.qkv_heads` applies."""
+    return {"qk_norms": tuple(to_device(block[name]["weight"], dtype) for name in ("q_norm", "k_norm"))}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -115,7 +116,7 @@ def finish_stream(stream_tokens, attended, stream):
 def preamble_block(txt, block, rope, config: MMJiTConfig):
     """Text-only block with 1-D RoPE: [B, L, D] -> [B, L, D] (updated in place)."""
     buffers = attention_inputs(txt.shape[0], txt.shape[1], config, txt.dtype)
-    write_heads(txt, block, _qk_norms(block), rope, buffers, 0, config)
+    write_heads(txt, block, block["qk_norms"], rope, buffers, 0, config)
     finish_stream(txt, kernels.attention(*buffers, scale=config.head_dim**-0.5), block)
     return txt
 
@@ -123,7 +124,7 @@ def preamble_block(txt, block, rope, config: MMJiTConfig):
 def double_block(img, txt, block, rope, config: MMJiTConfig):
     """Joint attention over [txt ; img]: img [B, N, D], txt [B, L, D] -> (img, txt), in place."""
     length = txt.shape[1]
-    norms = _qk_norms(block)
+    norms = block["qk_norms"]
     buffers = attention_inputs(img.shape[0], length + img.shape[1], config, img.dtype)
     write_heads(txt, block["txt"], norms, rope, buffers, 0, config)
     write_heads(img, block["img"], norms, rope, buffers, length, config)
@@ -131,11 +132,6 @@ def double_block(img, txt, block, rope, config: MMJiTConfig):
     finish_stream(img, attended[:, length:], block["img"])
     finish_stream(txt, attended[:, :length], block["txt"])
     return img, txt
-
-
-def _qk_norms(block):
-    """The (q, k) norm weights [Dh] that `kernels.qkv_heads` applies per head."""
-    return block["q_norm"]["weight"], block["k_norm"]["weight"]
 
 
 def final_layer(img, final):
