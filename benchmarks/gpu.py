@@ -29,9 +29,9 @@ import sys
 import numpy as np
 
 from minit2i.accelerated import kernels
-from minit2i.core.checkpoint import nest
 from minit2i.core.errors import MiniT2IError
 from minit2i.core.mmjit_config import BASE_RECIPE, MODEL_VARIANTS, VARIANT_ALIASES, MMJiTConfig, mmjit_expected_shapes
+from minit2i.core.weights import nest
 from minit2i.reference.layers import joint_rope
 from minit2i.reference.sampler import initial_noise, step_factors
 
@@ -114,7 +114,7 @@ def time_cupy(cp, fn, repeats: int) -> float:
 def cupy_sampler(cp, params, config, size, steps, precision, cfg_scale, use_graph):
     from minit2i.accelerated.mmjit import mmjit_forward, upload_mmjit
     from minit2i.accelerated.pipeline import precision_dtype
-    from minit2i.accelerated.sampler import sample
+    from minit2i.accelerated.sampler import sample_on_device
 
     dtype = precision_dtype(precision)
     device_params = upload_mmjit(params, config, dtype)
@@ -126,7 +126,7 @@ def cupy_sampler(cp, params, config, size, steps, precision, cfg_scale, use_grap
     def denoise(x, ctx, m):
         return mmjit_forward(device_params, config, x, ctx, m)
 
-    return lambda: sample(denoise, noise, context, mask, steps, cfg_scale, 0.001, use_graph=use_graph)
+    return lambda: sample_on_device(denoise, noise, context, mask, steps, cfg_scale, 0.001, use_graph=use_graph)
 
 
 def kernel_cases(cp, config: MMJiTConfig, size: int, precision: str) -> dict:
@@ -213,7 +213,6 @@ def torch_sampler(torch, params, config: MMJiTConfig, size, steps, precision, cf
     dtype = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[precision]
     tree = torch_peer.to_torch_tree(params, dev, dtype)
     length = config.prompt_length
-    tables = torch_peer.position_tables(config, size, length, dev, dtype)
     gen = np.random.default_rng(1)
     context = torch.as_tensor(gen.standard_normal((1, length, config.txt_input_size), dtype=np.float32), device=dev, dtype=dtype)
     both_context = torch.cat([context, context])
@@ -225,7 +224,7 @@ def torch_sampler(torch, params, config: MMJiTConfig, size, steps, precision, cf
     def run():
         x = noise.clone()
         for f in factors:
-            x0 = torch_peer.mmjit_forward(tree, config, tables, torch.cat([x, x]).to(dtype), both_context, both_mask).float()
+            x0 = torch_peer.mmjit_forward(tree, config, torch.cat([x, x]).to(dtype), both_context, both_mask).float()
             guided = x0[1:] + cfg_scale * (x0[:1] - x0[1:])
             x = x + float(f) * (guided - x)
         return x

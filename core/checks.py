@@ -13,7 +13,6 @@ import os
 import re
 import signal
 import stat
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO, Callable
@@ -253,6 +252,8 @@ TEMPORARY_EXTRA = len("..XXXXXXXX.part")
 def write_temporary(path: Path, write: Callable[[BinaryIO], object]) -> str:
     """The name of a new temporary file beside `path`, filled by `write(file)` and given the mode
     a plain open() would give, to be renamed to `path`; on any failure it is removed."""
+    import tempfile  # here, not at the top: the configs import this module and load no file machinery
+
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".part", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as f:
@@ -343,6 +344,8 @@ def commit_together(temporary: dict[Path, str]) -> None:
 def _move_aside(path: Path) -> str | None:
     """Move `path` (a file, a link, a FIFO: never followed) to a fresh name beside it, returned;
     None if there is nothing at `path`."""
+    import tempfile  # here, as in write_atomically: importing a config loads no file machinery
+
     if not os.path.lexists(path):
         return None
     fd, aside = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".old", dir=path.parent)

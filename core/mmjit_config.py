@@ -16,6 +16,10 @@ from .checks import Range, read_json_object
 from .config_fields import check_fields, config_from_file, config_from_shapes, count_blocks, require_dims
 from .errors import MiniT2IError
 
+# Every RMSNorm of MMJiT and its student (block norms, per-head q/k norms, final norm) adds this
+# to the mean square (model.md 3.1); it is not in config.json, and the checkpoints agree on it.
+NORM_EPS = 1e-6
+
 # Allowed values of every field. The bounds are far beyond any released model; they exist so
 # that a damaged config.json is refused in one line instead of dividing by zero, allocating
 # terabytes or silently producing a black image.

@@ -46,7 +46,6 @@ from typing import Callable
 
 import numpy as np
 
-from minit2i.core.checkpoint import LoadedWeights, nest
 from minit2i.core.checks import human_size, open_checked, read_json_object, shown, writable_folder, write_atomically
 from minit2i.core.errors import MiniT2IError
 from minit2i.core.images import to_pixels
@@ -54,6 +53,8 @@ from minit2i.core.mean_flow_config import MEAN_FLOW_TINY, MeanFlowConfig
 from minit2i.core.mmjit_config import MMJIT_TINY, MMJiTConfig
 from minit2i.core.t5_config import T5_TINY, T5Config
 from minit2i.core.tokenizer import PromptTokenizer, make_t5_style_tokenizer
+from minit2i.core.weights import LoadedWeights, nest
+from minit2i.reference.layers import cast_tree
 from minit2i.reference.mean_flow import mean_flow_forward
 from minit2i.reference.mmjit import mmjit_forward
 from minit2i.reference.pipeline import PRECISIONS, NumpyRunner
@@ -149,8 +150,8 @@ def tiny_t5_hidden(recipe: dict, precision: str) -> np.ndarray:
     config = T5Config(**recipe["config"])
     ids, mask = _padded_ids(recipe["input_seed"], recipe["length"], recipe["real_tokens"], config.vocab_size)
     dtype = PRECISIONS[precision]
-    params = nest(random_t5_weights(config, recipe["weight_seed"]))
-    return t5_encode(params, config, ids, mask.astype(dtype), dtype)
+    params = cast_tree(nest(random_t5_weights(config, recipe["weight_seed"])), dtype)
+    return t5_encode(params, config, ids, mask.astype(dtype))
 
 
 def tiny_mmjit_x0(recipe: dict, precision: str) -> np.ndarray:
@@ -177,7 +178,7 @@ def _forward_inputs(recipe: dict, config: MMJiTConfig, dtype):
     context = np.random.default_rng(recipe["input_seed"] + 1).standard_normal(
         (rows, config.prompt_length, config.txt_input_size), dtype=np.float32)
     mask = _prefix_mask(config.prompt_length, recipe["real_tokens"])
-    params = nest(random_mmjit_weights(config, recipe["weight_seed"]))
+    params = cast_tree(nest(random_mmjit_weights(config, recipe["weight_seed"])), dtype)
     return params, x.astype(dtype), context.astype(dtype), mask.astype(dtype)
 
 

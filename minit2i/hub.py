@@ -46,6 +46,7 @@ from minit2i.core.checkpoint import check_mmjit_header, check_orbax_tree, check_
 from minit2i.core.checks import human_size, write_atomically
 from minit2i.core.errors import MiniT2IError
 from minit2i.core.mmjit_config import DEFAULT_VARIANT, VARIANT_ALIASES
+from minit2i.core.safetensors_file import IndexEntry
 
 from .model_files import (
     MMJIT_WEIGHTS,
@@ -256,12 +257,12 @@ def _model_info(model: HubModel, missing: list[str]):
     return info
 
 
-def remote_header(api: HfApi, repo_id: str, revision: str, names: list[str]) -> dict:
+def remote_header(api: HfApi, repo_id: str, revision: str, names: list[str]) -> dict[str, IndexEntry]:
     """`read_index` of files on the Hub, from their safetensors headers only (HTTP range reads)."""
     index = {}
     for name in names:
         tensors = api.parse_safetensors_file_metadata(repo_id, name, revision=revision).tensors
-        index.update({k: (t.dtype, tuple(t.shape), name) for k, t in tensors.items()})
+        index.update({k: IndexEntry(t.dtype, tuple(t.shape), name) for k, t in tensors.items()})
     return index
 
 

@@ -23,13 +23,14 @@ from pathlib import Path
 
 import numpy as np
 
-from minit2i.core.checkpoint import Checkpoint, LoadedWeights
+from minit2i.core.checkpoint import Checkpoint
 from minit2i.core.checks import Range, check_prompt, human_size, read_json_object, shown
 from minit2i.core.errors import MiniT2IError
 from minit2i.core.images import to_pixels
 from minit2i.core.mean_flow_config import MEAN_FLOW_RECIPE, MeanFlowConfig
 from minit2i.core.mmjit_config import BASE_RECIPE, DEFAULT_VARIANT
 from minit2i.core.tokenizer import PromptTokenizer
+from minit2i.core.weights import LoadedWeights
 from minit2i.reference.sampler import DEFAULT_A_MIN, initial_noise
 
 from .model_files import find_tokenizer_json, inspect_mmjit, inspect_t5

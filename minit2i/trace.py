@@ -90,8 +90,8 @@ def numpy_adapter(runner, student: dict | None) -> Adapter:
         return mean_flow_forward(runner.mmjit_params, runner.mmjit_config, x, *scalars, context, mask, on_layer)
 
     return Adapter(
-        encode=lambda ids, mask, on_layer: t5_encode(
-            runner.t5_params, runner.t5_config, ids, mask.astype(dtype), dtype, on_layer),
+        encode=lambda ids, mask, on_layer: t5_encode(runner.t5_params, runner.t5_config, ids, mask.astype(dtype),
+                                                     on_layer),
         denoise=denoise,
         to_host=lambda value: np.array(value, dtype=np.float64),
     )

@@ -27,8 +27,8 @@ import warnings
 import matplotlib.pyplot as plt
 import numpy as np
 
-from minit2i.core.checkpoint import nest
 from minit2i.core.images import to_pixels
+from minit2i.core.weights import nest
 from minit2i.demo_models import DEMO_MODEL_DIR
 from minit2i.pipeline import load_model, sampling_defaults
 from minit2i.reference import layers, mmjit, sampler, t5
@@ -245,10 +245,10 @@ rope = layers.joint_rope(config.prompt_length, grid, grid, config.head_dim)
 
 def joint_qkv(img, txt, block, rope):
     """q, k, v [B, H, L + N, Dh] of a double block, RoPE applied, as `double_block` builds them."""
-    qi, ki, vi = mmjit.project_qkv(layers.rms_norm(img, block["img_norm1"]["weight"]), block["img_qkv"],
-                                   block["q_norm"], block["k_norm"], config.num_heads)
-    qt, kt, vt = mmjit.project_qkv(layers.rms_norm(txt, block["txt_norm1"]["weight"]), block["txt_qkv"],
-                                   block["q_norm"], block["k_norm"], config.num_heads)
+    qi, ki, vi = mmjit.project_qkv(layers.rms_norm(img, **block["img_norm1"]), block["img_qkv"], block["q_norm"],
+                                   block["k_norm"], config.num_heads)
+    qt, kt, vt = mmjit.project_qkv(layers.rms_norm(txt, **block["txt_norm1"]), block["txt_qkv"], block["q_norm"],
+                                   block["k_norm"], config.num_heads)
     q = layers.apply_rope(np.concatenate([qt, qi], axis=2), *rope)
     k = layers.apply_rope(np.concatenate([kt, ki], axis=2), *rope)
     return q, k, np.concatenate([vt, vi], axis=2)

@@ -42,11 +42,11 @@ from hypothesis import strategies as st
 
 from minit2i.accelerated import kernels
 from minit2i.accelerated.mmjit import mmjit_forward, upload_mmjit
-from minit2i.accelerated.sampler import sample as gpu_sample
+from minit2i.accelerated.sampler import sample_on_device as gpu_sample
 from minit2i.accelerated.t5 import t5_encode as gpu_t5_encode
 from minit2i.accelerated.t5 import upload_t5
-from minit2i.core.checkpoint import nest
 from minit2i.core.errors import MiniT2IError
+from minit2i.core.weights import nest
 from minit2i.pipeline import Request, generate, load_model, make_runner
 from minit2i.reference import layers as ref
 from minit2i.reference.mmjit import mmjit_forward as ref_mmjit_forward
@@ -401,7 +401,7 @@ def test_t5_every_block_matches_reference(tiny):
     mask = np.ones((2, 13))
     mask[1, 6:] = 0
     expected, actual = {}, {}
-    out_ref = ref_t5_encode(nest(tiny.t5.tensors), config, ids, mask, np.float64, collect(expected))
+    out_ref = ref_t5_encode(ref.cast_tree(nest(tiny.t5.tensors), np.float64), config, ids, mask, collect(expected))
     out = gpu_t5_encode(upload_t5(nest(tiny.t5.tensors), config), config, ids, mask, collect(actual))
     assert list(actual) == list(expected) == [f"t5.block.{i}" for i in range(config.num_layers)]
     for name in expected:

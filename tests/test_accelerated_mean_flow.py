@@ -42,10 +42,10 @@ from test_mean_flow import CONFIG, HEIGHT, SCALARS, TEXT_LENGTH, WIDTH
 
 from minit2i.accelerated import kernels
 from minit2i.accelerated.layers import device_joint_rope
-from minit2i.accelerated.mean_flow import mean_flow_forward, unrotated_prefix, upload_mean_flow
-from minit2i.core.checkpoint import nest
+from minit2i.accelerated.mean_flow import device_unrotated_prefix, mean_flow_forward, upload_mean_flow
 from minit2i.core.errors import MiniT2IError
 from minit2i.core.t5_config import T5_TINY
+from minit2i.core.weights import nest
 from minit2i.demo_models import write_model
 from minit2i.pipeline import load_model
 from minit2i.reference.mean_flow import mean_flow_forward as ref_mean_flow_forward
@@ -110,7 +110,7 @@ def test_unrotated_prefix_rows_leave_qkv_heads_as_without_rope(precision):
             kernels.qkv_heads(qkv, bias, heads, *buffers, norms=norms, rope=rope)
         return np.stack([bits(buffer)[:, :, :length] for buffer in buffers[:2]])
 
-    student = q_and_k(unrotated_prefix(length, *GRID, head_dim, PREFIX))
+    student = q_and_k(device_unrotated_prefix(length, *GRID, head_dim, PREFIX))
     plain, joint = q_and_k(None), q_and_k(device_joint_rope(length, *GRID, head_dim))
     assert np.array_equal(student[..., :PREFIX, :], plain[..., :PREFIX, :])
     assert np.array_equal(student[..., PREFIX:, :], joint[..., PREFIX:, :])

@@ -32,7 +32,7 @@ from tokenizers import Tokenizer, models, pre_tokenizers
 import minit2i.pipeline as pipeline
 from minit2i import golden
 from minit2i.cli import main
-from minit2i.core import checkpoint, safetensors_file
+from minit2i.core import checkpoint, safetensors_file, weights
 from minit2i.core.checks import Range
 from minit2i.core.config_fields import to_json
 from minit2i.core.errors import MiniT2IError
@@ -786,7 +786,7 @@ def test_library_inputs(tmp_path):
     with pytest.raises(MiniT2IError, match="expected uint8 pixels \\[H, W, 3\\].*found uint8 \\[3, 8, 8\\]"):
         save_png(np.zeros((3, 8, 8), np.uint8), tmp_path / "never.png")
     assert list(tmp_path.iterdir()) == []
-    params = checkpoint.nest(random_t5_weights(T5_TINY, 0))
+    params = weights.nest(random_t5_weights(T5_TINY, 0))
     with pytest.raises(MiniT2IError, match="token ids must be in \\[0, 511\\].*from -1 to 5"):
         t5_encode(params, T5_TINY, np.array([[5, -1]]), np.ones((1, 2), np.float32))
 

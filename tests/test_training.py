@@ -19,9 +19,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import minit2i
-
-from minit2i.core.checkpoint import nest
 from minit2i.core.tokenizer import PromptTokenizer, make_word_tokenizer
+from minit2i.core.weights import nest
 from minit2i.pipeline import load_model
 from minit2i.reference.mmjit import mmjit_forward
 from minit2i.reference.t5 import t5_encode
@@ -30,7 +29,7 @@ from minit2i.training import shapes
 torch = pytest.importorskip("torch", reason="training needs the [train] extra (torch)")
 from minit2i.training import train  # noqa: E402  (needs torch
 from minit2i.training.torch_model import mmjit_forward as torch_mmjit_forward  # noqa: E402
-from minit2i.training.torch_model import position_tables, to_torch_tree  # noqa: E402
+from minit2i.training.torch_model import to_torch_tree  # noqa: E402
 from minit2i.training.torch_model import t5_encode as torch_t5_encode
 
 # ---------------------------------------------------------------------------------------------
@@ -114,15 +113,14 @@ def test_export_is_reproduced_by_the_numpy_reference(trained):
     assert model.mmjit.stored_dtypes == ["F16"] and model.sampling == {"steps": 20, "cfg_scale": 3.0}
     ids, mask = model.tokenizer(["a large red circle at the left on a gray background", "a blue cross"])
     t5_params, mmjit_params = nest(model.t5.tensors), nest(model.mmjit.tensors)
-    context = t5_encode(t5_params, model.t5.config, ids, mask, np.float32)
+    context = t5_encode(t5_params, model.t5.config, ids, mask)
     torch_context = torch_t5_encode(to_torch_tree(t5_params), model.t5.config, torch.from_numpy(ids),
                                     torch.from_numpy(mask)).numpy()
     np.testing.assert_allclose(context, torch_context, rtol=1e-5, atol=1e-5 * np.abs(torch_context).max())
     x = np.random.default_rng(3).standard_normal((2, 3, 64, 64)).astype(np.float32)
     config = model.mmjit.config
     ours = mmjit_forward(mmjit_params, config, x, context, mask)
-    theirs = torch_mmjit_forward(to_torch_tree(mmjit_params), config, position_tables(config, 64, config.prompt_length),
-                                 *map(torch.from_numpy, (x, context, mask))).numpy()
+    theirs = torch_mmjit_forward(to_torch_tree(mmjit_params), config, *map(torch.from_numpy, (x, context, mask))).numpy()
     np.testing.assert_allclose(ours, theirs, rtol=1e-5, atol=1e-5 * np.abs(theirs).max())
 
 

@@ -42,20 +42,20 @@ from safetensors import SafetensorError
 from tqdm import tqdm
 
 from minit2i.console import OneLineParser, emit, guarded, printable
-from minit2i.core.checkpoint import nest
 from minit2i.core.checks import (Range, existing_path, file_kind, parse_json, read_limited, short_list, shown,
                                  writable_folder, write_atomically)
 from minit2i.core.errors import MiniT2IError
 from minit2i.core.mmjit_config import MMJiTConfig, mmjit_expected_shapes
 from minit2i.core.t5_config import T5Config, t5_expected_shapes
 from minit2i.core.tokenizer import PromptTokenizer, make_word_tokenizer
+from minit2i.core.weights import nest
 from minit2i.demo_models import save_model
 from minit2i.pipeline import REQUEST_RANGES
 from minit2i.reference.sampler import NOISE_SCALE, sample
 
 from . import shapes
 from .evaluate import evaluate_scenes, evaluation_scenes
-from .torch_model import mmjit_forward, position_tables, t5_encode
+from .torch_model import mmjit_forward, t5_encode
 
 DEMO_MMJIT = MMJiTConfig(image_size=64, patch_size=4, txt_input_size=128, hidden_size=128, depth_double=4,
                          txt_preamble_depth=2, num_heads=4, head_dim=32, pca_channels=32, prompt_length=16,
@@ -202,13 +202,13 @@ def training_batch(recipe: Recipe, tokenizer: PromptTokenizer, step: int):
         ("t", t.astype(np.float32)), ("noise", noise))}
 
 
-def v_loss(params: dict, mmjit: MMJiTConfig, t5: T5Config, tables, batch: dict, a_min: float) -> torch.Tensor:
+def v_loss(params: dict, mmjit: MMJiTConfig, t5: T5Config, batch: dict, a_min: float) -> torch.Tensor:
     """Mean squared velocity error of the x0 prediction (scalar)."""
     mmjit_params, t5_params = split_tree(params)
     t = batch["t"][:, None, None, None]
     x_t = t * batch["images"] + (1 - t) * NOISE_SCALE * batch["noise"]
     context = t5_encode(t5_params, t5, batch["ids"], batch["mask"])
-    x0 = mmjit_forward(mmjit_params, mmjit, tables, x_t, context, batch["mmjit_mask"])
+    x0 = mmjit_forward(mmjit_params, mmjit, x_t, context, batch["mmjit_mask"])
     return (((x0 - batch["images"]) / torch.clamp(1 - t, min=a_min)) ** 2).mean()
 
 
@@ -291,7 +291,6 @@ class Run:
         self.folder, self.recipe, self.mmjit, self.t5 = folder, recipe, mmjit, t5
         self.start = self.exported_start(init_from) if init_from else None
         self.tokenizer = PromptTokenizer(make_word_tokenizer(shapes.vocabulary()), mmjit.prompt_length)
-        self.tables = position_tables(mmjit, mmjit.image_size, mmjit.prompt_length)
         weights = self.initial_weights()
         self.params = {k: torch.tensor(v, requires_grad=True) for k, v in weights.items()}
         self.ema = {k: v.detach().clone() for k, v in self.params.items()}
@@ -405,7 +404,7 @@ class Run:
         """The objective on the batch of `step` (scalar, differentiable in the parameters), and
         any other numbers worth logging."""
         batch = training_batch(self.recipe, self.tokenizer, step)
-        return v_loss(self.params, self.mmjit, self.t5, self.tables, batch, self.recipe.a_min), {}
+        return v_loss(self.params, self.mmjit, self.t5, batch, self.recipe.a_min), {}
 
     def evaluate(self, scenes, steps: int, cfg_scale: float) -> dict:
         """The checker's report on the EMA weights drawing `scenes` (evaluate.accuracy_report)."""
@@ -580,7 +579,7 @@ def torch_denoiser(run: Run):
 
     def denoise(x, context, mask):
         with torch.no_grad():
-            out = mmjit_forward(mmjit_params, run.mmjit, run.tables, torch.from_numpy(x),
+            out = mmjit_forward(mmjit_params, run.mmjit, torch.from_numpy(x),
                                 torch.from_numpy(context), torch.from_numpy(mask))
         return out.numpy()
     return denoise
