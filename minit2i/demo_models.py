@@ -27,6 +27,7 @@ from safetensors.numpy import save_file
 from tokenizers import Tokenizer
 
 from minit2i.core.config_fields import to_json
+from minit2i.core.errors import MiniT2IError
 from minit2i.core.mean_flow_config import denoiser_expected_shapes
 from minit2i.core.mmjit_config import DIFFUSERS_PREFIX, MMJiTConfig
 from minit2i.core.t5_config import T5Config, t5_expected_shapes
@@ -120,9 +121,10 @@ def save_model(transformer_dir: Path, t5_dir: Path, mmjit: MMJiTConfig, t5: T5Co
 
     `sampling` (e.g. {"steps": 20, "cfg_scale": 3.0}) is stored in the transformer's config.json.
     """
+    t5_tensors = _stored(t5_weights, dtype)
     save_transformer(transformer_dir, mmjit, mmjit_weights, dtype, prefix, sampling)
     t5_dir.mkdir(parents=True, exist_ok=True)
-    save_file(_stored(t5_weights, dtype), str(t5_dir / "model.safetensors"))
+    save_file(t5_tensors, str(t5_dir / "model.safetensors"))
     (t5_dir / "config.json").write_text(to_json(t5))
     tokenizer.save(str(t5_dir / "tokenizer.json"))
 
@@ -131,14 +133,25 @@ def save_transformer(folder: Path, mmjit: MMJiTConfig, weights: dict[str, np.nda
                      prefix: str = DIFFUSERS_PREFIX, sampling: dict | None = None) -> None:
     """Write a diffusers transformer folder (config.json with the optional "sampling" block, and
     diffusion_pytorch_model.safetensors, tensors in `dtype` under `prefix`)."""
+    tensors = _stored(weights, dtype, prefix)
     folder.mkdir(parents=True, exist_ok=True)
-    save_file(_stored(weights, dtype, prefix), str(folder / "diffusion_pytorch_model.safetensors"))
+    save_file(tensors, str(folder / "diffusion_pytorch_model.safetensors"))
     config = json.loads(to_json(mmjit)) | ({"sampling": sampling} if sampling else {})
     (folder / "config.json").write_text(json.dumps(config, indent=2))
 
 
 def _stored(weights: dict[str, np.ndarray], dtype, prefix: str = "") -> dict[str, np.ndarray]:
-    return {prefix + k: np.ascontiguousarray(v, dtype=dtype) for k, v in weights.items()}
+    """The tensors as contiguous `dtype` arrays under `prefix`. A finite value beyond `dtype`'s range
+    is refused: stored, it would silently become infinity (float16 ends at 65504)."""
+    stored = {}
+    for name, value in weights.items():
+        with np.errstate(over="ignore"):
+            stored[prefix + name] = np.ascontiguousarray(value, dtype=dtype)
+        if not np.isfinite(stored[prefix + name]).all() and np.isfinite(value).all():
+            raise MiniT2IError(f"{name} holds values beyond the range of {np.dtype(dtype).name} (largest "
+                               f"{float(np.finfo(dtype).max):g}), which would be stored as infinity; the model "
+                               "has diverged: resume from an earlier checkpoint or lower the learning rate")
+    return stored
 
 
 def tokenizer_pieces(limit: int) -> list[tuple[str, float]]:

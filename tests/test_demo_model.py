@@ -162,3 +162,17 @@ def test_bad_probe_arguments_are_one_line(argv, words, capsys):
     assert probe_main(argv) == 2
     err = capsys.readouterr().err
     assert err.startswith("probe: error:") and err.count("\n") == 1 and words in err, err
+
+
+def test_a_weight_beyond_float16_is_refused_before_anything_is_written(tmp_path):
+    """3e38 is a finite float32 that float16 (largest 65504) would store as infinity: the export names
+    the tensor and writes no folder, instead of shipping a model that draws NaN."""
+    from minit2i.core.errors import MiniT2IError
+    from minit2i.core.mmjit_config import MMJIT_TINY
+    from minit2i.demo_models import random_mmjit_weights, save_transformer
+
+    weights = random_mmjit_weights(MMJIT_TINY, 0)
+    weights["final_layer.linear.weight"] = weights["final_layer.linear.weight"] * np.float32(3e38)
+    with pytest.raises(MiniT2IError, match=r"final_layer\.linear\.weight holds values beyond the range of float16"):
+        save_transformer(tmp_path / "transformer", MMJIT_TINY, weights, np.float16)
+    assert not (tmp_path / "transformer").exists()
