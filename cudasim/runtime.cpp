@@ -985,7 +985,8 @@ void atomic_scope(bool enter) { atomic_depth += enter ? 1 : -1; }
 
 void atomic_float_add(const void* address, size_t size, double magnitude) {
     const auto* word = static_cast<const unsigned char*>(address);
-    if (!detecting || region_of(word) == nullptr || region_of(word)->shared) return;
+    const Region* region = detecting ? region_of(word) : nullptr;
+    if (!region || region->shared) return;  // shared memory ends with its block: no result to compare
     AtomicSum& sum = atomic_sums[word];
     sum.size = size;
     sum.adds += 1;
