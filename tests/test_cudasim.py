@@ -888,12 +888,6 @@ extern "C" __global__ void doubled(const float* x, float* out, int n) {
 extern "C" __global__ void left_neighbour(const float* x, float* out) {
     out[threadIdx.x] = x[(int)threadIdx.x - 1];  // thread 0 reads before the start
 }
-extern "C" __global__ void shifted_tile(const float* x, float* out) {
-    __shared__ float tile[32];
-    tile[threadIdx.x] = x[threadIdx.x];
-    __syncthreads();
-    out[threadIdx.x] = tile[threadIdx.x + 1];  // one past the shared array
-}
 extern "C" __global__ void shifted_dynamic(const float* x, float* out) {
     extern __shared__ float staged[];
     staged[threadIdx.x + 1] = x[threadIdx.x];  // one past the launch's dynamic shared memory
@@ -939,11 +933,24 @@ def test_planted_read_before_the_start_of_an_input(bounds):
         bounds.get_function("left_neighbour")((1,), (32,), (np.ones(32, np.float32), np.zeros(32, np.float32)))
 
 
-def test_planted_read_past_a_static_shared_array(bounds):
-    with pytest.raises(KernelError, match=r"kernel shifted_tile, block \(0,0,0\): " + report(
-            "out-of-bounds shared memory read", "31", 4, "static shared memory + 128 bytes, outside its 128 bytes",
-            "tile[threadIdx.x + 1]")):
-        bounds.get_function("shifted_tile")((1,), (32,), (np.ones(32, np.float32), np.zeros(32, np.float32)))
+SHIFTED_TILE = """
+extern "C" __global__ void shifted_tile(const float* x, float* out) {
+    __shared__ float tile[32];
+    tile[threadIdx.x] = x[threadIdx.x];
+    __syncthreads();
+    out[threadIdx.x] = tile[threadIdx.x + 1];  // one past the shared array
+}
+"""
+
+
+def test_planted_read_past_a_static_shared_array():
+    """Its own module: the one shared array lies between the guards (in a module with dynamic
+    shared arrays too, the order the linker gives them decides which one it borders)."""
+    line = line_of(textwrap.dedent(SHIFTED_TILE), "tile[threadIdx.x + 1]")
+    with pytest.raises(KernelError, match=r"kernel shifted_tile, block \(0,0,0\): out-of-bounds shared memory read: thread "
+                                          r"\(31,0,0\) reads 4 bytes at 0x[0-9a-f]+ \(static shared memory \+ 128 bytes, "
+                                          rf"outside its 128 bytes\) on line {line}"):
+        module(SHIFTED_TILE).get_function("shifted_tile")((1,), (32,), (np.ones(32, np.float32), np.zeros(32, np.float32)))
 
 
 def test_planted_write_past_the_dynamic_shared_memory_of_the_launch(bounds):
