@@ -377,6 +377,11 @@ bool detecting = false;     // a launch of a build with detectors is running
 Region shared_region;       // mapped on the first launch, kept (the block's shared memory is fixed)
 std::vector<Region> global_regions;
 std::vector<Region> arguments;  // each argument buffer as passed (global_regions merges them): bounds and names
+uintptr_t guarded_low = 0, guarded_high = 0;  // the arguments' span with their guards: outside it nothing is checked
+// Thread-local addresses, looked up once per launch (each lookup is a call in a shared library).
+const unsigned char* shared_back = nullptr;
+void* dynamic_bases[16];
+int dynamic_arrays = 0;
 uint32_t next_stamp = 0;
 Fiber* acting = nullptr;    // a warp collective's accesses are those of this lane (else: the running fiber)
 int atomic_depth = 0;       // inside an atomic function
@@ -573,23 +578,20 @@ size_t static_shared_bytes(size_t block_bytes) {
 
 // "float* out + 400 bytes, outside its 400 bytes" for bytes [p, p + size) that leave shared
 // memory or an argument buffer; "" for bytes in bounds or in memory the detectors do not watch.
-std::string outside(const unsigned char* p, size_t size, bool& shared) {
+// `region` is the one p lies in (region_of); an access inside it is the common, quick case.
+std::string outside(const unsigned char* p, size_t size, const Region* region) {
     char text[200];
-    const unsigned char* front = shared_region.base;
-    const unsigned char* back = shared_back_guard;
-    shared = front && p + size > front && p < back + SHARED_GUARD_BYTES;
-    if (shared) {
-        const size_t variables = static_shared_bytes(shared_region.size);
+    if (region && region->shared) {
+        const unsigned char *front = shared_region.base, *back = shared_back;
         if (p < front + SHARED_GUARD_BYTES || p + size > back) {
+            const size_t variables = static_shared_bytes(shared_region.size);
             const long long offset = p < back ? (long long)(p - front - SHARED_GUARD_BYTES) : (long long)(variables + (p - back));
             snprintf(text, sizeof text, "static shared memory %c %lld bytes, outside its %zu bytes", offset < 0 ? '-' : '+',
                      std::llabs(offset), variables);
             return text;
         }
-        void* bases[16];
-        const int arrays = dynamic_shared_arrays(bases);
-        for (int a = 0; a < arrays; ++a) {
-            const auto* base = static_cast<const unsigned char*>(bases[a]);
+        for (int a = 0; a < dynamic_arrays; ++a) {
+            const auto* base = static_cast<const unsigned char*>(dynamic_bases[a]);
             if (p + size > base && p < base + dynamic_shared_capacity && p + size > base + launch.dynamic_bytes) {
                 snprintf(text, sizeof text, "dynamic shared memory + %zu bytes, outside the %zu bytes the launch asked for",
                          (size_t)(p - base), launch.dynamic_bytes);
@@ -598,8 +600,9 @@ std::string outside(const unsigned char* p, size_t size, bool& shared) {
         }
         return "";
     }
-    for (const Region& r : global_regions)
-        if (p >= r.base && p + size <= r.base + r.size) return "";
+    if (region && p + size <= region->base + region->size) return "";
+    const auto address = reinterpret_cast<uintptr_t>(p);
+    if (address + size <= guarded_low || address >= guarded_high) return "";  // the stack, the runtime's own data
     const Region* nearest = nullptr;
     long long nearest_distance = MEMORY_GUARD_BYTES + 1;
     for (const Region& a : arguments) {
@@ -621,11 +624,12 @@ std::string outside(const unsigned char* p, size_t size, bool& shared) {
     __builtin_unreachable();
 }
 
-void check_bounds(const unsigned char* p, size_t size, bool write, const void* pc, bool aligned) {
-    bool shared = false;
-    const std::string where = outside(p, size, shared);
+void check_bounds(const unsigned char* p, size_t size, bool write, const void* pc, bool aligned, const Region* r) {
+    const std::string where = outside(p, size, r);
+    const bool misaligned = aligned && r && (reinterpret_cast<uintptr_t>(p) & (size - 1));  // sizes 1 to 16, powers of 2
+    if (where.empty() && !misaligned) return;
     const Access access = now(shared_region, pc);
-    const char* kind = shared ? "shared" : "global";
+    const char* kind = r && r->shared ? "shared" : "global";
     char text[512];
     if (!where.empty()) {
         snprintf(text, sizeof text, "out-of-bounds %s memory %s: %s %s %zu bytes at %p (%s) on <pc 0x%x>", kind,
@@ -633,8 +637,7 @@ void check_bounds(const unsigned char* p, size_t size, bool write, const void* p
                  where.c_str(), access.pc);
         stop_at(text);
     }
-    const Region* r = region_of(p);
-    if (aligned && r && reinterpret_cast<uintptr_t>(p) % size) {
+    if (misaligned) {
         snprintf(text, sizeof text, "misaligned %s memory %s: %s %s %zu bytes at %s on <pc 0x%x>, which a GPU requires to be "
                  "%zu-byte aligned", kind, write ? "write" : "read", thread_name(access).c_str(), write ? "writes" : "reads",
                  size, place(*r, p).c_str(), access.pc, size);
@@ -647,8 +650,8 @@ void on_access(const void* address, size_t size, bool write, const void* pc, boo
     settle_write();
     if (!detecting || !running || !launch.error.empty()) return;
     const auto* bytes = static_cast<const unsigned char*>(address);
-    check_bounds(bytes, size, write, pc, aligned);
     Region* region = region_of(address);
+    check_bounds(bytes, size, write, pc, aligned, region);
     if (!region) return;  // the stack, the runtime's own data
     Region& r = *region;
     const size_t first = bytes - r.base, last = std::min(first + size, r.size);
@@ -693,6 +696,14 @@ void start_detecting(const TlsBlock& shared, const void* const* bases, const siz
     }
     std::sort(buffers.begin(), buffers.end(), [](const Region& a, const Region& b) { return a.base < b.base; });
     arguments = buffers;
+    shared_back = shared_back_guard;
+    dynamic_arrays = dynamic_shared_arrays(dynamic_bases);
+    guarded_low = guarded_high = 0;
+    for (const Region& r : buffers) {
+        const uintptr_t base = reinterpret_cast<uintptr_t>(r.base);
+        guarded_low = guarded_high ? std::min(guarded_low, base - MEMORY_GUARD_BYTES) : base - MEMORY_GUARD_BYTES;
+        guarded_high = std::max(guarded_high, base + r.size + MEMORY_GUARD_BYTES);
+    }
     atomic_sums.clear();
     const uint32_t launch_stamp = stamp();
     for (Region& r : buffers) {
