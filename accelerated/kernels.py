@@ -30,6 +30,7 @@ from pathlib import Path
 import numpy as np
 
 from minit2i.core.errors import MiniT2IError
+from minit2i.core.mmjit_config import NORM_EPS
 
 from . import cublas
 
@@ -223,7 +224,7 @@ def _blocks(total: int, per_block: int = THREADS) -> int:
 # Wrappers
 
 
-def rms_norm(x, weight, eps: float = 1e-6, out=None):
+def rms_norm(x, weight, eps: float = NORM_EPS, out=None):
     """[..., D], [D] -> [..., D]; one block per row."""
     width = x.shape[-1]
     _check("x", x, x.dtype)
@@ -236,7 +237,7 @@ def rms_norm(x, weight, eps: float = 1e-6, out=None):
     return out
 
 
-def add_rms_norm(residual, delta, bias, weight, eps: float = 1e-6, out=None):
+def add_rms_norm(residual, delta, bias, weight, eps: float = NORM_EPS, out=None):
     """residual += delta + bias (in place), then -> rms_norm(residual): all [..., D], bias/weight [D]."""
     width = residual.shape[-1]
     _check("residual", residual, residual.dtype)
@@ -266,7 +267,7 @@ def gated_activation(packed, activation: str):
     return out
 
 
-def qkv_heads(qkv, bias, heads: int, q, k, v, offset: int = 0, norms=None, rope=None, eps: float = 1e-6):
+def qkv_heads(qkv, bias, heads: int, q, k, v, offset: int = 0, norms=None, rope=None, eps: float = NORM_EPS):
     """Packed qkv [B, L, 3*H*Dh] + bias [3*H*Dh] -> rows offset..offset+L-1 of q, k, v [B, H, Lt, Dh].
 
     norms: (q_norm, k_norm) weights [Dh] for the per-head RMSNorm, or None;

@@ -1,9 +1,11 @@
 """Device-side building blocks shared by the CuPy T5 and MMJiT (twin of reference/layers.py).
 
-Weights are uploaded once, already in the layout the GPU wants: a linear layer is stored as
-its transpose `w_t` [in, out] (C-contiguous, so every GEMM is one plain cuBLAS call,
-`kernels.gemm`, on a 2-D view) plus its bias; layers that feed one gated activation or one
-attention kernel are packed side by side ([W1 | W3], [Wq | Wk | Wv]) so one GEMM serves both.
+Weights are uploaded once, already in the layout the GPU wants: a linear layer is a
+{"weight", "bias"} leaf as in the checkpoint tree, but its weight is stored transposed, [in, out]
+(C-contiguous, so every GEMM is one plain cuBLAS call, `kernels.gemm`, on a 2-D view); layers
+that feed one gated activation or one attention kernel are packed side by side ([W1 | W3],
+[Wq | Wk | Wv]) so one GEMM serves both. Leaves are unpacked into the functions that use them,
+as in the reference: `linear(x, **layer)`.
 Fixed tables (RoPE, sin/cos) come from reference.layers and are uploaded once per shape.
 """
 
@@ -23,31 +25,44 @@ def to_device(array, dtype):
 
 
 def upload_linear(weights, biases=None, dtype=np.float32) -> dict:
-    """Torch-layout weights [out_i, in] (packed along `out` if several) -> {"w_t": [in, sum out], "bias"}.
-
-    `bias` is [sum out] (None when the layers have none).
-    """
-    w_t = to_device(np.concatenate(weights, axis=0).T, dtype)
+    """Torch-layout weights [out_i, in] (packed along `out` if several) -> {"weight": [in, sum out]
+    (transposed), "bias": [sum out] (None when the layers have none)}."""
+    weight = to_device(np.concatenate(weights, axis=0).T, dtype)
     bias = None if biases is None else to_device(np.concatenate(biases), dtype)
-    return {"w_t": w_t, "bias": bias}
+    return {"weight": weight, "bias": bias}
 
 
-def project(x, w_t):
-    """[..., in] @ [in, out] -> [..., out] as one 2-D GEMM (cublasGemmEx, fp32 accumulation).
+def upload_norm(norm, dtype) -> dict:
+    """A checkpoint's {"weight": [D]} norm leaf -> the same leaf on the device in `dtype`."""
+    return {"weight": to_device(norm["weight"], dtype)}
+
+
+def layer_reporter(on_layer):
+    """on_layer(name, value) or None -> report(name, value) handing it a device copy (the hook of
+    reference.layers.layer_reporter): the blocks update the residual streams in place, so a
+    reported array would otherwise change under the caller."""
+    def report(name, value):
+        if on_layer:
+            on_layer(name, value.copy())
+    return report
+
+
+def project(x, weight):
+    """[..., in] @ [in, out] (an uploaded, transposed weight) -> [..., out] as one 2-D GEMM (cublasGemmEx, fp32 accumulation).
 
     The leading dimensions fold into the GEMM's rows, so a batch needs no batched GEMM; our own
     cublasGemmEx call (not cp.matmul, which CuPy refuses inside a graph capture) takes the
     16-bit dtypes in 2-D directly.
     """
     flat = x.reshape(-1, x.shape[-1])
-    return kernels.gemm(flat, w_t).reshape(*x.shape[:-1], w_t.shape[1])
+    return kernels.gemm(flat, weight).reshape(*x.shape[:-1], weight.shape[1])
 
 
-def linear(x, layer):
-    """[..., in] -> [..., out] with the layer's bias, if any."""
-    y = project(x, layer["w_t"])
-    if layer["bias"] is not None:
-        y += layer["bias"]
+def linear(x, weight, bias=None):
+    """[..., in] @ [in, out] (the uploaded transpose) (+ [out]) -> [..., out]."""
+    y = project(x, weight)
+    if bias is not None:
+        y += bias
     return y
 
 
@@ -58,9 +73,17 @@ def silu(x):
     return (x32 / (1.0 + cp.exp(-x32))).astype(x.dtype)
 
 
-def gated_mlp(x, mlp, activation: str):
-    """[..., D] -> [..., D]: W_down(act(W_gate x) * W_up x) with W_gate|W_up in one GEMM."""
-    return project(kernels.gated_activation(project(x, mlp["gate_up"]["w_t"]), activation), mlp["down"]["w_t"])
+def gated_mlp(x, gate_up, down, activation: str):
+    """[..., D] -> [..., D]: W_down(act(W_gate x) * W_up x) with W_gate|W_up in one GEMM (the
+    layers of `upload_gated_mlp`, no biases)."""
+    return project(kernels.gated_activation(project(x, gate_up["weight"]), activation), down["weight"])
+
+
+def upload_gated_mlp(gate, up, down, dtype) -> dict:
+    """Three checkpoint {"weight"} leaves -> {"gate_up": [W_gate | W_up] packed, "down"}, the
+    arguments of `gated_mlp`."""
+    return {"gate_up": upload_linear([gate["weight"], up["weight"]], dtype=dtype),
+            "down": upload_linear([down["weight"]], dtype=dtype)}
 
 
 @device_cache(maxsize=16)

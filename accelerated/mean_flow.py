@@ -21,21 +21,22 @@ from minit2i.reference import mean_flow as reference
 from minit2i.reference.layers import joint_rope
 
 from .kernels import cp, device_cache
-from .layers import device_text_rope, linear, project, silu, to_device, upload_linear
-from .mmjit import embed_image, layer_reporter, mask_text, transformer_body, upload_mmjit
+from .layers import device_text_rope, layer_reporter, linear, silu, to_device, upload_linear
+from .mmjit import embed_image, mask_text, transformer_body, upload_mmjit
 
 
 def upload_mean_flow(params, config: MeanFlowConfig, dtype) -> dict:
     """Checkpoint tree -> `upload_mmjit`'s device tree plus the prefix, all in `dtype`:
     `{group}_tokens` [count, D], `aux_pooled_embedder` (Linear Dc -> D, no bias) and each scalar
-    embedder as its two linear layers [mlp.0 (F -> D), mlp.2 (D -> D)]."""
+    embedder's two linear layers, {"mlp": {"0": F -> D, "2": D -> D}} as in the checkpoint."""
     tree = upload_mmjit(params, config, dtype)
     for group, count in aux_token_groups(config):
         tree[f"{group}_tokens"] = to_device(params[f"{group}_tokens"].reshape(count, config.hidden_size), dtype)
     tree["aux_pooled_embedder"] = upload_linear([params["aux_pooled_embedder"]["weight"]], dtype=dtype)
     for name in SCALAR_EMBEDDERS:
         mlp = params[name]["mlp"]
-        tree[name] = [upload_linear([mlp[index]["weight"]], [mlp[index]["bias"]], dtype) for index in ("0", "2")]
+        tree[name] = {"mlp": {index: upload_linear([mlp[index]["weight"]], [mlp[index]["bias"]], dtype)
+                              for index in ("0", "2")}}
     return tree
 
 
@@ -53,8 +54,8 @@ def timestep_embedding(values, dim: int, dtype):
 
 def scalar_embedder(values, embedder, dim: int, dtype):
     """float32 [B] device scalars -> [B, D]: sinusoid, Linear(dim -> D), SiLU, Linear(D -> D)."""
-    first, second = embedder
-    return linear(silu(linear(timestep_embedding(values, dim, dtype), first)), second)
+    first, second = embedder["mlp"]["0"], embedder["mlp"]["2"]
+    return linear(silu(linear(timestep_embedding(values, dim, dtype), **first)), **second)
 
 
 def aux_tokens(params, config: MeanFlowConfig, pooled, h, omega, t_min, t_max):
@@ -65,7 +66,7 @@ def aux_tokens(params, config: MeanFlowConfig, pooled, h, omega, t_min, t_max):
     """
     dtype = pooled.dtype
     scalars = {"omega": 1.0 - 1.0 / omega, "t_min": t_min, "t_max": t_max, "time": h}
-    embedded = {"context": project(pooled, params[AUX_EMBEDDERS["context"]]["w_t"])}
+    embedded = {"context": linear(pooled, **params[AUX_EMBEDDERS["context"]])}
     for group, values in scalars.items():
         embedded[group] = scalar_embedder(values, params[AUX_EMBEDDERS[group]], config.frequency_embedding_size, dtype)
     return cp.concatenate([params[f"{group}_tokens"] + embedded[group][:, None, :]
@@ -73,7 +74,7 @@ def aux_tokens(params, config: MeanFlowConfig, pooled, h, omega, t_min, t_max):
 
 
 @device_cache(maxsize=32)
-def unrotated_prefix(text_length: int, grid_h: int, grid_w: int, head_dim: int, count: int):
+def device_unrotated_prefix(text_length: int, grid_h: int, grid_w: int, head_dim: int, count: int):
     """(cos, sin) float32 [text_length + grid_h*grid_w, head_dim/2] on the device: the joint tables
     of `device_joint_rope` with the first `count` rows at angle 0 (reference.mean_flow.unrotated_prefix).
 
@@ -94,14 +95,14 @@ def mean_flow_forward(params, config: MeanFlowConfig, images, h, omega, t_min, t
     """
     grid_h, grid_w = images.shape[2] // config.patch_size, images.shape[3] // config.patch_size
     report = layer_reporter(on_layer)
-    img = embed_image(images, params, config)
+    img = embed_image(images, params["img_embedder"], config)
     report("patch_embed", img)
     masked = mask_text(context, mask, params["mask_token"])
     pooled = masked.astype(cp.float32).mean(axis=1).astype(masked.dtype)  # an fp32 sum over L
     prefix = aux_tokens(params, config, pooled, h, omega, t_min, t_max)
     report("aux_tokens", prefix)
-    txt = cp.concatenate([prefix, project(masked, params["txt_embedder"]["w_t"])], axis=1)
+    txt = cp.concatenate([prefix, linear(masked, **params["txt_embedder"])], axis=1)
     report("txt_embed", txt)
     length = txt.shape[1]
     return transformer_body(img, txt, params, config, grid_h, grid_w, device_text_rope(length, config.head_dim),
-                            unrotated_prefix(length, grid_h, grid_w, config.head_dim, prefix.shape[1]), report)
+                            device_unrotated_prefix(length, grid_h, grid_w, config.head_dim, prefix.shape[1]), report)

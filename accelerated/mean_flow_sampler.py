@@ -23,10 +23,11 @@ from .kernels import cp
 from .sampler import run_steps
 
 
-def sample_mean_flow(denoise: Callable, noise, context, mask, steps: int, omega: float,
-                     interval: tuple[float, float], callback: Callable[[StepInfo], None] | None = None,
-                     use_graph: bool = True):
-    """Run the few-step sampler on the device.
+def sample_mean_flow_on_device(denoise: Callable, noise, context, mask, steps: int, omega: float,
+                               interval: tuple[float, float], callback: Callable[[StepInfo], None] | None = None,
+                               use_graph: bool = True):
+    """Run the few-step sampler on the device: reference.mean_flow_sampler.sample_mean_flow's
+    arguments, plus `use_graph`.
 
     denoise(x [B, C, H, W], h, omega, t_min, t_max (float32 [B] device arrays), context [B, L, Dc],
     mask [B, L]) -> x0 [B, C, H, W] (device); noise: host float32 [B, C, H, W]; context (network

@@ -6,15 +6,15 @@ import contextlib
 
 import numpy as np
 
-from minit2i.core.checkpoint import LoadedWeights, nest
 from minit2i.core.errors import MiniT2IError
 from minit2i.core.mean_flow_config import MeanFlowConfig
+from minit2i.core.weights import LoadedWeights, nest
 
 from .kernels import bfloat16_dtype, require_gpu, use_array_module
 from .mean_flow import mean_flow_forward, upload_mean_flow
-from .mean_flow_sampler import sample_mean_flow
+from .mean_flow_sampler import sample_mean_flow_on_device
 from .mmjit import mmjit_forward, upload_mmjit
-from .sampler import sample
+from .sampler import sample_on_device
 from .t5 import t5_encode, upload_t5
 
 PRECISIONS = ("fp32", "fp16", "bf16")
@@ -70,15 +70,15 @@ class CupyRunner:
 
     def sample(self, noise, context, mask, steps, cfg_scale, a_min, callback=None) -> np.ndarray:
         """Host noise [B, C, H, W] -> final image state [B, C, H, W] as float32 NumPy."""
-        state = sample(self.denoise, noise, *self.prompt_on_device(context, mask), steps, cfg_scale, a_min,
-                       callback, self.use_graph)
+        state = sample_on_device(self.denoise, noise, *self.prompt_on_device(context, mask), steps, cfg_scale,
+                                 a_min, callback, self.use_graph)
         return self.to_host(state)
 
     def sample_mean_flow(self, noise, context, mask, steps, omega, interval, callback=None) -> np.ndarray:
         """The student's few-step sampler: host noise [B, C, H, W] -> final image state [B, C, H, W]
         as float32 NumPy (guidance scale omega, guidance interval (t_min, t_max))."""
-        state = sample_mean_flow(self.denoise_student, noise, *self.prompt_on_device(context, mask), steps, omega,
-                                 interval, callback, self.use_graph)
+        state = sample_mean_flow_on_device(self.denoise_student, noise, *self.prompt_on_device(context, mask),
+                                           steps, omega, interval, callback, self.use_graph)
         return self.to_host(state)
 
     def prompt_on_device(self, context, mask):

@@ -28,9 +28,9 @@ from .kernels import cp
 log = logging.getLogger("minit2i.accelerated")  # the CLI prints these notes as one stderr line each
 
 
-def sample(denoise: Callable, noise, context, mask, steps: int, cfg_scale: float, a_min: float,
-           callback: Callable[[StepInfo], None] | None = None, use_graph: bool = True):
-    """Run the sampler on the device.
+def sample_on_device(denoise: Callable, noise, context, mask, steps: int, cfg_scale: float, a_min: float,
+                     callback: Callable[[StepInfo], None] | None = None, use_graph: bool = True):
+    """Run the sampler on the device: reference.sampler.sample's arguments, plus `use_graph`.
 
     denoise(x [2B, C, H, W], context [2B, L, Dc], mask [2B, L]) -> x0 [2B, C, H, W] (device);
     noise: host float32 [B, C, H, W]; context [B, L, Dc] (network dtype) and mask [B, L]
@@ -58,8 +58,8 @@ def sample(denoise: Callable, noise, context, mask, steps: int, cfg_scale: float
 def run_steps(step: Callable[[], None], per_step: Iterable, write_scalars: Callable, use_graph: bool,
               after_step: Callable[[int], None] | None = None) -> None:
     """Run `step` once per item of `per_step`, after `write_scalars(item)` has put that step's
-    scalars into the device memory the step reads (the loop of `sample` and of the student's
-    `sample_mean_flow`).
+    scalars into the device memory the step reads (the loop of `sample_on_device` and of the
+    student's `sample_mean_flow_on_device`).
 
     With `use_graph`, step 0 runs eagerly and step 1 is captured (`try_capture`) and replayed for
     every later step; the scalars written before a replay are what it reads, since the graph holds

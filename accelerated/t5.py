@@ -8,6 +8,8 @@ prompt length and read by the attention kernel together with the key mask; the
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 
 from minit2i.core.t5_config import T5Config
@@ -15,9 +17,18 @@ from minit2i.reference.t5 import relative_position_buckets
 
 from . import kernels
 from .kernels import cp, device_cache
-from .layers import gated_mlp, project, to_device, upload_linear, zeros
+from .layers import gated_mlp, layer_reporter, project, to_device, upload_gated_mlp, upload_linear, upload_norm, zeros
 
 DTYPE = np.float32
+
+
+class AttentionBias(NamedTuple):
+    """What the attention kernel adds to the scores: the relative-position bias float32 [H, L, L]
+    and the key mask float32 [B, L] (1 keep, 0 pad), which it applies itself; the reference
+    passes the two summed as one [B, H, L, L] bias."""
+
+    position: "cp.ndarray"
+    key_mask: "cp.ndarray"
 
 
 def upload_t5(params, config: T5Config) -> dict:
@@ -28,7 +39,7 @@ def upload_t5(params, config: T5Config) -> dict:
         "embedding": to_device(params["shared"]["weight"], DTYPE),
         "bias_table": to_device(table, DTYPE),
         "blocks": [_upload_block(block) for block in blocks],
-        "final_norm": to_device(params["encoder"]["final_layer_norm"]["weight"], DTYPE),
+        "final_norm": upload_norm(params["encoder"]["final_layer_norm"], DTYPE),
     }
 
 
@@ -36,12 +47,11 @@ def _upload_block(block) -> dict:
     attn_layer, ffn_layer = block["layer"]
     attn, ffn = attn_layer["SelfAttention"], ffn_layer["DenseReluDense"]
     return {
-        "attn_norm": to_device(attn_layer["layer_norm"]["weight"], DTYPE),
-        "qkv": upload_linear([attn[name]["weight"] for name in ("q", "k", "v")], dtype=DTYPE),
-        "o": upload_linear([attn["o"]["weight"]], dtype=DTYPE),
-        "ffn_norm": to_device(ffn_layer["layer_norm"]["weight"], DTYPE),
-        "ffn": {"gate_up": upload_linear([ffn["wi_0"]["weight"], ffn["wi_1"]["weight"]], dtype=DTYPE),
-                "down": upload_linear([ffn["wo"]["weight"]], dtype=DTYPE)},
+        "attn_norm": upload_norm(attn_layer["layer_norm"], DTYPE),
+        "attn": {"qkv": upload_linear([attn[name]["weight"] for name in ("q", "k", "v")], dtype=DTYPE),
+                 "o": upload_linear([attn["o"]["weight"]], dtype=DTYPE)},
+        "ffn_norm": upload_norm(ffn_layer["layer_norm"], DTYPE),
+        "ffn": upload_gated_mlp(ffn["wi_0"], ffn["wi_1"], ffn["wo"], DTYPE),
     }
 
 
@@ -57,21 +67,22 @@ def position_bias(bias_table, length: int, config: T5Config):
     return cp.ascontiguousarray(bias_table[buckets].transpose(2, 0, 1))
 
 
-def self_attention(normed, block, bias, key_mask, config: T5Config):
-    """normed [B, L, D], bias [H, L, L], key_mask [B, L] -> [B, L, D] (before the residual)."""
-    batch, length, _ = normed.shape
+def self_attention(h, attn, bias: AttentionBias, config: T5Config):
+    """h [B, L, D] (normed) -> [B, L, D] (before the residual); `attn` is a block's packed qkv and o."""
+    batch, length, _ = h.shape
     shape = (batch, config.num_heads, length, config.d_kv)
     q, k, v = cp.empty(shape, DTYPE), cp.empty(shape, DTYPE), cp.empty(shape, DTYPE)
-    kernels.qkv_heads(project(normed, block["qkv"]["w_t"]), zeros(3 * config.inner_dim, DTYPE), config.num_heads, q, k, v)
-    return project(kernels.attention(q, k, v, scale=1.0, bias=bias, key_mask=key_mask), block["o"]["w_t"])
+    kernels.qkv_heads(project(h, attn["qkv"]["weight"]), zeros(3 * config.inner_dim, DTYPE), config.num_heads, q, k, v)
+    attended = kernels.attention(q, k, v, scale=1.0, bias=bias.position, key_mask=bias.key_mask)
+    return project(attended, attn["o"]["weight"])
 
 
-def encoder_block(h, block, bias, key_mask, config: T5Config):
+def encoder_block(h, block, bias: AttentionBias, config: T5Config):
     """One pre-norm block, in place on h [B, L, D]; the attention residual is fused into the FFN norm."""
     eps = config.layer_norm_epsilon
-    attended = self_attention(kernels.rms_norm(h, block["attn_norm"], eps), block, bias, key_mask, config)
-    normed = kernels.add_rms_norm(h, attended, zeros(h.shape[-1], DTYPE), block["ffn_norm"], eps)
-    h += gated_mlp(normed, block["ffn"], "geglu")
+    attended = self_attention(kernels.rms_norm(h, **block["attn_norm"], eps=eps), block["attn"], bias, config)
+    normed = kernels.add_rms_norm(h, attended, zeros(h.shape[-1], DTYPE), **block["ffn_norm"], eps=eps)
+    h += gated_mlp(normed, **block["ffn"], activation="geglu")
     return h
 
 
@@ -81,11 +92,11 @@ def t5_encode(params, config: T5Config, ids, mask, on_layer=None):
     `on_layer(name, value)` sees a device copy of every block output ("t5.block.{i}").
     """
     ids = cp.asarray(ids)
-    key_mask = cp.ascontiguousarray(cp.asarray(mask, dtype=DTYPE))
+    report = layer_reporter(on_layer)
     h = params["embedding"][ids]
-    bias = position_bias(params["bias_table"], ids.shape[1], config)
+    bias = AttentionBias(position_bias(params["bias_table"], ids.shape[1], config),
+                         cp.ascontiguousarray(cp.asarray(mask, dtype=DTYPE)))
     for i, block in enumerate(params["blocks"]):
-        h = encoder_block(h, block, bias, key_mask, config)
-        if on_layer:
-            on_layer(f"t5.block.{i}", h.copy())
-    return kernels.rms_norm(h, params["final_norm"], config.layer_norm_epsilon)
+        h = encoder_block(h, block, bias, config)
+        report(f"t5.block.{i}", h)
+    return kernels.rms_norm(h, **params["final_norm"], eps=config.layer_norm_epsilon)

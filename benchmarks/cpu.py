@@ -5,7 +5,7 @@
     python benchmarks/cpu.py --quick         # 256x256, 2 double blocks, 2 T5 layers: a smoke run
     python benchmarks/cpu.py --repeats 3 --size 256
 
-Weights are seeded random tensors in the real layout (`minit2i.default_model`); timing does not
+Weights are seeded random tensors in the real layout (`minit2i.demo_models`); timing does not
 depend on their values. The PyTorch peers (training/torch_model.py, shared with the demo model's training) are
 written from the spec, like the reference, and run the very same arrays (shared, no copy); their
 outputs are compared with NumPy's so the timings compare equal work. FLOPs are counted analytically, 2*M*N*K for every matmul
@@ -26,11 +26,11 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from minit2i.core.checkpoint import nest
 from minit2i.core.mean_flow_config import MEAN_FLOW_B16, MEAN_FLOW_RECIPE, MeanFlowConfig
 from minit2i.core.mmjit_config import MMJIT_B16, MMJiTConfig
 from minit2i.core.t5_config import T5_FLAN_LARGE, T5Config
-from minit2i.default_model import random_mmjit_weights, random_t5_weights
+from minit2i.core.weights import nest
+from minit2i.demo_models import random_mmjit_weights, random_t5_weights
 from minit2i.reference.layers import attention
 from minit2i.reference.mean_flow import mean_flow_forward
 from minit2i.reference.mean_flow_sampler import sample_mean_flow
@@ -134,11 +134,11 @@ def bench_mmjit(config: MMJiTConfig, size: int, repeats: int) -> dict:
     mask = np.zeros((BATCH, TEXT_LENGTH), dtype=np.float32)
     mask[0, :TEXT_LENGTH // 3] = 1.0  # a short prompt; the unconditional row is all padding
     mask[1, :1] = 1.0
-    tparams, tables = torch_peer.to_torch_tree(params), torch_peer.position_tables(config, size, TEXT_LENGTH)
+    tparams = torch_peer.to_torch_tree(params)
     args = [torch.from_numpy(a) for a in (images, context, mask)]
     return comparison(f"MMJiT {size}x{size} b{BATCH} L{TEXT_LENGTH} ({config.depth_double} double blocks)",
                       lambda: mmjit_forward(params, config, images, context, mask),
-                      lambda: torch_peer.mmjit_forward(tparams, config, tables, *args),
+                      lambda: torch_peer.mmjit_forward(tparams, config, *args),
                       mmjit_flops(config, BATCH, size, TEXT_LENGTH), repeats)
 
 
@@ -168,16 +168,15 @@ def bench_mean_flow_image(student: MeanFlowConfig, t5: T5Config, size: int, repe
     steps, omega, interval = (MEAN_FLOW_RECIPE[k] for k in ("steps", "cfg_scale", "guidance_interval"))
     prefix = student.num_aux_tokens
     tparams, tt5 = torch_peer.to_torch_tree(params), torch_peer.to_torch_tree(t5_params)
-    tables = torch_peer.position_tables(student, size, prefix + TEXT_LENGTH, unrotated=prefix)
 
     def run_numpy():
-        context = t5_encode(t5_params, t5, ids, mask, np.float32)
+        context = t5_encode(t5_params, t5, ids, mask)
         return sample_mean_flow(lambda x, *rest: mean_flow_forward(params, student, x, *rest), noise, context,
                                 mask, steps, omega, interval)
 
     def torch_denoise(x, h, om, t_min, t_max, context, msk):
         scalars = [torch.from_numpy(v.astype(np.float32)) for v in (h, om, t_min, t_max)]
-        return torch_peer.mean_flow_forward(tparams, student, tables, torch.from_numpy(x), *scalars, context,
+        return torch_peer.mean_flow_forward(tparams, student, torch.from_numpy(x), *scalars, context,
                                             torch.from_numpy(msk)).numpy()
 
     def run_torch():
@@ -195,7 +194,7 @@ def bench_t5(config: T5Config, repeats: int) -> dict:
     mask[0, :TEXT_LENGTH // 3] = 1.0
     tparams, tids, tmask = torch_peer.to_torch_tree(params), torch.from_numpy(ids), torch.from_numpy(mask)
     return comparison(f"T5 encoder b1 L{TEXT_LENGTH} ({config.num_layers} layers)",
-                      lambda: t5_encode(params, config, ids, mask, np.float32),
+                      lambda: t5_encode(params, config, ids, mask),
                       lambda: torch_peer.t5_encode(tparams, config, tids, tmask),
                       t5_flops(config, 1, TEXT_LENGTH), repeats)
 

@@ -29,9 +29,9 @@ import sys
 import numpy as np
 
 from minit2i.accelerated import kernels
-from minit2i.core.checkpoint import nest
 from minit2i.core.errors import MiniT2IError
-from minit2i.core.mmjit_config import MODEL_VARIANTS, VARIANT_ALIASES, MMJiTConfig, mmjit_expected_shapes
+from minit2i.core.mmjit_config import BASE_RECIPE, MODEL_VARIANTS, VARIANT_ALIASES, MMJiTConfig, mmjit_expected_shapes
+from minit2i.core.weights import nest
 from minit2i.reference.layers import joint_rope
 from minit2i.reference.sampler import initial_noise, step_factors
 
@@ -55,7 +55,7 @@ def parse_args(argv=None):
     parser.add_argument("--size", type=int, default=512, help="square image size (default 512)")
     parser.add_argument("--steps", type=int, nargs="+", default=[10, 100], help="step counts (default 10 100)")
     parser.add_argument("--precisions", nargs="+", default=["fp32", "fp16", "bf16"], choices=list(PRECISION_INDEX))
-    parser.add_argument("--cfg-scale", type=float, default=6.0)
+    parser.add_argument("--cfg-scale", type=float, default=BASE_RECIPE["cfg_scale"])
     parser.add_argument("--repeats", type=int, default=2, help="timed runs per setting (best is reported)")
     parser.add_argument("--no-torch", action="store_true", help="skip the PyTorch eager baseline")
     parser.add_argument("--no-graph", action="store_true", help="CuPy: run every step eagerly (no CUDA graph replay)")
@@ -114,7 +114,7 @@ def time_cupy(cp, fn, repeats: int) -> float:
 def cupy_sampler(cp, params, config, size, steps, precision, cfg_scale, use_graph):
     from minit2i.accelerated.mmjit import mmjit_forward, upload_mmjit
     from minit2i.accelerated.pipeline import precision_dtype
-    from minit2i.accelerated.sampler import sample
+    from minit2i.accelerated.sampler import sample_on_device
 
     dtype = precision_dtype(precision)
     device_params = upload_mmjit(params, config, dtype)
@@ -126,7 +126,7 @@ def cupy_sampler(cp, params, config, size, steps, precision, cfg_scale, use_grap
     def denoise(x, ctx, m):
         return mmjit_forward(device_params, config, x, ctx, m)
 
-    return lambda: sample(denoise, noise, context, mask, steps, cfg_scale, 0.001, use_graph=use_graph)
+    return lambda: sample_on_device(denoise, noise, context, mask, steps, cfg_scale, 0.001, use_graph=use_graph)
 
 
 def kernel_cases(cp, config: MMJiTConfig, size: int, precision: str) -> dict:
@@ -213,7 +213,6 @@ def torch_sampler(torch, params, config: MMJiTConfig, size, steps, precision, cf
     dtype = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[precision]
     tree = torch_peer.to_torch_tree(params, dev, dtype)
     length = config.prompt_length
-    tables = torch_peer.position_tables(config, size, length, dev, dtype)
     gen = np.random.default_rng(1)
     context = torch.as_tensor(gen.standard_normal((1, length, config.txt_input_size), dtype=np.float32), device=dev, dtype=dtype)
     both_context = torch.cat([context, context])
@@ -225,7 +224,7 @@ def torch_sampler(torch, params, config: MMJiTConfig, size, steps, precision, cf
     def run():
         x = noise.clone()
         for f in factors:
-            x0 = torch_peer.mmjit_forward(tree, config, tables, torch.cat([x, x]).to(dtype), both_context, both_mask).float()
+            x0 = torch_peer.mmjit_forward(tree, config, torch.cat([x, x]).to(dtype), both_context, both_mask).float()
             guided = x0[1:] + cfg_scale * (x0[:1] - x0[1:])
             x = x + float(f) * (guided - x)
         return x

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import numpy as np
 
@@ -30,7 +30,7 @@ from .mmjit_config import (
     mmjit_expected_shapes,
 )
 from .orbax_file import OrbaxArrays, read_tree_paths
-from .safetensors_file import SUPPORTED_DTYPES, MappedFile
+from .safetensors_file import SUPPORTED_DTYPES, IndexEntry, MappedFile
 from .t5_config import (
     T5_ASSUMED,
     T5_IGNORED_PREFIXES,
@@ -40,26 +40,17 @@ from .t5_config import (
     infer_t5_config,
     t5_expected_shapes,
 )
+from .weights import LoadedWeights
 
 
-@dataclass
-class LoadedWeights:
-    """Checked float32 tensors under their stripped names, plus where they came from."""
+class Location(NamedTuple):
+    """Where a live tensor is read from: its name in the file (with any key prefix) and the file."""
 
-    config: MMJiTConfig | T5Config
-    tensors: dict[str, np.ndarray]
-    files: list[Path]
-    prefix: str
-    stored_dtypes: list[str]
-    config_source: str
-    ignored: list[str] = field(default_factory=list)
-
-    @property
-    def num_parameters(self) -> int:
-        return sum(int(t.size) for t in self.tensors.values())
+    stored_name: str
+    path: Path
 
 
-def check_tensors(index, expected: dict[str, tuple[int, ...]], ignored_prefixes, what: str, fix: str) -> list[str]:
+def check_tensors(index: dict[str, IndexEntry], expected: dict[str, tuple[int, ...]], ignored_prefixes, what: str, fix: str) -> list[str]:
     """Compare found names/shapes/dtypes with the expected ones; one error lists every problem.
 
     Returns the ignored names (dead or decoder tensors) for reporting.
@@ -68,8 +59,8 @@ def check_tensors(index, expected: dict[str, tuple[int, ...]], ignored_prefixes,
     ignored = sorted(set(index) - set(found))
     missing = sorted(set(expected) - set(found))
     unexpected = sorted(set(found) - set(expected))
-    misshaped = sorted(k for k in set(expected) & set(found) if tuple(found[k][1]) != tuple(expected[k]))
-    bad_dtype = sorted(k for k in found if found[k][0] not in SUPPORTED_DTYPES)
+    misshaped = sorted(k for k in set(expected) & set(found) if tuple(found[k].shape) != tuple(expected[k]))
+    bad_dtype = sorted(k for k in found if found[k].dtype not in SUPPORTED_DTYPES)
     problems = []
     if missing:
         problems.append(f"missing {len(missing)} tensor(s): {short_list(missing)}")
@@ -77,10 +68,10 @@ def check_tensors(index, expected: dict[str, tuple[int, ...]], ignored_prefixes,
         problems.append(f"unexpected {len(unexpected)} tensor(s): {short_list(unexpected)}")
     if misshaped:
         problems.append(f"wrong shape for {len(misshaped)} tensor(s): " + short_list(
-            [f"{k} {list(found[k][1])} (expected {list(expected[k])})" for k in misshaped]))
+            [f"{k} {list(found[k].shape)} (expected {list(expected[k])})" for k in misshaped]))
     if bad_dtype:
         problems.append(f"unsupported dtype for {len(bad_dtype)} tensor(s): " + short_list(
-            [f"{k} {found[k][0]}" for k in bad_dtype]) + " (supported: F32, F16, BF16)")
+            [f"{k} {found[k].dtype}" for k in bad_dtype]) + " (supported: F32, F16, BF16)")
     if problems:
         raise MiniT2IError(f"{what}: " + "; ".join(problems) + f"; {fix}")
     return ignored
@@ -103,7 +94,7 @@ class Checkpoint:
     config_source: str
     ignored: list[str]
     shapes: dict[str, tuple[int, ...]]
-    locations: dict[str, tuple[str, Path]]
+    locations: dict[str, Location]
     stored_dtypes: list[str]
     assumed: str = ""
     text_encoder: str | None = None  # the T5 repo a MiniT2I config.json names (`llm`)
@@ -171,7 +162,7 @@ def check_orbax_checkpoint(folder: Path, tree_request: str | None = None) -> Che
             name, permutation = torch_name(path[len(root):])
             keys[name] = ".".join(path)
             dtype, shape, driver = arrays.info(keys[name])
-            index[name], layouts[keys[name]] = (dtype, torch_shape(shape, permutation), folder), (driver, permutation)
+            index[name], layouts[keys[name]] = IndexEntry(dtype, torch_shape(shape, permutation), folder), (driver, permutation)
     config, source, assumed, ignored, expected = _check_denoiser(index, None, f"{folder} ({tree.label} tree)")
     checkpoint = _checkpoint(config, [folder], ".".join(root) + ".", source, assumed, ignored, index,
                              {k: keys[k] for k in expected})
@@ -197,8 +188,8 @@ def _choose_tree(folder: Path, paths, tree_request: str | None) -> TreeChoice:
 
 def _check_denoiser(stripped, config_path: Path | None, label):
     """(config, its source, assumed values, ignored names, expected schema) of an MMJiT or Mean
-    Flow student's tensors, `stripped` mapping our names to (dtype, shape, file)."""
-    shapes = {k: v[1] for k, v in stripped.items() if not k.startswith(MMJIT_DEAD_PREFIXES)}
+    Flow student's tensors, `stripped` mapping our names to their `IndexEntry`."""
+    shapes = {k: v.shape for k, v in stripped.items() if not k.startswith(MMJIT_DEAD_PREFIXES)}
     # The student is an MMJiT with more tensors; its time tokens tell the two apart (model.md 9.1).
     cls, infer, schema, what = ((MeanFlowConfig, infer_mean_flow_config, mean_flow_expected_shapes,
                                  "Mean Flow student") if is_mean_flow(shapes) else
@@ -227,7 +218,7 @@ def check_t5_header(index, config_path: Path | None, files: list, expected_d_mod
     embedding_name = "shared.weight"
     if "shared.weight" not in index and alias is not None:
         index["shared.weight"], embedding_name = alias, T5_TIED_EMBEDDING
-    shapes = {k: v[1] for k, v in index.items() if not k.startswith(T5_IGNORED_PREFIXES)}
+    shapes = {k: v.shape for k, v in index.items() if not k.startswith(T5_IGNORED_PREFIXES)}
     config, source, assumed = _config(T5Config, config_path, infer_t5_config, shapes, files[0], T5_ASSUMED)
     if expected_d_model is not None and config.d_model != expected_d_model:
         raise MiniT2IError(_wrong_t5_message(files[0], config, expected_d_model, index))
@@ -244,9 +235,9 @@ def check_t5_header(index, config_path: Path | None, files: list, expected_d_mod
 def _checkpoint(config, files, prefix, source, assumed, ignored, index, stored_names: dict[str, str]) -> Checkpoint:
     """A Checkpoint of the expected tensors: `index` is keyed by our names, the files by theirs."""
     return Checkpoint(config, files, prefix, source, ignored,
-                      shapes={k: tuple(index[k][1]) for k in stored_names},
-                      locations={k: (stored, index[k][2]) for k, stored in stored_names.items()},
-                      stored_dtypes=sorted({index[k][0] for k in stored_names}), assumed=assumed)
+                      shapes={k: tuple(index[k].shape) for k in stored_names},
+                      locations={k: Location(stored, index[k].source) for k, stored in stored_names.items()},
+                      stored_dtypes=sorted({index[k].dtype for k in stored_names}), assumed=assumed)
 
 
 def _config(cls, config_path, infer, shapes, weights_path, assumed: tuple[str, ...]):
@@ -264,7 +255,7 @@ def _config(cls, config_path, infer, shapes, weights_path, assumed: tuple[str, .
 
 def _wrong_t5_message(path: Path, config: T5Config, expected_d_model: int, index) -> str:
     """The T5 is not the width the MMJiT reads: name what it looks like and what is needed."""
-    found = list(index["shared.weight"][1]) if "shared.weight" in index else f"d_model {config.d_model}"
+    found = list(index["shared.weight"].shape) if "shared.weight" in index else f"d_model {config.d_model}"
     looks = T5_NAMES_BY_WIDTH.get(config.d_model, f"a T5 with d_model {config.d_model}")
     needed = T5_NAMES_BY_WIDTH.get(expected_d_model)
     need, fix = ((f"google/{needed}", f"pass google/{needed}'s model.safetensors") if needed else
@@ -279,26 +270,3 @@ def _detect_prefix(index) -> str:
         if any(k.startswith(prefix + "img_embedder.") for k in index):
             return prefix
     return ""
-
-
-def nest(flat: dict[str, np.ndarray]) -> dict:
-    """{'a.0.b': x} -> {'a': [{'b': x}]}: the checkpoint's names as a tree, picoGPT style."""
-    tree: dict = {}
-    for name, value in flat.items():
-        node = tree
-        parts = name.split(".")
-        for part in parts[:-1]:
-            node = node.setdefault(part, {})
-        node[parts[-1]] = value
-    return _lists_for_numbered(tree)
-
-
-def _lists_for_numbered(node):
-    if not isinstance(node, dict):
-        return node
-    node = {k: _lists_for_numbered(v) for k, v in node.items()}
-    # Only 0..n-1 becomes a list: a torch Sequential's "mlp.0", "mlp.2" (the SiLU between has no
-    # tensors) stays a dict keyed by those numbers.
-    if node and set(node) == {str(i) for i in range(len(node))}:
-        return [node[str(i)] for i in range(len(node))]
-    return node

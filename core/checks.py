@@ -5,13 +5,14 @@ suite. Each one raises `MiniT2IError` with one line: what was expected and what 
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import math
 import os
 import re
+import signal
 import stat
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO, Callable
@@ -201,6 +202,8 @@ def existing_path(path, flag: str = "") -> Path:
         mode = p.stat().st_mode
     except OSError as err:
         raise MiniT2IError(f"{label}: {_unusable(p, err)}") from None
+    except ValueError:  # a NUL character (a name from a JSON index, say): no file has such a name
+        raise MiniT2IError(f"{label}: a path cannot hold a NUL character; check where the name came from") from None
     if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
         raise MiniT2IError(f"{label}: expected a file or folder, found a {file_kind(mode)}")
     needed = os.R_OK | (os.X_OK if stat.S_ISDIR(mode) else 0)
@@ -249,6 +252,8 @@ TEMPORARY_EXTRA = len("..XXXXXXXX.part")
 def write_temporary(path: Path, write: Callable[[BinaryIO], object]) -> str:
     """The name of a new temporary file beside `path`, filled by `write(file)` and given the mode
     a plain open() would give, to be renamed to `path`; on any failure it is removed."""
+    import tempfile  # here, not at the top: the configs import this module and load no file machinery
+
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".part", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as f:
@@ -294,6 +299,71 @@ def write_atomically(path: Path, data: bytes) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def write_together(writers: dict[Path, Callable[[BinaryIO], object]], fix: str) -> None:
+    """Write several files as one: each `writers[path](file)` fills a temporary file beside its
+    path, then all are committed together (`commit_together`). A failure while writing (a full
+    disk) is one line naming the file and ending in `fix`, and leaves every path as it was."""
+    temporary = {}
+    try:
+        for path, write in writers.items():
+            try:
+                temporary[path] = write_temporary(path, write)
+            except OSError as err:
+                raise MiniT2IError(f"cannot write {path}: {err.strerror or err}; {fix}") from None
+        commit_together(temporary)
+    finally:
+        for tmp in temporary.values():
+            Path(tmp).unlink(missing_ok=True)
+
+
+def commit_together(temporary: dict[Path, str]) -> None:
+    """Rename each temporary file onto its path, all or none: SIGINT and SIGTERM wait until the
+    renames are done, each replaced path is first moved aside (a rename, no copy), and if one
+    rename fails the paths renamed so far get their old files back. After any failure short of
+    a kill -9 or a crash, every path holds its old file (or none, as before), else every new one."""
+    replaced: list[tuple[Path, str | None]] = []
+    with signals_held():
+        try:
+            for path, tmp in temporary.items():
+                replaced.append((path, _move_aside(path)))
+                os.rename(tmp, path)
+        except BaseException:
+            for path, aside in reversed(replaced):
+                if aside is None:
+                    Path(path).unlink(missing_ok=True)
+                else:
+                    os.replace(aside, path)
+            raise
+        for _, aside in replaced:
+            if aside is not None:
+                os.unlink(aside)
+
+
+def _move_aside(path: Path) -> str | None:
+    """Move `path` (a file, a link, a FIFO: never followed) to a fresh name beside it, returned;
+    None if there is nothing at `path`."""
+    import tempfile  # here, as in write_atomically: importing a config loads no file machinery
+
+    if not os.path.lexists(path):
+        return None
+    fd, aside = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".old", dir=path.parent)
+    os.close(fd)
+    os.replace(path, aside)
+    return aside
+
+
+@contextlib.contextmanager
+def signals_held():
+    """SIGINT and SIGTERM are held back inside (delivered when it ends): for a few renames that
+    must all happen or none."""
+    held = {signal.SIGINT, signal.SIGTERM}
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, held)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
 def _current_umask() -> int:

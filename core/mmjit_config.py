@@ -16,6 +16,10 @@ from .checks import Range, read_json_object
 from .config_fields import check_fields, config_from_file, config_from_shapes, count_blocks, require_dims
 from .errors import MiniT2IError
 
+# Every RMSNorm of MMJiT and its student (block norms, per-head q/k norms, final norm) adds this
+# to the mean square (model.md 3.1); it is not in config.json, and the checkpoints agree on it.
+NORM_EPS = 1e-6
+
 # Allowed values of every field. The bounds are far beyond any released model; they exist so
 # that a damaged config.json is refused in one line instead of dividing by zero, allocating
 # terabytes or silently producing a black image.
@@ -91,6 +95,11 @@ MMJIT_TINY = MMJiTConfig(image_size=64, txt_input_size=64, hidden_size=64, depth
                          prompt_length=16, cond_vec_size=64)
 
 MODEL_VARIANTS = {"minit2i-b-16": MMJIT_B16, "minit2i-l-16": MMJIT_L16}
+# The variant of the MiniT2I pipeline repo that `--variant` picks when not given.
+DEFAULT_VARIANT = "minit2i-b-16"
+# The official pipeline's sampler settings for the base model (model.md 7.3): what `generate` uses
+# when neither a flag nor the model's config.json says otherwise.
+BASE_RECIPE = {"steps": 100, "cfg_scale": 6.0}
 # Aliases accepted by the official hub pipeline (model.md 1.3).
 VARIANT_ALIASES = {
     **{a: "minit2i-b-16" for a in ("b", "b16", "b-16", "base", "minit2i-b16", "minit2i-b-16", "minit2i-b/16")},

@@ -13,6 +13,7 @@ import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 from safetensors import SafetensorError, safe_open
@@ -32,6 +33,16 @@ class TensorEntry:
     shape: tuple[int, ...]
     start: int
     end: int
+
+
+class IndexEntry(NamedTuple):
+    """One tensor of a checkpoint's index, judged before any tensor is read: its stored dtype
+    ("F32", "F16", "BF16", ...), its shape, and where it is (a file, a Hub file name, an Orbax
+    checkpoint folder)."""
+
+    dtype: str
+    shape: tuple[int, ...]
+    source: Path | str
 
 
 # A header is read whole and parsed before anything else is done with the file: its size and
@@ -69,9 +80,9 @@ def read_header(path: Path) -> dict[str, TensorEntry]:
             for name, entry in header.items() if name != "__metadata__"}
 
 
-def read_index(files: list[Path]) -> dict[str, tuple[str, tuple[int, ...], Path]]:
-    """Every tensor of the files, name -> (stored dtype, shape, file), from the headers alone."""
-    return {name: (entry.dtype, entry.shape, path)
+def read_index(files: list[Path]) -> dict[str, IndexEntry]:
+    """Every tensor of the files by name, from the headers alone."""
+    return {name: IndexEntry(entry.dtype, entry.shape, path)
             for path in files for name, entry in read_header(path).items()}
 
 

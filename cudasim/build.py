@@ -20,10 +20,12 @@ the runtime, the source, the flags and the compiler version, so only the first r
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 import re
 import shutil
+import stat
 import subprocess
 import tempfile
 from dataclasses import dataclass
@@ -158,10 +160,19 @@ def build(source: str, name: str = "kernel.cu", sanitize: bool = False, detector
 def _intact(folder: Path) -> bool:
     """Whether the cached library is there and has the sha256 recorded when it was built."""
     try:
-        recorded = (folder / "kernels.so.sha256").read_text()
-        return hashlib.sha256((folder / "kernels.so").read_bytes()).hexdigest() == recorded
+        recorded = _regular_file_bytes(folder / "kernels.so.sha256")
+        return hashlib.sha256(_regular_file_bytes(folder / "kernels.so")).hexdigest().encode() == recorded
     except OSError:
         return False
+
+
+def _regular_file_bytes(path: Path) -> bytes:
+    """The bytes of `path`, which must be a regular file: anyone who can write to the cache can put
+    a FIFO (reading it would block forever) or a link to a device there. OSError otherwise."""
+    with open(os.open(path, os.O_RDONLY | os.O_NONBLOCK), "rb") as f:  # a FIFO's open must not block either
+        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+            raise OSError(errno.EINVAL, "not a regular file", str(path))
+        return f.read()
 
 
 def _compile(source: str, name: str, flags, unit_flags, folder: Path) -> None:

@@ -16,50 +16,56 @@ from pathlib import Path
 
 import numpy as np
 
-from minit2i.core.checks import check_output_file, human_size, write_temporary
+from minit2i.core.checks import check_output_file, human_size, write_together
 from minit2i.core.config_fields import to_json
 from minit2i.core.errors import MiniT2IError
 from minit2i.core.mean_flow_config import MeanFlowConfig
 from minit2i.core.mmjit_config import DIFFUSERS_PREFIX, mmjit_dead_shapes
 
+from .arguments import add_variant_arguments
+from .console import emit, printable
+
 
 def add_parser(sub) -> None:
-    from .cli import add_jax_tree_argument
-
     p = sub.add_parser("convert", help="write a transformer checkpoint (e.g. a JAX one) as safetensors",
                        description="Read a MiniT2I transformer checkpoint (an official JAX/Orbax checkpoint, a "
                                    "-jax Hub repo id, or any --model form) and write it as DST.safetensors with "
                                    "a config.json beside it: the diffusers key layout for the base model, our "
                                    "names for the Mean Flow student (docs/jax-checkpoints.md).")
-    p.add_argument("source", help="checkpoint path or Hub repo id (as --model takes)")
+    p.add_argument("source", help="checkpoint path, Hub repo id or demo model name (demo, demo-mf), as --model takes")
     p.add_argument("destination", help="the .safetensors file to write; config.json is written beside it")
-    p.add_argument("--variant", default="minit2i-b-16", help="variant inside a pipeline repo (b16, l16, ...)")
-    add_jax_tree_argument(p)
+    add_variant_arguments(p)
     p.add_argument("--force", action="store_true", help="replace an existing DST and the config.json beside it")
     p.set_defaults(run=run)
 
 
 def run(args) -> int:
     """The outputs are checked first, then the source's metadata, then its tensors are read."""
-    from .cli import emit
+    from .demo_models import demo_model
     from .hub import resolve_model
     from .model_files import inspect_mmjit
 
-    destination, config_path = check_outputs(Path(args.destination), args.force)
-    checkpoint = inspect_mmjit(resolve_model(args.source, args.variant, args.jax_tree), args.variant, args.jax_tree)
+    destination, config_path = check_outputs(args.destination, args.force)
+    demo = demo_model(args.source)
+    model_path = demo[0] if demo is not None else resolve_model(args.source, args.variant, args.jax_tree)
+    checkpoint = inspect_mmjit(model_path, args.variant, args.jax_tree)
     weights = checkpoint.load()
     tensors = converted_tensors(weights.config, weights.tensors)
     config = json.loads(to_json(weights.config)) | ({"llm": checkpoint.text_encoder} if checkpoint.text_encoder else {})
     source = f"{checkpoint.format}, {checkpoint.tree.label} tree" if checkpoint.tree else checkpoint.format
     write_together({destination: lambda f: f.write(safetensors_bytes(tensors, source)),
-                    config_path: lambda f: f.write(json.dumps(config, indent=2).encode())})
-    emit(f"wrote {destination} ({len(tensors)} tensors, {human_size(destination.stat().st_size)}, from the "
-         f"{source}) and {config_path}")
+                    config_path: lambda f: f.write(json.dumps(config, indent=2).encode())},
+                   "free some space on its disk, or choose a DST on another one")
+    emit(f"wrote {printable(str(destination), None)} ({len(tensors)} tensors, "
+         f"{human_size(destination.stat().st_size)}, from the {source}) and {printable(str(config_path), None)}")
     return 0
 
 
-def check_outputs(destination: Path, force: bool) -> tuple[Path, Path]:
+def check_outputs(name: str, force: bool) -> tuple[Path, Path]:
     """(DST, the config.json beside it), both writable and, without --force, not there yet."""
+    destination = Path(name)
+    if destination.name in ("", ".."):
+        raise MiniT2IError(f"DST {name!r} names no file; pass the .safetensors file to write, e.g. model.safetensors")
     if destination.suffix != ".safetensors":
         raise MiniT2IError(f"DST {destination} must be a .safetensors file name; e.g. "
                            f"{destination.with_suffix('.safetensors').name}")
@@ -87,17 +93,3 @@ def safetensors_bytes(tensors: dict[str, np.ndarray], source: str) -> bytes:
     # "format": "pt" is what torch's safetensors loaders (diffusers) expect in a weights file.
     return save({name: np.ascontiguousarray(value) for name, value in tensors.items()},
                 metadata={"format": "pt", "converted_from": source})
-
-
-def write_together(writers: dict[Path, object]) -> None:
-    """Write every file to a temporary file beside it, then rename them all: a failure while
-    writing leaves every target as it was."""
-    temporary = {}
-    try:
-        for path, write in writers.items():
-            temporary[path] = write_temporary(path, write)
-        for path, tmp in temporary.items():
-            os.replace(tmp, path)
-    finally:
-        for tmp in temporary.values():
-            Path(tmp).unlink(missing_ok=True)

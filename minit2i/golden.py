@@ -46,7 +46,6 @@ from typing import Callable
 
 import numpy as np
 
-from minit2i.core.checkpoint import LoadedWeights, nest
 from minit2i.core.checks import human_size, open_checked, read_json_object, shown, writable_folder, write_atomically
 from minit2i.core.errors import MiniT2IError
 from minit2i.core.images import to_pixels
@@ -54,16 +53,28 @@ from minit2i.core.mean_flow_config import MEAN_FLOW_TINY, MeanFlowConfig
 from minit2i.core.mmjit_config import MMJIT_TINY, MMJiTConfig
 from minit2i.core.t5_config import T5_TINY, T5Config
 from minit2i.core.tokenizer import PromptTokenizer, make_t5_style_tokenizer
+from minit2i.core.weights import LoadedWeights, nest
+from minit2i.reference.layers import cast_tree
 from minit2i.reference.mean_flow import mean_flow_forward
 from minit2i.reference.mmjit import mmjit_forward
 from minit2i.reference.pipeline import PRECISIONS, NumpyRunner
 from minit2i.reference.sampler import initial_noise
 from minit2i.reference.t5 import t5_encode
 
-from .default_model import built_in_digest, random_mmjit_weights, random_t5_weights, tokenizer_pieces
+from .console import emit, printable
+from .demo_models import demo_digest, random_mmjit_weights, random_t5_weights, tokenizer_pieces
 from .pipeline import Model, Request, generate
 
-GOLDEN_DIR = Path(__file__).resolve().parent.parent / "golden"
+
+def golden_dir(package: Path = Path(__file__).resolve().parent) -> Path:
+    """Where the recording is: `golden_data/` inside an installed package (pyproject.toml ships the
+    repository's golden/ there as package data), else `golden/` beside the package, as in a source
+    checkout and an editable install."""
+    shipped = package / "golden_data"
+    return shipped if shipped.is_dir() else package.parent / "golden"
+
+
+GOLDEN_DIR = golden_dir()
 MANIFEST_NAME = "manifest.json"
 FORMAT_VERSION = 2
 RECORD_PRECISION = "fp64"
@@ -100,7 +111,7 @@ class PixelCheck:
     def compare(self, got: np.ndarray, want: np.ndarray) -> tuple[bool, str]:
         diff = np.abs(got.astype(np.int16) - want.astype(np.int16))
         changed = float(np.mean(diff > 0))
-        exact = "bit-identical" if _sha256(got) == _sha256(want) else f"{changed:.2%} of values differ"
+        exact = "bit-identical" if array_sha256(got) == array_sha256(want) else f"{changed:.2%} of values differ"
         return int(diff.max()) <= self.max_levels, f"max|d| {diff.max()} levels (limit {self.max_levels}), {exact}"
 
 
@@ -139,8 +150,8 @@ def tiny_t5_hidden(recipe: dict, precision: str) -> np.ndarray:
     config = T5Config(**recipe["config"])
     ids, mask = _padded_ids(recipe["input_seed"], recipe["length"], recipe["real_tokens"], config.vocab_size)
     dtype = PRECISIONS[precision]
-    params = nest(random_t5_weights(config, recipe["weight_seed"]))
-    return t5_encode(params, config, ids, mask.astype(dtype), dtype)
+    params = cast_tree(nest(random_t5_weights(config, recipe["weight_seed"])), dtype)
+    return t5_encode(params, config, ids, mask.astype(dtype))
 
 
 def tiny_mmjit_x0(recipe: dict, precision: str) -> np.ndarray:
@@ -167,7 +178,7 @@ def _forward_inputs(recipe: dict, config: MMJiTConfig, dtype):
     context = np.random.default_rng(recipe["input_seed"] + 1).standard_normal(
         (rows, config.prompt_length, config.txt_input_size), dtype=np.float32)
     mask = _prefix_mask(config.prompt_length, recipe["real_tokens"])
-    params = nest(random_mmjit_weights(config, recipe["weight_seed"]))
+    params = cast_tree(nest(random_mmjit_weights(config, recipe["weight_seed"])), dtype)
     return params, x.astype(dtype), context.astype(dtype), mask.astype(dtype)
 
 
@@ -195,8 +206,8 @@ def tiny_sampler_image(recipe: dict, precision: str) -> np.ndarray:
     return generate(model, NumpyRunner(model.mmjit, model.t5, precision), request).images
 
 
-def default_model_png(recipe: dict, precision: str) -> np.ndarray:
-    """`minit2i generate` on a built-in model with its default settings, read back from the PNG:
+def demo_png(recipe: dict, precision: str) -> np.ndarray:
+    """`minit2i generate` on a demo model with its default settings, read back from the PNG:
     uint8 [H, W, 3].
 
     The recipe holds the digest of that model's weights, so a retrained model makes the item stale.
@@ -267,18 +278,18 @@ ITEMS = (
          tiny_sampler_image,
          (FloatCheck("fp64", rtol=1e-6, atol=1e-6), FloatCheck("fp32", rtol=2e-4, atol=2e-5),
           PixelCheck("fp32"))),
-    Item("default_model.png",
+    Item("demo.png",
          {"argv": ["generate", "--prompt", "a large red circle at the left on a gray background", "--seed", "42",
                    "--quiet"]},
-         default_model_png,
+         demo_png,
          (PixelCheck("fp32"),),
-         lambda: {"default_model": built_in_digest("demo")}),
-    Item("default_student.png",
+         lambda: {"demo": demo_digest("demo")}),
+    Item("demo-mf.png",
          {"argv": ["generate", "--model", "demo-mf", "--prompt", "a small green triangle at the right on a gray "
                    "background", "--seed", "42", "--quiet"]},
-         default_model_png,
+         demo_png,
          (PixelCheck("fp32"),),
-         lambda: {"default_student": built_in_digest("demo-mf")}),
+         lambda: {"demo-mf": demo_digest("demo-mf")}),
 )
 
 
@@ -327,7 +338,7 @@ def record(folder: Path = GOLDEN_DIR, force: bool = False) -> list[str]:
     for item in ITEMS:
         for name, precision in item.stored_arrays().items():
             value = item.run(item.recipe, precision)
-            arrays[name] = value if name == item.name else _as_pixels(value)
+            arrays[name] = value if name == item.name else as_pixels(value)
     buffer = io.BytesIO()
     np.savez_compressed(buffer, **arrays)
     arrays_file = f"golden-{hashlib.sha256(buffer.getvalue()).hexdigest()[:16]}.npz"
@@ -337,7 +348,7 @@ def record(folder: Path = GOLDEN_DIR, force: bool = False) -> list[str]:
                           "python": platform.python_version()},
         "arrays_file": arrays_file,
         "items": {item.name: item.manifest_entry() for item in ITEMS},
-        "arrays": {name: {"shape": list(a.shape), "dtype": str(a.dtype), "sha256": _sha256(a)}
+        "arrays": {name: {"shape": list(a.shape), "dtype": str(a.dtype), "sha256": array_sha256(a)}
                    for name, a in arrays.items()},
     }
     previous = _previous_arrays_file(manifest_path)
@@ -386,7 +397,7 @@ def check(folder: Path = GOLDEN_DIR, names: list[str] | None = None) -> list[Out
             if isinstance(chk, FloatCheck):
                 got, want, label = runs[chk.precision], arrays[item.name], chk.precision
             else:
-                got, want = _as_pixels(runs[chk.precision]), arrays[f"{item.name}.pixels"]
+                got, want = as_pixels(runs[chk.precision]), arrays[f"{item.name}.pixels"]
                 label = f"{chk.precision}/pixels"
             if got.shape != want.shape:
                 passed, detail = False, (f"output shape {list(got.shape)} differs from the recorded "
@@ -403,8 +414,8 @@ def load(folder: Path = GOLDEN_DIR) -> tuple[dict, dict[str, np.ndarray]]:
     manifest_path = folder / MANIFEST_NAME
     if not os.path.lexists(manifest_path):  # a FIFO or a broken link is named by the reader below
         raise MiniT2IError(
-            f"no golden recording in {folder} (needs {MANIFEST_NAME} and the arrays file it names); run "
-            "from a source checkout, pass --dir, or create one with `minit2i golden record`"
+            f"no golden recording in {folder} (needs {MANIFEST_NAME} and the arrays file it names); "
+            "reinstall minit2i (it ships the recording), pass --dir, or create one with `minit2i golden record`"
         )
     manifest = read_json_object(manifest_path, "golden manifest")
     if manifest.get("format") != FORMAT_VERSION:
@@ -477,18 +488,18 @@ def _staleness(item: Item, manifest: dict, arrays: dict[str, np.ndarray]) -> str
     for name in item.stored_arrays():
         if name not in arrays or name not in manifest["arrays"]:
             return f"array {name} missing from the recording; {fix}"
-        if _sha256(arrays[name]) != manifest["arrays"][name]["sha256"]:
+        if array_sha256(arrays[name]) != manifest["arrays"][name]["sha256"]:
             return (f"array {name} does not match its sha256 in {MANIFEST_NAME} (edited or corrupted); "
                     "restore it from git")
     return ""
 
 
-def _as_pixels(value: np.ndarray) -> np.ndarray:
+def as_pixels(value: np.ndarray) -> np.ndarray:
     """Images [B, 3, H, W] float -> uint8 [B, H, W, 3]; uint8 images pass through."""
     return value if value.dtype == np.uint8 else to_pixels(value)
 
 
-def _sha256(array: np.ndarray) -> str:
+def array_sha256(array: np.ndarray) -> str:
     """Hash of dtype, shape and bytes (for integrity of the stored arrays, not for comparison)."""
     digest = hashlib.sha256(f"{array.dtype.str}{array.shape}".encode())
     digest.update(np.ascontiguousarray(array).tobytes())
@@ -523,11 +534,9 @@ def _folder_argument(text: str) -> Path:
 
 
 def run(args) -> int:
-    from .cli import emit
-
     if args.action == "record":
         names = record(args.dir, args.force)
-        emit(f"recorded {len(names)} arrays into {args.dir}: {', '.join(names)}")
+        emit(f"recorded {len(names)} arrays into {printable(str(args.dir), None)}: {', '.join(names)}")
         return 0
     outcomes = check(args.dir, args.items)
     for outcome in outcomes:

@@ -45,7 +45,8 @@ from huggingface_hub.utils import get_session, validate_repo_id
 from minit2i.core.checkpoint import check_mmjit_header, check_orbax_tree, check_t5_header
 from minit2i.core.checks import human_size, write_atomically
 from minit2i.core.errors import MiniT2IError
-from minit2i.core.mmjit_config import VARIANT_ALIASES
+from minit2i.core.mmjit_config import DEFAULT_VARIANT, VARIANT_ALIASES
+from minit2i.core.safetensors_file import IndexEntry
 
 from .model_files import (
     MMJIT_WEIGHTS,
@@ -132,7 +133,7 @@ def is_repo_id(spec) -> bool:
     """True for `org/name` that is not an existing path (an existing path always wins)."""
     text = str(spec)
     return (REPO_ID.fullmatch(text) is not None and "--" not in text and ".." not in text
-            and not text.endswith(".safetensors") and not os.path.lexists(os.path.expanduser(text)))
+            and not text.lower().endswith(".safetensors") and not os.path.lexists(os.path.expanduser(text)))
 
 
 # The official JAX repos (MiniT2I/MiniT2I-B-16-jax, ...) hold an Orbax checkpoint folder: `checkpoint/` as
@@ -142,7 +143,7 @@ JAX_REPO_SUFFIX = "-jax"
 JAX_REPO_FILES = "checkpoint*"
 
 
-def mmjit_model(repo_id: str, variant: str = "minit2i-b-16", jax_tree: str | None = None) -> HubModel:
+def mmjit_model(repo_id: str, variant: str = DEFAULT_VARIANT, jax_tree: str | None = None) -> HubModel:
     folder = VARIANT_ALIASES.get(variant.lower(), variant) + "/transformer/"
     usual = [JAX_REPO_FILES] if repo_id.endswith(JAX_REPO_SUFFIX) else [folder + "config.json", folder + MMJIT_WEIGHTS]
     return HubModel(repo_id, lambda names, where, read_shards: choose_mmjit(names, variant, where),
@@ -162,7 +163,7 @@ def t5_model(repo_id: str, expected_d_model: int | None = None) -> HubModel:
     return HubModel(repo_id, choose, check, ["config.json", T5_WEIGHTS, "tokenizer.json"], "T5 encoder")
 
 
-def resolve_model(spec, variant: str = "minit2i-b-16", jax_tree: str | None = None):
+def resolve_model(spec, variant: str = DEFAULT_VARIANT, jax_tree: str | None = None):
     """`spec` unchanged if it is a path; for a repo id, the local snapshot folder holding the transformer."""
     return local_snapshot(mmjit_model(str(spec), variant, jax_tree)) if is_repo_id(spec) else spec
 
@@ -256,16 +257,16 @@ def _model_info(model: HubModel, missing: list[str]):
     return info
 
 
-def remote_header(api: HfApi, repo_id: str, revision: str, names: list[str]) -> dict:
+def remote_header(api: HfApi, repo_id: str, revision: str, names: list[str]) -> dict[str, IndexEntry]:
     """`read_index` of files on the Hub, from their safetensors headers only (HTTP range reads)."""
     index = {}
     for name in names:
         tensors = api.parse_safetensors_file_metadata(repo_id, name, revision=revision).tensors
-        index.update({k: (t.dtype, tuple(t.shape), name) for k, t in tensors.items()})
+        index.update({k: IndexEntry(t.dtype, tuple(t.shape), name) for k, t in tensors.items()})
     return index
 
 
-def describe_repo(repo_id: str, variant: str = "minit2i-b-16") -> tuple[str, Path | None]:
+def describe_repo(repo_id: str, variant: str = DEFAULT_VARIANT) -> tuple[str, Path | None]:
     """What `info` says about a repo id, downloading nothing: the cached files, and the files a run
     would download with their sizes (from the Hub's file list; offline, what the cache tells).
 

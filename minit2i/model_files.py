@@ -35,7 +35,7 @@ from minit2i.core.checkpoint import (
 )
 from minit2i.core.checks import existing_path, read_json, read_json_object, read_limited, short_list, shown
 from minit2i.core.errors import MiniT2IError
-from minit2i.core.mmjit_config import VARIANT_ALIASES
+from minit2i.core.mmjit_config import DEFAULT_VARIANT, VARIANT_ALIASES
 from minit2i.core.orbax_file import ORBAX_METADATA
 from minit2i.core.safetensors_file import read_index
 
@@ -71,7 +71,7 @@ class Choice:
 def choose_mmjit(names: set[str], variant: str, where: str) -> Choice:
     """The transformer of a file listing: an Orbax checkpoint, a diffusers folder, its parent, a
     pipeline variant, or a lone file."""
-    orbax = choose_orbax(names)
+    orbax = choose_orbax(names, where)
     if orbax is not None:
         metadata = orbax + ORBAX_METADATA
         return Choice(sorted(n for n in names if n.startswith(orbax) and n != metadata), None, index=metadata)
@@ -87,15 +87,25 @@ def choose_mmjit(names: set[str], variant: str, where: str) -> Choice:
     return _choice(names, _lone_safetensors(names, where, "MiniT2I transformer", MMJIT_WEIGHTS))
 
 
-def choose_orbax(names: set[str]) -> str | None:
+def choose_orbax(names: set[str], where: str) -> str | None:
     """The Orbax checkpoint folder of a file listing, as a prefix ("" for the listing's own root),
-    by the official loader's order: the root itself, `checkpoint/`, the latest `checkpoint_<step>/`;
-    None when the listing holds none. A folder counts when it has its `_METADATA`."""
+    by the official loader's order: the root itself, `checkpoint/`, the latest `checkpoint_<step>/`
+    (two folders naming that step, `checkpoint_5` and `checkpoint_05`, are refused); None when the
+    listing holds none. A folder counts when it has its `_METADATA`."""
     folders = {name.rpartition("/")[0] for name in names if name.rpartition("/")[2] == ORBAX_METADATA}
     if "" in folders or "checkpoint" in folders:
         return "" if "" in folders else "checkpoint/"
-    steps = {int(m.group(2)): folder for folder in folders if (m := ORBAX_FOLDER.fullmatch(folder)) and m.group(2)}
-    return steps[max(steps)] + "/" if steps else None
+    steps: dict[int, list[str]] = {}
+    for folder in sorted(folders):
+        if (match := ORBAX_FOLDER.fullmatch(folder)) and match.group(2):
+            steps.setdefault(int(match.group(2)), []).append(folder)
+    if not steps:
+        return None
+    latest = steps[max(steps)]
+    if len(latest) > 1:  # checkpoint_5 and checkpoint_05: which one wins would depend on listing order
+        raise MiniT2IError(f"{where}: {' and '.join(latest)} both hold step {max(steps)}; remove or rename all but one "
+                           "(or pass the checkpoint folder itself)")
+    return latest[0] + "/"
 
 
 def choose_t5(names: set[str], where: str, read_shards) -> Choice:
@@ -153,7 +163,7 @@ def looks_like_t5(names: set[str]) -> bool:
     return bool(names & t5_files) and not any(n.endswith(MMJIT_WEIGHTS) for n in names)
 
 
-def find_mmjit_files(path: str | Path, variant: str = "minit2i-b-16") -> tuple[list[Path], Path | None]:
+def find_mmjit_files(path: str | Path, variant: str = DEFAULT_VARIANT) -> tuple[list[Path], Path | None]:
     """Resolve any accepted local MMJiT location to (safetensors files, config.json or None), or
     to ([its folder], None) for an Orbax checkpoint (`is_orbax_folder`)."""
     root = existing_path(path, "--model")
@@ -292,7 +302,7 @@ def _read_ref(ref: Path) -> tuple[str | None, str | None]:
     return commit, None
 
 
-def inspect_mmjit(path: str | Path, variant: str = "minit2i-b-16", jax_tree: str | None = None) -> Checkpoint:
+def inspect_mmjit(path: str | Path, variant: str = DEFAULT_VARIANT, jax_tree: str | None = None) -> Checkpoint:
     """Find and check a local MMJiT checkpoint from its headers and config.json alone (an Orbax
     one from its metadata, reading the parameter tree `jax_tree` names, by default the official one)."""
     files, config_path = find_mmjit_files(path, variant)
@@ -313,7 +323,7 @@ def inspect_t5(path: str | Path, expected_d_model: int | None = None) -> Checkpo
     return check_t5_header(read_index(files), config_path, files, expected_d_model)
 
 
-def load_mmjit(path: str | Path, variant: str = "minit2i-b-16", jax_tree: str | None = None) -> LoadedWeights:
+def load_mmjit(path: str | Path, variant: str = DEFAULT_VARIANT, jax_tree: str | None = None) -> LoadedWeights:
     """Load and check an MMJiT checkpoint; tensors keyed without the `model.net.` style prefix."""
     return inspect_mmjit(path, variant, jax_tree).load()
 

@@ -23,12 +23,14 @@ from pathlib import Path
 
 import numpy as np
 
-from minit2i.core.checkpoint import Checkpoint, LoadedWeights
+from minit2i.core.checkpoint import Checkpoint
 from minit2i.core.checks import Range, check_prompt, human_size, read_json_object, shown
 from minit2i.core.errors import MiniT2IError
 from minit2i.core.images import to_pixels
 from minit2i.core.mean_flow_config import MEAN_FLOW_RECIPE, MeanFlowConfig
+from minit2i.core.mmjit_config import BASE_RECIPE, DEFAULT_VARIANT
 from minit2i.core.tokenizer import PromptTokenizer
+from minit2i.core.weights import LoadedWeights
 from minit2i.reference.sampler import DEFAULT_A_MIN, initial_noise
 
 from .model_files import find_tokenizer_json, inspect_mmjit, inspect_t5
@@ -78,8 +80,8 @@ class Request:
     """One generation: `batch_count` images, image i from seed + i."""
 
     prompt: str
-    steps: int = 100
-    cfg_scale: float = 6.0
+    steps: int = BASE_RECIPE["steps"]
+    cfg_scale: float = BASE_RECIPE["cfg_scale"]
     width: int = 512
     height: int = 512
     seed: int = 0
@@ -128,7 +130,7 @@ class ModelFiles:
         return Model(self.mmjit.load(), self.t5.load(), self.tokenizer, self.sampling)
 
 
-def open_model(model, t5=None, tokenizer_path=None, variant: str = "minit2i-b-16",
+def open_model(model, t5=None, tokenizer_path=None, variant: str = DEFAULT_VARIANT,
                jax_tree: str | None = None) -> ModelFiles:
     """Find and cross-check the MMJiT, the T5 (its width must match) and the tokenizer (its ids
     must fit the T5 embedding), reading configs and headers only.
@@ -162,7 +164,7 @@ def open_model(model, t5=None, tokenizer_path=None, variant: str = "minit2i-b-16
     return ModelFiles(mmjit, encoder, tokenizer, read_sampling(mmjit.config_source))
 
 
-def load_model(model, t5=None, tokenizer_path=None, variant: str = "minit2i-b-16",
+def load_model(model, t5=None, tokenizer_path=None, variant: str = DEFAULT_VARIANT,
                jax_tree: str | None = None) -> Model:
     """`open_model`, then read the tensors."""
     return open_model(model, t5, tokenizer_path, variant, jax_tree).load()
@@ -201,7 +203,7 @@ def sampling_defaults(model: Model | ModelFiles) -> dict:
 def recipe(config, sampling: dict) -> dict:
     """`sampling_defaults` from a denoiser's config and its config.json "sampling" block."""
     size = config.image_size
-    official = MEAN_FLOW_RECIPE if isinstance(config, MeanFlowConfig) else {"steps": 100, "cfg_scale": 6.0}
+    official = MEAN_FLOW_RECIPE if isinstance(config, MeanFlowConfig) else BASE_RECIPE
     return {**official, "width": size, "height": size, **sampling}
 
 

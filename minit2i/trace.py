@@ -26,10 +26,12 @@ from minit2i.core.errors import MiniT2IError
 from minit2i.reference.mean_flow_sampler import step_lengths
 from minit2i.reference.sampler import initial_noise
 
-from .pipeline import BACKENDS, Model, check_backend, is_student, make_runner, sampling_defaults
+from .arguments import add_model_arguments, checked_request
+from .console import emit
+from .pipeline import BACKENDS, Model, is_student, make_runner, sampling_defaults
 
 # Default tolerance (rtol, atol) by the less precise side. fp32: float32 rounding reaches ~1e-6
-# of a layer's scale on the tiny and default models (measured against fp64), so 1e-5 leaves a
+# of a layer's scale on the tiny and demo models (measured against fp64), so 1e-5 leaves a
 # margin of 10. fp16 and bf16 keep 11 and 8 mantissa bits (one rounding: 5e-4, 4e-3) and a block
 # chains a dozen roundings: the per-stage bounds of the GPU parity tests, 3e-2 and 8e-2.
 TOLERANCES = {"fp64": (1e-12, 1e-12), "fp32": (1e-5, 1e-6), "fp16": (3e-2, 1e-6), "bf16": (8e-2, 1e-6)}
@@ -88,8 +90,8 @@ def numpy_adapter(runner, student: dict | None) -> Adapter:
         return mean_flow_forward(runner.mmjit_params, runner.mmjit_config, x, *scalars, context, mask, on_layer)
 
     return Adapter(
-        encode=lambda ids, mask, on_layer: t5_encode(
-            runner.t5_params, runner.t5_config, ids, mask.astype(dtype), dtype, on_layer),
+        encode=lambda ids, mask, on_layer: t5_encode(runner.t5_params, runner.t5_config, ids, mask.astype(dtype),
+                                                     on_layer),
         denoise=denoise,
         to_host=lambda value: np.array(value, dtype=np.float64),
     )
@@ -227,24 +229,18 @@ def format_report(diffs: list[LayerDiff], a: Side, b: Side, tolerance: tuple[flo
 
 
 def add_parser(sub) -> None:
-    from .cli import add_jax_tree_argument
-
     p = sub.add_parser("trace", help="compare two backends/precisions layer by layer",
                        description="Run the T5 encoder and one MMJiT forward (noise at t=0; a Mean Flow "
                                    "student: its first sampler step) on two sides "
                                    "and print, per layer, how far they are apart and the first layer "
-                                   "beyond tolerance. Without --model/--t5 the built-in demo model is used.")
+                                   "beyond tolerance. Without --model/--t5 the demo model is used.")
     p.add_argument("--a", default="numpy:fp64", help="reference side, backend:precision (default numpy:fp64)")
     p.add_argument("--b", default="numpy:fp32", help="compared side, backend:precision (default numpy:fp32)")
     p.add_argument("-p", "--prompt", default="a large red circle at the left on a gray background")
     p.add_argument("-s", "--seed", type=int, default=42)
     p.add_argument("-W", "--width", type=int, default=None, help="default: the model's image size")
     p.add_argument("-H", "--height", type=int, default=None, help="default: the model's image size")
-    p.add_argument("-m", "--model", "--diffusion-model", dest="model", default=None)
-    p.add_argument("--variant", default="minit2i-b-16")
-    add_jax_tree_argument(p)
-    p.add_argument("--t5", "--t5xxl", dest="t5", default=None)
-    p.add_argument("--tokenizer", default=None)
+    add_model_arguments(p)
     p.add_argument("--rtol", type=float, default=None, help="default: by the less precise side")
     p.add_argument("--atol", type=float, default=None, help="default: by the less precise side")
     p.add_argument("-q", "--quiet", action="store_true", help="no note about the demo model")
@@ -252,25 +248,16 @@ def add_parser(sub) -> None:
 
 
 def run(args) -> int:
-    """Both sides and the tolerances are checked, then the model's headers, before any work."""
-    from .cli import _model_paths, emit
-    from .pipeline import Request, check_memory, open_model, validate
-
+    """Both sides and the tolerances are checked, then, as for `generate`, the request and the
+    model's headers before any work."""
     a, b = Side.parse(args.a), Side.parse(args.b)
-    for side in (a, b):  # a precision the backend lacks, or no GPU: say so before side A runs
-        check_backend(side.backend, side.precision)
     rtol, atol = default_tolerance(a, b)
     tolerance = (rtol if args.rtol is None else TOLERANCE_RANGE.check("--rtol", args.rtol),
                  atol if args.atol is None else TOLERANCE_RANGE.check("--atol", args.atol))
-    model_path, t5_path = _model_paths(args)
-    files = open_model(model_path, t5_path, args.tokenizer, args.variant, args.jax_tree)
-    size = files.mmjit.config.image_size
-    width = size if args.width is None else args.width
-    height = size if args.height is None else args.height
-    request = Request(args.prompt, width=width, height=height, seed=args.seed)
-    validate(request, files)
-    check_memory(request, files, itemsize=8)  # side A may run in float64
-    diffs = trace(files.load(), a, b, args.prompt, args.seed, width, height, tolerance)
+    given = {"seed": args.seed} | {name: value for name, value in (("width", args.width), ("height", args.height))
+                                   if value is not None}
+    sides = [(side.backend, side.precision) for side in (a, b)]
+    files, request, _ = checked_request(args, given, sides, memory_itemsize=8)  # side A may run in float64
+    diffs = trace(files.load(), a, b, args.prompt, args.seed, request.width, request.height, tolerance)
     emit(format_report(diffs, a, b, tolerance))
     return 0 if first_divergence(diffs) is None else 1
-

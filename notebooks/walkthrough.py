@@ -27,9 +27,9 @@ import warnings
 import matplotlib.pyplot as plt
 import numpy as np
 
-from minit2i.core.checkpoint import nest
 from minit2i.core.images import to_pixels
-from minit2i.default_model import default_model_dir
+from minit2i.core.weights import nest
+from minit2i.demo_models import DEMO_MODEL_DIR
 from minit2i.pipeline import load_model, sampling_defaults
 from minit2i.reference import layers, mmjit, sampler, t5
 
@@ -39,7 +39,7 @@ warnings.filterwarnings("ignore", message="IProgress not found")
 PROMPT = "a large red circle at the left on a gray background"
 SEED = 42
 
-folder = default_model_dir()
+folder = DEMO_MODEL_DIR
 model = load_model(folder / "transformer", folder / "t5")
 config, t5_config = model.mmjit.config, model.t5.config
 mmjit_params, t5_params = nest(model.mmjit.tensors), nest(model.t5.tensors)
@@ -245,10 +245,10 @@ rope = layers.joint_rope(config.prompt_length, grid, grid, config.head_dim)
 
 def joint_qkv(img, txt, block, rope):
     """q, k, v [B, H, L + N, Dh] of a double block, RoPE applied, as `double_block` builds them."""
-    qi, ki, vi = mmjit.project_qkv(layers.rms_norm(img, block["img_norm1"]["weight"]), block["img_qkv"],
-                                   block["q_norm"], block["k_norm"], config.num_heads)
-    qt, kt, vt = mmjit.project_qkv(layers.rms_norm(txt, block["txt_norm1"]["weight"]), block["txt_qkv"],
-                                   block["q_norm"], block["k_norm"], config.num_heads)
+    qi, ki, vi = mmjit.project_qkv(layers.rms_norm(img, **block["img_norm1"]), block["img_qkv"], block["q_norm"],
+                                   block["k_norm"], config.num_heads)
+    qt, kt, vt = mmjit.project_qkv(layers.rms_norm(txt, **block["txt_norm1"]), block["txt_qkv"], block["q_norm"],
+                                   block["k_norm"], config.num_heads)
     q = layers.apply_rope(np.concatenate([qt, qi], axis=2), *rope)
     k = layers.apply_rope(np.concatenate([kt, ki], axis=2), *rope)
     return q, k, np.concatenate([vt, vi], axis=2)
@@ -346,10 +346,10 @@ plt.show()
 # the image is the last x0. Same prompt, same seed (same starting noise) as the base model.
 
 # %%
-from minit2i.default_model import BUILT_IN_MODELS  # noqa: E402
+from minit2i.demo_models import DEMO_MODELS  # noqa: E402
 from minit2i.reference import mean_flow, mean_flow_sampler  # noqa: E402
 
-student_model = load_model(*BUILT_IN_MODELS["demo-mf"][:2])
+student_model = load_model(*DEMO_MODELS["demo-mf"][:2])
 student_config, student_params = student_model.mmjit.config, nest(student_model.mmjit.tensors)
 student_settings = sampling_defaults(student_model)
 print("prefix tokens:", student_config.num_aux_tokens, "| settings:", student_settings)

@@ -11,14 +11,25 @@ from functools import lru_cache
 
 import numpy as np
 
+from minit2i.core.mmjit_config import NORM_EPS
+
 
 def cast_tree(tree, dtype):
-    """A (nested dict/list) weight tree in `dtype`; a no-op for float32 weights in float32."""
+    """A (nested dict/list) weight tree in `dtype`; a no-op for float32 weights in float32.
+
+    A runner casts its trees once, when it is built: the forwards compute in the dtype they get.
+    """
     if isinstance(tree, dict):
         return {k: cast_tree(v, dtype) for k, v in tree.items()}
     if isinstance(tree, list):
         return [cast_tree(v, dtype) for v in tree]
     return tree.astype(dtype, copy=False)
+
+
+def layer_reporter(on_layer):
+    """on_layer(name, value) or None -> report(name, value): the per-layer hook every forward takes
+    (T5, MMJiT, the student), called with each stage's output, e.g. by the divergence tracer."""
+    return on_layer or (lambda name, value: None)
 
 
 def linear(x, weight, bias=None):
@@ -29,7 +40,7 @@ def linear(x, weight, bias=None):
     return y
 
 
-def rms_norm(x, weight, eps: float = 1e-6):
+def rms_norm(x, weight, eps: float = NORM_EPS):
     r"""[..., D], [D] -> [..., D]: x / sqrt(mean(x^2) + eps) * weight (no mean, no bias).
 
     $$y = \frac{x}{\sqrt{\frac{1}{D}\sum_{i} x_i^2 + \epsilon}} \odot w$$
@@ -44,11 +55,12 @@ def silu(x):
 
 
 def swiglu(x, w1, w2, w3):
-    r"""[..., D] -> [..., D]: W2 (SiLU(W1 x) * W3 x), no biases (model.md 3.9).
+    r"""[..., D] -> [..., D]: W2 (SiLU(W1 x) * W3 x), no biases (model.md 3.9); each layer a
+    {"weight"} leaf of the checkpoint tree.
 
     $$y = W_2\,\big(\mathrm{SiLU}(W_1 x) \odot W_3 x\big), \qquad \mathrm{SiLU}(z) = z\,\sigma(z)$$
     """
-    return linear(silu(linear(x, w1)) * linear(x, w3), w2)
+    return linear(silu(linear(x, **w1)) * linear(x, **w3), **w2)
 
 
 def gelu_tanh(x):

@@ -23,7 +23,7 @@ import numpy as np
 
 from minit2i.core.mean_flow_config import AUX_EMBEDDERS, MeanFlowConfig, aux_token_groups
 
-from .layers import cast_tree, joint_rope, linear, silu, text_rope
+from .layers import joint_rope, layer_reporter, linear, silu, text_rope
 from .mmjit import embed_image, mask_text, transformer_body
 
 
@@ -52,8 +52,7 @@ def scalar_embedder(values, embedder, dim: int, dtype):
     $$\mathrm{emb}(s) = \mathrm{SiLU}(e(s)\,W_1^\top + b_1)\,W_2^\top + b_2$$
     """
     first, second = embedder["mlp"]["0"], embedder["mlp"]["2"]
-    hidden = silu(linear(timestep_embedding(values, dim, dtype), first["weight"], first["bias"]))
-    return linear(hidden, second["weight"], second["bias"])
+    return linear(silu(linear(timestep_embedding(values, dim, dtype), **first)), **second)
 
 
 def aux_tokens(params, config: MeanFlowConfig, pooled, h, omega, t_min, t_max):
@@ -67,7 +66,7 @@ def aux_tokens(params, config: MeanFlowConfig, pooled, h, omega, t_min, t_max):
     """
     dtype = pooled.dtype
     scalars = {"omega": 1.0 - 1.0 / np.asarray(omega, np.float64), "t_min": t_min, "t_max": t_max, "time": h}
-    embedded = {"context": linear(pooled, params[AUX_EMBEDDERS["context"]]["weight"])}
+    embedded = {"context": linear(pooled, **params[AUX_EMBEDDERS["context"]])}
     for group, values in scalars.items():
         embedded[group] = scalar_embedder(values, params[AUX_EMBEDDERS[group]], config.frequency_embedding_size, dtype)
     return np.concatenate([params[f"{group}_tokens"] + embedded[group][:, None, :]
@@ -91,17 +90,17 @@ def mean_flow_forward(params, config: MeanFlowConfig, images, h, omega, t_min, t
     """Predict the clean image x0 from a noisy image and the sampler's scalars.
 
     images [B, C, H, W]; h, omega, t_min, t_max [B]; context [B, L, Dc]; mask [B, L] -> x0
-    [B, C, H, W] in the dtype of `images`. `on_layer` as for `mmjit_forward`, plus "aux_tokens".
+    [B, C, H, W] in the dtype of `images` (and of `params`). `on_layer` as for `mmjit_forward`, plus
+    "aux_tokens".
     """
     dtype = images.dtype
-    params = cast_tree(params, dtype)
-    report = on_layer or (lambda name, value: None)
+    report = layer_reporter(on_layer)
     img = embed_image(images, params["img_embedder"], config)
     report("patch_embed", img)
     masked = mask_text(context.astype(dtype), mask, params["mask_token"])
     prefix = aux_tokens(params, config, masked.mean(axis=1), h, omega, t_min, t_max)
     report("aux_tokens", prefix)
-    txt = np.concatenate([prefix, linear(masked, params["txt_embedder"]["weight"])], axis=1)
+    txt = np.concatenate([prefix, linear(masked, **params["txt_embedder"])], axis=1)
     report("txt_embed", txt)
     grid_h, grid_w = images.shape[2] // config.patch_size, images.shape[3] // config.patch_size
     length = txt.shape[1]

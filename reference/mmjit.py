@@ -7,7 +7,10 @@
     img --RMSNorm + linear--> [B, N, p*p*3] --unpatchify--> x0 [B,3,H,W]
 
 The network never sees the timestep. `params` is the checkpoint as a tree
-(`minit2i.core.checkpoint.nest`), e.g. params["double_blocks"][3]["img_qkv"]["weight"].
+(`minit2i.core.weights.nest`), e.g. params["double_blocks"][3]["img_qkv"]["weight"], already in
+the dtype to compute in (the runner casts it once, `layers.cast_tree`). Every layer is a
+{"weight", "bias"} leaf unpacked into the function that uses it, picoGPT style:
+`linear(x, **block["img_attn_proj"])`.
 """
 
 from __future__ import annotations
@@ -19,8 +22,8 @@ from minit2i.core.mmjit_config import MMJiTConfig
 from .layers import (
     apply_rope,
     attention,
-    cast_tree,
     joint_rope,
+    layer_reporter,
     linear,
     merge_heads,
     patchify,
@@ -43,9 +46,8 @@ def embed_image(images, embedder, config: MMJiTConfig):
     """
     p = config.patch_size
     grid_h, grid_w = images.shape[2] // p, images.shape[3] // p
-    proj1 = embedder["proj1"]["weight"].reshape(config.pca_channels, -1)
-    bottleneck = linear(patchify(images, p), proj1)
-    proj2 = embedder["proj2"]
+    proj1, proj2 = embedder["proj1"], embedder["proj2"]
+    bottleneck = linear(patchify(images, p), proj1["weight"].reshape(config.pca_channels, -1))
     tokens = linear(bottleneck, proj2["weight"].reshape(config.hidden_size, config.pca_channels), proj2["bias"])
     return tokens + sincos_2d_table(grid_h, grid_w, config.hidden_size, images.dtype)
 
@@ -66,9 +68,9 @@ def project_qkv(h, qkv, q_norm, k_norm, num_heads: int):
     $$[q\,|\,k\,|\,v] = h\,W_{qkv}^\top + b_{qkv}, \qquad q \leftarrow \mathrm{RMSNorm}(q), \quad
     k \leftarrow \mathrm{RMSNorm}(k)$$
     """
-    q, k, v = np.split(linear(h, qkv["weight"], qkv["bias"]), 3, axis=-1)
-    q = rms_norm(split_heads(q, num_heads), q_norm["weight"])
-    k = rms_norm(split_heads(k, num_heads), k_norm["weight"])
+    q, k, v = np.split(linear(h, **qkv), 3, axis=-1)
+    q = rms_norm(split_heads(q, num_heads), **q_norm)
+    k = rms_norm(split_heads(k, num_heads), **k_norm)
     return q, k, split_heads(v, num_heads)
 
 
@@ -79,11 +81,11 @@ def preamble_block(txt, block, rope, config: MMJiTConfig):
     t \leftarrow t + \mathrm{SwiGLU}\big(\mathrm{RMSNorm}(t)\big)$$
     """
     cos, sin = rope
-    q, k, v = project_qkv(rms_norm(txt, block["norm1"]["weight"]), block["qkv"],
-                          block["q_norm"], block["k_norm"], config.num_heads)
+    q, k, v = project_qkv(rms_norm(txt, **block["norm1"]), block["qkv"], block["q_norm"], block["k_norm"],
+                          config.num_heads)
     out = attention(apply_rope(q, cos, sin), apply_rope(k, cos, sin), v, scale=config.head_dim**-0.5)
-    txt = txt + linear(merge_heads(out), block["attn_proj"]["weight"], block["attn_proj"]["bias"])
-    return txt + swiglu(rms_norm(txt, block["norm2"]["weight"]), **_mlp(block["mlp"]))
+    txt = txt + linear(merge_heads(out), **block["attn_proj"])
+    return txt + swiglu(rms_norm(txt, **block["norm2"]), **block["mlp"])
 
 
 def double_block(img, txt, block, rope, config: MMJiTConfig):
@@ -98,17 +100,17 @@ def double_block(img, txt, block, rope, config: MMJiTConfig):
     """
     cos, sin = rope
     length = txt.shape[1]
-    qi, ki, vi = project_qkv(rms_norm(img, block["img_norm1"]["weight"]), block["img_qkv"],
-                             block["q_norm"], block["k_norm"], config.num_heads)
-    qt, kt, vt = project_qkv(rms_norm(txt, block["txt_norm1"]["weight"]), block["txt_qkv"],
-                             block["q_norm"], block["k_norm"], config.num_heads)
+    qi, ki, vi = project_qkv(rms_norm(img, **block["img_norm1"]), block["img_qkv"], block["q_norm"],
+                             block["k_norm"], config.num_heads)
+    qt, kt, vt = project_qkv(rms_norm(txt, **block["txt_norm1"]), block["txt_qkv"], block["q_norm"],
+                             block["k_norm"], config.num_heads)
     q = apply_rope(np.concatenate([qt, qi], axis=2), cos, sin)
     k = apply_rope(np.concatenate([kt, ki], axis=2), cos, sin)
     out = merge_heads(attention(q, k, np.concatenate([vt, vi], axis=2), scale=config.head_dim**-0.5))
-    img = img + linear(out[:, length:], block["img_attn_proj"]["weight"], block["img_attn_proj"]["bias"])
-    txt = txt + linear(out[:, :length], block["txt_attn_proj"]["weight"], block["txt_attn_proj"]["bias"])
-    img = img + swiglu(rms_norm(img, block["img_norm2"]["weight"]), **_mlp(block["img_mlp"]))
-    txt = txt + swiglu(rms_norm(txt, block["txt_norm2"]["weight"]), **_mlp(block["txt_mlp"]))
+    img = img + linear(out[:, length:], **block["img_attn_proj"])
+    txt = txt + linear(out[:, :length], **block["txt_attn_proj"])
+    img = img + swiglu(rms_norm(img, **block["img_norm2"]), **block["img_mlp"])
+    txt = txt + swiglu(rms_norm(txt, **block["txt_norm2"]), **block["txt_mlp"])
     return img, txt
 
 
@@ -117,22 +119,21 @@ def final_layer(img, final):
 
     $$\mathrm{out} = \mathrm{RMSNorm}(\mathrm{img})\,W^\top + b$$
     """
-    return linear(rms_norm(img, final["norm_final"]["weight"]), final["linear"]["weight"], final["linear"]["bias"])
+    return linear(rms_norm(img, **final["norm_final"]), **final["linear"])
 
 
 def mmjit_forward(params, config: MMJiTConfig, images, context, mask, on_layer=None):
     """Predict the clean image x0.
 
     images [B, C, H, W] (H, W multiples of the patch size), context [B, L, txt_input_size],
-    mask [B, L] (1 real token, 0 padding) -> x0 [B, C, H, W], in the dtype of `images`.
-    `on_layer(name, value)`, if given, sees every stage output (used by the divergence tracer).
+    mask [B, L] (1 real token, 0 padding) -> x0 [B, C, H, W], in the dtype of `images` (and of
+    `params`). `on_layer(name, value)`, if given, sees every stage output (`layers.layer_reporter`).
     """
     dtype = images.dtype
-    params = cast_tree(params, dtype)
-    report = on_layer or (lambda name, value: None)
+    report = layer_reporter(on_layer)
     img = embed_image(images, params["img_embedder"], config)
     report("patch_embed", img)
-    txt = linear(mask_text(context.astype(dtype), mask, params["mask_token"]), params["txt_embedder"]["weight"])
+    txt = linear(mask_text(context.astype(dtype), mask, params["mask_token"]), **params["txt_embedder"])
     report("txt_embed", txt)
     grid_h, grid_w = images.shape[2] // config.patch_size, images.shape[3] // config.patch_size
     length = txt.shape[1]
@@ -147,6 +148,16 @@ def transformer_body(img, txt, params, config: MMJiTConfig, grid_h: int, grid_w:
     img [B, N, D], txt [B, L, D], rope tables (cos, sin) [L, Dh/2] and [L + N, Dh/2] -> x0
     [B, C, H, W]. Shared with the Mean Flow student, which only brings other tokens and tables.
     """
+    img = run_blocks(img, txt, params, config, txt_rope, rope, report, preamble_block, double_block)
+    out = final_layer(img, params["final_layer"])
+    report("final_layer", out)
+    return unpatchify(out, grid_h, grid_w, config.patch_size, config.in_channels)
+
+
+def run_blocks(img, txt, params, config: MMJiTConfig, txt_rope, rope, report, preamble_block, double_block):
+    """The preamble blocks (text only, `txt_rope`), then the double blocks (joint, `rope`), each
+    output reported -> the image tokens [B, N, D]. The twins run their own block functions through
+    this one loop, so all three report the same stages under the same names."""
     for i, block in enumerate(params["txt_preamble_blocks"]):
         txt = preamble_block(txt, block, txt_rope, config)
         report(f"preamble.{i}", txt)
@@ -154,10 +165,4 @@ def transformer_body(img, txt, params, config: MMJiTConfig, grid_h: int, grid_w:
         img, txt = double_block(img, txt, block, rope, config)
         report(f"double.{i}.img", img)
         report(f"double.{i}.txt", txt)
-    out = final_layer(img, params["final_layer"])
-    report("final_layer", out)
-    return unpatchify(out, grid_h, grid_w, config.patch_size, config.in_channels)
-
-
-def _mlp(mlp):
-    return {name: mlp[name]["weight"] for name in ("w1", "w2", "w3")}
+    return img

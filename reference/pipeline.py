@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from minit2i.core.checkpoint import LoadedWeights, nest
 from minit2i.core.errors import MiniT2IError
+from minit2i.core.weights import LoadedWeights, nest
 
+from .layers import cast_tree
 from .mean_flow import mean_flow_forward
 from .mean_flow_sampler import sample_mean_flow
 from .mmjit import mmjit_forward
@@ -18,7 +19,7 @@ PRECISIONS = {"fp32": np.float32, "fp64": np.float64}
 
 class NumpyRunner:
     """T5 + MMJiT (or the Mean Flow student) + its sampler on the CPU. fp32 for generation; fp64
-    for tracing and tests."""
+    for tracing and tests. The weight trees are cast to that dtype once, here."""
 
     name = "numpy"
 
@@ -30,19 +31,21 @@ class NumpyRunner:
             )
         self.dtype = PRECISIONS[precision]
         self.mmjit_config, self.t5_config = mmjit.config, t5.config
-        self.mmjit_params, self.t5_params = nest(mmjit.tensors), nest(t5.tensors)
+        self.mmjit_params = cast_tree(nest(mmjit.tensors), self.dtype)
+        self.t5_params = cast_tree(nest(t5.tensors), self.dtype)
 
     def encode(self, ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
         """ids, mask [B, L] -> T5 last hidden state [B, L, d_model]."""
-        return t5_encode(self.t5_params, self.t5_config, ids, mask.astype(self.dtype), self.dtype)
+        return t5_encode(self.t5_params, self.t5_config, ids, mask.astype(self.dtype))
 
-    def denoise(self, x, context, mask):
+    def denoise(self, x, context, mask, on_layer=None):
         """One MMJiT forward: [B, C, H, W], [B, L, Dc], [B, L] -> x0 [B, C, H, W]."""
-        return mmjit_forward(self.mmjit_params, self.mmjit_config, x, context, mask)
+        return mmjit_forward(self.mmjit_params, self.mmjit_config, x, context, mask, on_layer)
 
-    def denoise_student(self, x, h, omega, t_min, t_max, context, mask):
+    def denoise_student(self, x, h, omega, t_min, t_max, context, mask, on_layer=None):
         """One Mean Flow student forward: [B, C, H, W], scalars [B] each, [B, L, Dc], [B, L] -> x0."""
-        return mean_flow_forward(self.mmjit_params, self.mmjit_config, x, h, omega, t_min, t_max, context, mask)
+        return mean_flow_forward(self.mmjit_params, self.mmjit_config, x, h, omega, t_min, t_max, context, mask,
+                                 on_layer)
 
     def sample(self, noise, context, mask, steps, cfg_scale, a_min, callback=None) -> np.ndarray:
         """Host noise [B, C, H, W] -> final image state [B, C, H, W] as float32 NumPy."""

@@ -4,7 +4,9 @@ Differences from a textbook transformer, all deliberate (they are what T5 does):
 no sqrt(d) scaling of the embedding or of the attention scores, RMSNorm without mean or bias,
 one relative-position bias table from block 0 shared by all blocks, a gated tanh-GELU FFN.
 
-`params` is the checkpoint as a tree (`minit2i.core.checkpoint.nest`): params["encoder"]["block"][i]...
+`params` is the checkpoint as a tree (`minit2i.core.weights.nest`): params["encoder"]["block"][i]...,
+already in the dtype to compute in (the runner casts it once), its {"weight"} leaves unpacked into
+the layers that use them.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import numpy as np
 from minit2i.core.errors import MiniT2IError
 from minit2i.core.t5_config import T5Config
 
-from .layers import attention, cast_tree, gelu_tanh, linear, merge_heads, rms_norm, split_heads
+from .layers import attention, gelu_tanh, layer_reporter, linear, merge_heads, rms_norm, split_heads
 
 
 @lru_cache(maxsize=16)
@@ -54,26 +56,26 @@ def key_mask_bias(mask, dtype):
     return ((1.0 - mask) * np.finfo(dtype).min).astype(dtype)[:, None, None, :]
 
 
-def self_attention(h, layer, bias, config: T5Config):
-    """h [B, L, D], bias [B, H, L, L] -> [B, L, D] (before the residual)."""
-    attn = layer["SelfAttention"]
-    q = split_heads(linear(h, attn["q"]["weight"]), config.num_heads)
-    k = split_heads(linear(h, attn["k"]["weight"]), config.num_heads)
-    v = split_heads(linear(h, attn["v"]["weight"]), config.num_heads)
-    return linear(merge_heads(attention(q, k, v, scale=1.0, bias=bias)), attn["o"]["weight"])
+def self_attention(h, attn, bias, config: T5Config):
+    """h [B, L, D] (normed), bias [B, H, L, L] (position bias + key mask) -> [B, L, D] (before the
+    residual); `attn` is a block's SelfAttention subtree (q, k, v, o)."""
+    q = split_heads(linear(h, **attn["q"]), config.num_heads)
+    k = split_heads(linear(h, **attn["k"]), config.num_heads)
+    v = split_heads(linear(h, **attn["v"]), config.num_heads)
+    return linear(merge_heads(attention(q, k, v, scale=1.0, bias=bias)), **attn["o"])
 
 
-def gated_gelu_ffn(h, ffn):
+def gated_gelu_ffn(h, wi_0, wi_1, wo):
     """h [B, L, D] -> [B, L, D]: wo( gelu_tanh(wi_0 h) * wi_1 h )."""
-    return linear(gelu_tanh(linear(h, ffn["wi_0"]["weight"])) * linear(h, ffn["wi_1"]["weight"]), ffn["wo"]["weight"])
+    return linear(gelu_tanh(linear(h, **wi_0)) * linear(h, **wi_1), **wo)
 
 
 def encoder_block(h, block, bias, config: T5Config):
     """One pre-norm encoder block: h [B, L, D] -> [B, L, D]."""
     attn_layer, ffn_layer = block["layer"]
     eps = config.layer_norm_epsilon
-    h = h + self_attention(rms_norm(h, attn_layer["layer_norm"]["weight"], eps), attn_layer, bias, config)
-    return h + gated_gelu_ffn(rms_norm(h, ffn_layer["layer_norm"]["weight"], eps), ffn_layer["DenseReluDense"])
+    h = h + self_attention(rms_norm(h, **attn_layer["layer_norm"], eps=eps), attn_layer["SelfAttention"], bias, config)
+    return h + gated_gelu_ffn(rms_norm(h, **ffn_layer["layer_norm"], eps=eps), **ffn_layer["DenseReluDense"])
 
 
 def check_ids(ids, vocab_size: int) -> None:
@@ -86,19 +88,19 @@ def check_ids(ids, vocab_size: int) -> None:
                            f"ids from {ids.min()} to {ids.max()}")
 
 
-def t5_encode(params, config: T5Config, ids, mask, dtype=np.float32, on_layer=None):
-    """Token ids [B, L] and mask [B, L] -> last_hidden_state [B, L, d_model] in `dtype`.
+def t5_encode(params, config: T5Config, ids, mask, on_layer=None):
+    """Token ids [B, L] and mask [B, L] -> last_hidden_state [B, L, d_model] in the dtype of `params`.
 
-    `on_layer(name, value)`, if given, sees every block output (used by the divergence tracer).
+    `on_layer(name, value)`, if given, sees every block output (`layers.layer_reporter`).
     """
     check_ids(ids, config.vocab_size)
+    report = layer_reporter(on_layer)
     blocks = params["encoder"]["block"]
-    h = params["shared"]["weight"][ids].astype(dtype)
-    table = blocks[0]["layer"][0]["SelfAttention"]["relative_attention_bias"]["weight"].astype(dtype)
-    bias = position_bias(table, ids.shape[1], config) + key_mask_bias(mask, dtype)
+    h = params["shared"]["weight"][ids]
+    table = blocks[0]["layer"][0]["SelfAttention"]["relative_attention_bias"]["weight"]
+    bias = position_bias(table, ids.shape[1], config) + key_mask_bias(mask, h.dtype)
     for i, block in enumerate(blocks):
-        h = encoder_block(h, cast_tree(block, dtype), bias, config)
-        if on_layer:
-            on_layer(f"t5.block.{i}", h)
-    return rms_norm(h, params["encoder"]["final_layer_norm"]["weight"].astype(dtype), config.layer_norm_epsilon)
+        h = encoder_block(h, block, bias, config)
+        report(f"t5.block.{i}", h)
+    return rms_norm(h, **params["encoder"]["final_layer_norm"], eps=config.layer_norm_epsilon)
 

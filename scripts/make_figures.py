@@ -20,7 +20,7 @@ import numpy as np
 from PIL import Image, ImageDraw, ImageFont
 
 from minit2i.core.images import grid, save_png, to_pixels
-from minit2i.default_model import BUILT_IN_MODELS, DEMO_MODEL_DIR, DEMO_STUDENT_DIR
+from minit2i.demo_models import DEMO_MODELS, DEMO_MODEL_DIR, DEMO_STUDENT_DIR
 from minit2i.pipeline import Request, generate, is_student, load_model, make_runner, sampling_defaults
 from minit2i.training.shapes import HELD_OUT
 
@@ -138,9 +138,9 @@ def x0_steps_figure(steps: int, size: int, zoom: int, prompt: str) -> Image.Imag
 
 
 def sampler_block(name: str, steps: int | None, size: int, zoom: int, prompt: str) -> Image.Image:
-    """x after each step over the x0 of that step, for built-in model `name` (its own step count
+    """x after each step over the x0 of that step, for demo model `name` (its own step count
     when `steps` is None), titled with its sampler and labelled with each step's times."""
-    model, runner = built_in(name)
+    model, runner = load_demo(name)
     states, previews, times = [], [], []
 
     def on_step(info):
@@ -171,9 +171,9 @@ def sampler_block(name: str, steps: int | None, size: int, zoom: int, prompt: st
     return canvas
 
 
-def built_in(name: str):
-    """(the built-in model `name`, a NumPy runner for it)."""
-    transformer, t5, _ = BUILT_IN_MODELS[name]
+def load_demo(name: str):
+    """(the demo model `name`, a NumPy runner for it)."""
+    transformer, t5, _ = DEMO_MODELS[name]
     model = load_model(transformer, t5)
     return model, make_runner(model)
 
@@ -203,7 +203,7 @@ def demo_grid_figure(zoom: int, prompts: tuple[str, ...] = GRID_PROMPTS, columns
     """Each prompt's image from the demo model (left) and the four-step student (right), seed
     42 and each model's default settings, with the caption underneath; prompts naming a
     held-out colour-shape pair are labelled as such."""
-    models = [built_in(name) for name in ("demo", "demo-mf")]
+    models = [load_demo(name) for name in ("demo", "demo-mf")]
     size = sampling_defaults(models[0][0])["width"]
     tile, head_h, caption_h, gap = size * zoom, 22, 44, 16
     cell_w, cell_h = tile * 2 + 3 * gap, tile + caption_h + gap

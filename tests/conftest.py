@@ -10,7 +10,7 @@ import pytest
 from minit2i.core.mean_flow_config import MEAN_FLOW_TINY
 from minit2i.core.mmjit_config import MMJIT_TINY
 from minit2i.core.t5_config import T5_TINY
-from minit2i.default_model import write_model
+from minit2i.demo_models import write_model
 
 TINY_SEED = 1234
 

@@ -1,4 +1,4 @@
-"""`minit2i generate` end to end on the built-in demo model, and its error handling."""
+"""`minit2i generate` end to end on the demo model, and its error handling."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from PIL import Image
 
 from minit2i import pipeline
 from minit2i.cli import main
-from minit2i.default_model import default_model_dir
+from minit2i.demo_models import DEMO_MODEL_DIR
 from minit2i.reference.pipeline import NumpyRunner
 
 SMALL = ["--steps", "2", "-W", "64", "-H", "48"]
@@ -103,7 +103,7 @@ def test_preview_dir_gets_one_png_per_step(tmp_path, capsys):
 def test_size_steps_and_guidance_default_to_the_models(tmp_path, capsys, monkeypatch):
     """The demo model's config says 64 x 64 and its own steps and guidance, not MiniT2I's 512,
     100 and 6.0; a flag given by the user still wins."""
-    transformer = default_model_dir() / "transformer" / "config.json"
+    transformer = DEMO_MODEL_DIR / "transformer" / "config.json"
     sampling = json.loads(transformer.read_text())["sampling"]
     code, out, _ = generate(capsys, "-p", "a circle", "-o", "default.png")
     assert code == 0
@@ -264,7 +264,7 @@ def test_interrupt_mid_sampling_exits_130_and_leaves_no_file(tmp_path, capsys, m
     assert leftovers(tmp_path) == []
 
 
-def test_cudasim_backend_draws_the_default_model_like_numpy(tmp_path, capsys):
+def test_cudasim_backend_draws_the_demo_model_like_numpy(tmp_path, capsys):
     """The CuPy twin on cudasim (CUDA kernels on the CPU), 64x64, 2 steps, CFG 6: its PNG is the
     numpy one within 1 level per pixel. fp32 kernels against the fp32 reference differ by a few
     float32 roundings (~1e-6 of the image scale, 127.5 levels per unit), so a pixel can only

@@ -11,7 +11,7 @@ from safetensors.numpy import save_file
 from minit2i.cli import main
 from minit2i.core.mmjit_config import MMJIT_TINY, mmjit_expected_shapes
 from minit2i.core.t5_config import T5_TINY, t5_expected_shapes
-from minit2i.default_model import random_mmjit_weights
+from minit2i.demo_models import random_mmjit_weights
 
 
 def parameter_count(shapes) -> int:

@@ -10,8 +10,8 @@ import pytest
 from PIL import Image
 
 from minit2i.cli import main
-from minit2i.core.checkpoint import nest
 from minit2i.core.images import to_pixels
+from minit2i.core.weights import nest
 from minit2i.pipeline import load_model
 from minit2i.reference.mean_flow import mean_flow_forward
 from minit2i.reference.mean_flow_sampler import sample_mean_flow

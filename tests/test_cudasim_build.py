@@ -46,6 +46,25 @@ def test_a_truncated_cached_library_is_rebuilt_not_loaded(cache):
     assert library.stat().st_size > 4096
 
 
+@pytest.mark.parametrize("name", ["kernels.so", "kernels.so.sha256"])
+def test_a_fifo_in_the_cache_is_rebuilt_over_not_read(cache, name):
+    """Whoever can write to the cache can leave a FIFO there: reading it would block forever. The
+    build runs in a thread so that a hang fails the test (60 s: a build takes a few seconds)."""
+    import threading
+
+    np.testing.assert_array_equal(run_scale(), [0, 3, 6, 9])
+    (folder,) = (p.parent for p in cache.glob("*/kernels.so"))
+    (folder / name).unlink()
+    os.mkfifo(folder / name)
+    results = []
+    worker = threading.Thread(target=lambda: results.append(run_scale()), daemon=True)
+    worker.start()
+    worker.join(timeout=60)
+    assert not worker.is_alive(), "the build blocked on the FIFO"
+    np.testing.assert_array_equal(results[0], [0, 3, 6, 9])
+    assert (folder / name).is_file()
+
+
 def test_a_full_cache_is_one_line_and_leaves_no_partial_build(cache, monkeypatch):
     def disk_full(*args):
         raise OSError(errno.ENOSPC, "No space left on device")

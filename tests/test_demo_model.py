@@ -1,6 +1,6 @@
 """The shipped demo models draw what the prompt says (a regression test of the trained weights).
 
-Both built-in models are held to it: the base demo model (20 Euler steps) and the four-step
+Both demo models are held to it: the base demo model (20 Euler steps) and the four-step
 student distilled from it (`--model demo-mf`). The full evaluation (training/evaluate.py,
 docs/demo-model.md) draws 192 images per model; CI draws a dozen through the same `generate`
 path and holds them to floors set below the full table, so that a broken loader, tokenizer,
@@ -14,7 +14,7 @@ import pytest
 from PIL import Image
 
 from minit2i.cli import main
-from minit2i.default_model import BUILT_IN_MODELS
+from minit2i.demo_models import DEMO_MODELS
 from minit2i.pipeline import load_model, sampling_defaults
 from minit2i.training import shapes
 from minit2i.training.evaluate import (
@@ -28,7 +28,7 @@ from minit2i.training.evaluate import (
 from minit2i.training.probe import main as probe_main
 from minit2i.training.probe import noised, probe
 
-MODELS = list(BUILT_IN_MODELS)
+MODELS = list(DEMO_MODELS)
 
 # Held-in accuracy of the full evaluation over 128 images, per model and attribute (docs/demo-model.md).
 FULL_EVALUATION = {
@@ -96,22 +96,22 @@ def test_evaluation_settings_replace_the_model_defaults():
     assert np.abs(default.astype(int) - one_step).max() > 50
 
 
-def test_info_describes_both_built_in_models(capsys):
+def test_info_describes_both_demo_models(capsys):
     assert main(["info"]) == 0
     out = capsys.readouterr().out
-    assert out.startswith("built-in model demo: a tiny MiniT2I trained on procedural coloured shapes")
+    assert out.startswith("demo: the demo model, a tiny MiniT2I trained on procedural coloured shapes")
     assert "Euler x0 -> v" in out and "20 steps" in out and "64x64" in out
     assert "words:      a small large red orange" in out and "also:       demo-mf" in out
-    assert str(BUILT_IN_MODELS["demo"][0].parent) in out and "T5 encoder" in out and "MMJiT" in out
+    assert str(DEMO_MODELS["demo"][0].parent) in out and "T5 encoder" in out and "MMJiT" in out
     assert main(["info", "demo-mf"]) == 0
     out = capsys.readouterr().out
-    assert out.startswith("built-in model demo-mf: the demo model distilled into a four-step Mean Flow student")
+    assert out.startswith("demo-mf: the demo model distilled into a four-step Mean Flow student")
     assert "Mean Flow, one forward per step: 4 steps" in out and "(T5: " in out
     assert "Mean Flow student" in out and "--model demo-mf" in out
 
 
-def test_a_path_named_like_a_built_in_model_wins(tmp_path, monkeypatch, capsys):
-    """`--model demo-mf` names the built-in student unless a file or folder of that name exists
+def test_a_path_named_like_a_demo_model_wins(tmp_path, monkeypatch, capsys):
+    """`--model demo-mf` names the demo student unless a file or folder of that name exists
     (as a path wins over a Hub repo id)."""
     monkeypatch.chdir(tmp_path)
     (tmp_path / "demo-mf").mkdir()

@@ -12,16 +12,16 @@ import dataclasses
 import numpy as np
 import pytest
 
-from minit2i.core.checkpoint import nest
+from minit2i.core.weights import nest
 from minit2i.pipeline import is_student, load_model
 from minit2i.reference.mean_flow import mean_flow_forward
 
 torch = pytest.importorskip("torch", reason="distillation needs the [train] extra (torch)")
-from test_training import run_training, train_checkpoint  # noqa: E402
+from test_training import package_files, run_training, train_checkpoint  # noqa: E402
 
 from minit2i.training import distill  # noqa: E402  (needs torch)
 from minit2i.training.torch_model import mean_flow_forward as torch_mean_flow_forward  # noqa: E402
-from minit2i.training.torch_model import position_tables, to_torch_tree  # noqa: E402
+from minit2i.training.torch_model import to_torch_tree  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -157,8 +157,6 @@ def test_the_jvp_is_the_derivative_of_u_along_the_flow(teacher):
     model = load_model(teacher / "transformer", teacher / "t5")
     config = distill.student_config(model.mmjit.config)
     student = to_torch_tree(nest(distill.student_initial_weights(model.mmjit.tensors, config, 3)), dtype=torch.float64)
-    tables = position_tables(config, 64, config.num_aux_tokens + config.prompt_length, dtype=torch.float64,
-                             unrotated=config.num_aux_tokens)
     rng = np.random.default_rng(5)
     z, v = (torch.from_numpy(rng.standard_normal((2, 3, 64, 64))) for _ in range(2))
     context = torch.from_numpy(rng.standard_normal((2, config.prompt_length, config.txt_input_size)))
@@ -167,7 +165,7 @@ def test_the_jvp_is_the_derivative_of_u_along_the_flow(teacher):
     scalars = [torch.tensor(x, dtype=torch.float64) for x in ([3.0, 1.5], [0.1, 0.0], [0.9, 1.0])]
 
     def u(z, t, r):
-        x0 = torch_mean_flow_forward(student, config, tables, z, t - r, *scalars, context, mask)
+        x0 = torch_mean_flow_forward(student, config, z, t - r, *scalars, context, mask)
         return (z - x0) / distill.per_sample(t.clamp(0.05, 1.0))
 
     with torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.MATH):
@@ -192,8 +190,7 @@ def test_the_export_is_a_student_the_reference_reproduces(distilled, teacher):
     scalars = [np.array(v, np.float32) for v in ([0.25, 0.5], [3.0, 1.0], [0.0, 0.2], [1.0, 0.8])]
     params = nest(model.mmjit.tensors)
     ours = mean_flow_forward(params, config, x, *scalars, context, mask)
-    tables = position_tables(config, 64, config.num_aux_tokens + config.prompt_length, unrotated=config.num_aux_tokens)
-    theirs = torch_mean_flow_forward(to_torch_tree(params), config, tables,
+    theirs = torch_mean_flow_forward(to_torch_tree(params), config,
                                      *map(torch.from_numpy, (x, *scalars, context, mask))).numpy()
     np.testing.assert_allclose(ours, theirs, rtol=1e-5, atol=1e-5 * np.abs(theirs).max())
 
@@ -238,12 +235,37 @@ def test_a_base_model_is_no_student_to_start_from(teacher, tmp_path, capsys):
     (["--high-noise-fraction", "1.5"], ["--high-noise-fraction", "found 1.5"]),
     (["--high-noise-t-min", "-1"], ["--high-noise-t-min", "found -1"]),
     (["--cfg-max", "-1"], ["--cfg-max", "found -1"]),
+    (["--cfg-scale", "0.5"], ["--cfg-scale of a Mean Flow student", "found 0.5"]),
+    (["--sweep", "--sweep-cfg", "2", "0"], ["--sweep-cfg of a Mean Flow student", "found 0"]),
 ])
 def test_bad_distillation_arguments_are_one_line_before_any_work(teacher, tmp_path, capsys, extra, words):
     assert run_distillation(teacher, tmp_path / "run", 2, *extra) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("distill: error:") and all(w in err for w in words), err
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("flag", ["--teacher", "--init-from"])
+def test_a_folder_that_is_no_export_is_named_by_its_flag(teacher, tmp_path, capsys, flag):
+    """--teacher and --init-from are read as exports (transformer/, t5/): a folder without them is
+    named after the flag the user typed, not after the loader's --model."""
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    extra = ["--teacher", empty] if flag == "--teacher" else ["--init-from", empty]
+    assert run_distillation(teacher, tmp_path / "run", 2, *extra) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"{flag} {empty / 'transformer'}: no such file or folder" in err, err
+    assert "--model" not in err and not (tmp_path / "run").exists()
+
+
+def test_a_distillation_without_export_dir_leaves_the_package_as_it_was(teacher, tmp_path, monkeypatch):
+    """The student is exported to the run folder's export/, not over the shipped demo-mf."""
+    before = package_files()
+    monkeypatch.chdir(tmp_path)
+    assert distill.main(["--teacher", str(teacher), "--steps", "1", "--run", "R", "--eval-every", "0",
+                         "--batch", "2"]) == 0
+    assert package_files() == before
+    assert sorted(p.name for p in (tmp_path / "R" / "export").iterdir()) == ["training-log.jsonl", "transformer"]
 
 
 def test_a_sweep_evaluates_the_student_at_each_setting(distilled, teacher, capsys):

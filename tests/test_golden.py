@@ -56,7 +56,7 @@ def test_recording_passes_every_check():
         ("sampler.image", "fp64"), ("sampler.image", "fp32"), ("sampler.image", "fp32/pixels"),
         ("student.x0", "fp64"), ("student.x0", "fp32"),
         ("student.image", "fp64"), ("student.image", "fp32"), ("student.image", "fp32/pixels"),
-        ("default_model.png", "fp32/pixels"), ("default_student.png", "fp32/pixels"),
+        ("demo.png", "fp32/pixels"), ("demo-mf.png", "fp32/pixels"),
     ]
     assert all(o.passed for o in outcomes), "\n".join(o.line() for o in outcomes)
 
@@ -68,7 +68,31 @@ def test_recording_is_small_and_self_describing():
     assert set(manifest["items"]) == {item.name for item in golden.ITEMS}
     assert arrays["mmjit.x0"].dtype == np.float64 and arrays["mmjit.x0"].shape == (2, 3, 32, 48)
     assert arrays["sampler.image.pixels"].dtype == np.uint8
-    assert arrays["default_model.png.pixels"].shape == arrays["default_student.png.pixels"].shape == (64, 64, 3)
+    assert arrays["demo.png.pixels"].shape == arrays["demo-mf.png.pixels"].shape == (64, 64, 3)
+
+
+def test_an_install_reads_the_recording_it_ships_and_a_checkout_its_golden_folder(tmp_path):
+    package = tmp_path / "site-packages" / "minit2i"
+    package.mkdir(parents=True)
+    assert golden.golden_dir(package) == tmp_path / "site-packages" / "golden"  # a checkout's layout
+    (package / "golden_data").mkdir()
+    assert golden.golden_dir(package) == package / "golden_data"
+    assert golden.GOLDEN_DIR == golden.golden_dir()
+
+
+def test_a_regular_install_ships_every_file_of_the_recording():
+    """pyproject.toml maps golden/ to the package minit2i.golden_data and its package data globs
+    match the manifest and the arrays file it names (a glob that misses one would leave
+    `golden check` of an install without its recording)."""
+    import fnmatch
+
+    tomllib = pytest.importorskip("tomllib")
+    setup = tomllib.loads((golden.GOLDEN_DIR.parent / "pyproject.toml").read_text())["tool"]["setuptools"]
+    assert "minit2i.golden_data" in setup["packages"] and setup["package-dir"]["minit2i.golden_data"] == "golden"
+    patterns = setup["package-data"]["minit2i.golden_data"]
+    arrays_file = json.loads((golden.GOLDEN_DIR / golden.MANIFEST_NAME).read_text())["arrays_file"]
+    for name in (golden.MANIFEST_NAME, arrays_file):
+        assert any(fnmatch.fnmatch(name, pattern) for pattern in patterns), name
 
 
 # ---------------------------------------------------------------------------------------------
@@ -125,8 +149,8 @@ def test_cfg_formula_is_caught(monkeypatch):
     monkeypatch.setattr(sampler, "guided_x0", lambda cond, uncond, scale: cond + scale * (cond - uncond))
     found = failures(None)
     assert {("sampler.image", "fp32"), ("sampler.image", "fp32/pixels"),
-            ("default_model.png", "fp32/pixels")} <= found
-    assert {item for item, _ in found} == {"sampler.image", "default_model.png"}
+            ("demo.png", "fp32/pixels")} <= found
+    assert {item for item, _ in found} == {"sampler.image", "demo.png"}
 
 
 def test_rotated_student_prefix_is_caught(monkeypatch):
@@ -181,7 +205,7 @@ def test_record_refuses_to_overwrite_without_force(tmp_path, capsys):
 
 def test_record_then_check_round_trip(tmp_path):
     names = golden.record(tmp_path / "fresh")
-    assert names == ["default_model.png.pixels", "default_student.png.pixels", "mmjit.x0", "sampler.image", "sampler.image.pixels",
+    assert names == ["demo-mf.png.pixels", "demo.png.pixels", "mmjit.x0", "sampler.image", "sampler.image.pixels",
                      "student.image", "student.image.pixels", "student.x0", "t5.hidden"]
     assert all(o.passed for o in golden.check(tmp_path / "fresh"))
     # Same machine, same recipes: the new recording matches the committed one to float64 rounding.

@@ -27,7 +27,7 @@ from minit2i.cli import main
 from minit2i.core.checks import human_size
 from minit2i.core.config_fields import to_json
 from minit2i.core.t5_config import T5Config
-from minit2i.default_model import random_t5_weights
+from minit2i.demo_models import random_t5_weights
 from minit2i.hub import is_repo_id
 
 T5_REPO = "tiny-org/tiny-t5"
@@ -521,14 +521,15 @@ MISBEHAVIOURS = ["silent", "trickle", "not-json", "revision", "shell"]
 def test_a_misbehaving_hub_is_one_line_within_the_timeout(fake_hub, tmp_path, how, command):
     """Silent or trickling answers are given up after HF_HUB_DOWNLOAD_TIMEOUT (1 s here); an
     answer that is not JSON or names a revision that is not a commit is refused; nothing is
-    written into the cache or beside it."""
+    written into the cache or beside it. A run takes a few seconds (a few 1 s timeouts and the
+    start-up); the 60 s bound is a hang guard against a timeout that is not honoured."""
     repo = f"bad-org/{how}"
     fake_hub.misbehaving[repo] = how
     env = {"HF_ENDPOINT": fake_hub.url, "HF_HUB_DOWNLOAD_TIMEOUT": "1", "HF_HUB_ETAG_TIMEOUT": "1"}
     args = ["generate", "-p", "a cat", "--model", repo, "-o", "x.png"] if command == "generate" else ["info", repo]
     started = time.monotonic()
     result = run_cli(tmp_path, env, *args)
-    assert time.monotonic() - started < 25
+    assert time.monotonic() - started < 60
     assert result.returncode == (2 if command == "generate" or how in ("not-json", "revision", "shell") else 0)
     line = result.stderr if command == "generate" else result.stderr or result.stdout
     assert "Traceback" not in result.stderr and result.stderr.count("\n") <= 1

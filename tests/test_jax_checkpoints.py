@@ -11,6 +11,7 @@ Mean Flow student's teacher under `pt_net`), or a params-only tree.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import sys
 from pathlib import Path
@@ -20,10 +21,12 @@ import pytest
 from PIL import Image
 from test_hub import cli, pixels
 
+from minit2i.cli import main
+
 from minit2i.core.mean_flow_config import MEAN_FLOW_TINY
 from minit2i.core.mmjit_config import MMJIT_TINY, mmjit_dead_shapes
 from minit2i.core.orbax_file import OrbaxArrays
-from minit2i.default_model import random_mmjit_weights
+from minit2i.demo_models import random_mmjit_weights
 from minit2i.model_files import inspect_mmjit
 
 SMALL = ["-W", "64", "-H", "64", "--steps", "2", "-q"]
@@ -280,6 +283,127 @@ def test_without_tensorstore_a_jax_checkpoint_names_the_extra(tmp_path, capsys, 
     code, _, err = cli(capsys, "info", folder)
     assert code == 2 and err.count("\n") == 1
     assert 'needs tensorstore, which is not installed; install the jax extra: pip install -e ".[jax]"' in err
+
+
+# ---------------------------------------------------------------------------------------------
+# Untrusted store files: kinds, sizes, what may be allocated, every chunk there
+
+
+def damaged_copy(checkpoint: Path, folder: Path) -> Path:
+    """A copy of the official writer's checkpoint folder, to damage."""
+    shutil.copytree(checkpoint, folder / checkpoint.name)
+    return folder / checkpoint.name
+
+
+def store(folder: Path):
+    """The checkpoint's OCDBT key-value store, opened through tensorstore to damage it as a writer would."""
+    import tensorstore
+
+    return tensorstore.KvStore.open({"driver": "ocdbt", "base": folder.resolve().as_uri() + "/"}).result()
+
+
+# A leaf of the tree read by default (the highest EMA key), stored in one chunk of rank 4.
+CHOSEN_LEAF = "ema_params_dict.0.99995.net.img_embedder.proj1.kernel"
+
+
+def cli_within(capsys, seconds, *args):
+    """`cli` in a thread, so that a run that blocks (tensorstore opening a FIFO) fails the test
+    after `seconds` instead of hanging it."""
+    import threading
+
+    outcome = []
+    worker = threading.Thread(target=lambda: outcome.append(main([str(a) for a in args])), daemon=True)
+    worker.start()
+    worker.join(timeout=seconds)
+    assert not worker.is_alive(), f"minit2i {args[0]} blocked"
+    out, err = capsys.readouterr()
+    return outcome[0], out, err
+
+
+@pytest.mark.parametrize("part", ["manifest.ocdbt", "ocdbt.process_0/manifest.ocdbt", "data file"])
+def test_a_fifo_in_the_store_is_refused_before_tensorstore_opens_it(base_checkpoint, tmp_path, capsys, part):
+    """The hang guard is 60 s, over 10 times what `info` takes on this checkpoint."""
+    damaged = damaged_copy(base_checkpoint, tmp_path)
+    target = damaged / part if part != "data file" else sorted((damaged / "ocdbt.process_0" / "d").iterdir())[0]
+    target.unlink()
+    os.mkfifo(target)
+    code, _, err = cli_within(capsys, 60, "info", damaged)
+    assert code == 2 and err.count("\n") == 1
+    assert f"{target}: expected a file of the checkpoint, found a FIFO; re-download it" in err, err
+
+
+def test_a_huge_manifest_is_refused_by_its_size_unread(base_checkpoint, tmp_path, capsys):
+    damaged = damaged_copy(base_checkpoint, tmp_path)
+    with open(damaged / "manifest.ocdbt", "r+b") as manifest:
+        manifest.truncate(100 * 2**20)  # sparse: nothing is written, and nothing may be read
+    code, _, err = cli(capsys, "info", damaged)
+    assert code == 2 and err.count("\n") == 1
+    assert "manifest.ocdbt is 104.9 MB, more than the 16.8 MB an OCDBT manifest can be" in err, err
+
+
+@pytest.mark.parametrize("edit, words", [
+    (lambda meta: meta | {"chunks": [2**40, 1, 1, 1]}, "chunks [1099511627776, 1, 1, 1] (a list) do not fit the shape"),
+    (lambda meta: meta | {"chunks": [1, 1, 1]}, "chunks [1, 1, 1] (a list) do not fit the shape"),
+    (lambda meta: meta | {"shape": [2**20, 2**20, 4, 4], "chunks": [1, 1, 1, 1]}, "declares a shape of 70.4 TB"),
+], ids=["a chunk beyond its axis", "chunks of another rank", "a huge shape"])
+def test_a_shape_or_chunk_grid_asking_for_too_much_memory_is_refused_from_metadata(base_checkpoint, tmp_path, capsys,
+                                                                                  no_data_read, edit, words):
+    """A chunk larger than its array made tensorstore abort the process (std::bad_alloc)."""
+    damaged = damaged_copy(base_checkpoint, tmp_path)
+    key = CHOSEN_LEAF + "/.zarray"
+    kvstore = store(damaged)
+    kvstore.write(key, json.dumps(edit(json.loads(kvstore.read(key).result().value))).encode()).result()
+    code, _, err = cli(capsys, "info", damaged)
+    assert code == 2 and err.count("\n") == 1 and words in err, err
+
+
+@pytest.mark.parametrize("damage", ["chunk deleted", "chunk keys renamed"])
+def test_a_missing_chunk_is_refused_not_read_as_zeros(base_checkpoint, tmp_path, capsys, damage):
+    """A chunk the store no longer holds, or chunk keys that no longer resolve (another
+    dimension separator in the array's metadata), read as the fill value (zeros) before: convert
+    wrote a wrong model and exited 0."""
+    import tensorstore
+
+    damaged = damaged_copy(base_checkpoint, tmp_path)
+    leaf, kvstore = CHOSEN_LEAF, store(damaged)
+    if damage == "chunk deleted":
+        kvstore.delete_range(tensorstore.KvStore.KeyRange(leaf + "/0", leaf + "/1")).result()
+    else:
+        meta = json.loads(kvstore.read(leaf + "/.zarray").result().value)
+        kvstore.write(leaf + "/.zarray", json.dumps(meta | {"dimension_separator": "/"}).encode()).result()
+    (tmp_path / "out").mkdir()
+    code, _, err = cli(capsys, "convert", damaged, tmp_path / "out" / "model.safetensors")
+    assert code == 2 and err.count("\n") == 1
+    assert f"is not a readable Orbax checkpoint (NOT_FOUND: chunk {{0, 0, 0, 0}} stored at \"{leaf}/0" in err, err
+    assert list((tmp_path / "out").iterdir()) == []
+
+
+def test_two_folders_of_one_step_are_refused_naming_both(base_checkpoint, tmp_path, capsys):
+    for name in ("checkpoint_5", "checkpoint_05"):
+        shutil.copytree(base_checkpoint, tmp_path / "run" / name)
+    code, _, err = cli(capsys, "info", tmp_path / "run")
+    assert code == 2 and err.count("\n") == 1
+    assert "checkpoint_05 and checkpoint_5 both hold step 5; remove or rename all but one" in err, err
+
+
+def test_links_out_of_a_checkpoint_are_followed_to_regular_files_only(base_checkpoint, tmp_path, capsys):
+    """As in an HF cache, every file a link to a file elsewhere: read as the files themselves.
+    A link to a device, or to a folder, is refused."""
+    linked = tmp_path / "linked" / "checkpoint_5"
+    for original in (p for p in base_checkpoint.rglob("*") if p.is_file()):
+        copy = linked / original.relative_to(base_checkpoint)
+        copy.parent.mkdir(parents=True, exist_ok=True)
+        copy.symlink_to(original)
+    assert_same(inspect_mmjit(linked).load().tensors, inspect_mmjit(base_checkpoint).load().tensors)
+    data = sorted((linked / "d").iterdir())[0]
+    data.unlink()
+    data.symlink_to("/dev/zero")
+    code, _, err = cli(capsys, "info", linked)
+    assert code == 2 and f"{data}: expected a file of the checkpoint, found a character device" in err, err
+    data.unlink()
+    data.symlink_to(tmp_path)
+    code, _, err = cli(capsys, "info", linked)
+    assert code == 2 and f"{data}: expected a file of the checkpoint, found a link to a folder" in err, err
 
 
 # ---------------------------------------------------------------------------------------------

@@ -96,6 +96,21 @@ def test_imports_only_point_down(name, path, is_package):
     assert upward_imports(path.read_text(), name, is_package) == []
 
 
+def private_imports(source: str) -> list[str]:
+    """Each `from minit2i... import _name` (or relative) in `source`, as 'line: module._name'."""
+    return [f"{node.lineno}: {node.module or ''}.{alias.name}" for node in ast.walk(ast.parse(source))
+            if isinstance(node, ast.ImportFrom) and (node.level or (node.module or "").startswith("minit2i"))
+            for alias in node.names if alias.name.startswith("_") and not alias.name.startswith("__")]
+
+
+def test_no_module_imports_a_private_name_of_another():
+    """A name with a leading underscore is its module's own: what another module needs is public."""
+    sources = [path for _, path, _ in project_modules()] + sorted((ROOT / "tests").glob("*.py"))
+    found = {str(path.relative_to(ROOT)): private_imports(path.read_text()) for path in sources}
+    assert {path: names for path, names in found.items() if names} == {}
+    assert private_imports("from .cli import _model_paths, emit") == ["1: cli._model_paths"]
+
+
 @pytest.mark.parametrize("source, module, found", [
     ("from minit2i.pipeline import generate", "minit2i.core.checks", ["1: minit2i.pipeline"]),
     ("def f():\n    from ..accelerated import kernels", "minit2i.reference.mmjit", ["2: minit2i.accelerated"]),

@@ -16,9 +16,9 @@ import numpy as np
 import pytest
 from plain_model import as_float64, masked_context, plain_body, text_angles_at
 
-from minit2i.core.checkpoint import nest
 from minit2i.core.mean_flow_config import MeanFlowConfig
-from minit2i.default_model import random_mmjit_weights
+from minit2i.core.weights import nest
+from minit2i.demo_models import random_mmjit_weights
 from minit2i.reference.mean_flow import mean_flow_forward
 from minit2i.reference.mean_flow_sampler import mean_flow_step_factors, sample_mean_flow, step_lengths
 from minit2i.reference.sampler import initial_noise

@@ -16,9 +16,9 @@ import numpy as np
 import pytest
 from plain_model import plain_mmjit
 
-from minit2i.core.checkpoint import nest
 from minit2i.core.mmjit_config import MMJiTConfig
-from minit2i.default_model import random_mmjit_weights
+from minit2i.core.weights import nest
+from minit2i.demo_models import random_mmjit_weights
 from minit2i.reference import layers
 from minit2i.reference.mmjit import mmjit_forward
 

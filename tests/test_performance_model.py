@@ -12,10 +12,10 @@ import pytest
 from minit2i.accelerated import kernels
 from minit2i.accelerated.mean_flow import mean_flow_forward, upload_mean_flow
 from minit2i.accelerated.pipeline import CudasimRunner, precision_dtype
-from minit2i.core.checkpoint import nest
 from minit2i.core.mean_flow_config import MEAN_FLOW_B16, MEAN_FLOW_RECIPE, MEAN_FLOW_TINY
 from minit2i.core.mmjit_config import MMJIT_B16, MMJIT_L16
-from minit2i.default_model import random_mmjit_weights
+from minit2i.core.weights import nest
+from minit2i.demo_models import random_mmjit_weights
 from minit2i.pipeline import load_model, make_runner
 
 ROOT = Path(__file__).resolve().parents[1]

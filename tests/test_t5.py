@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from minit2i.core.checkpoint import nest
+from minit2i.core.weights import nest
 from minit2i.model_files import load_t5
 from minit2i.reference.t5 import relative_position_buckets, t5_encode
 

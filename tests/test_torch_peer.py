@@ -6,9 +6,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from minit2i.core.checkpoint import nest
 from minit2i.core.mean_flow_config import MEAN_FLOW_TINY
-from minit2i.default_model import random_mmjit_weights
+from minit2i.core.weights import nest
+from minit2i.demo_models import random_mmjit_weights
 from minit2i.reference.mean_flow import mean_flow_forward
 
 torch = pytest.importorskip("torch", reason="the PyTorch peers need the [train] or [crosscheck] extra (torch)")
@@ -17,7 +17,7 @@ from minit2i.training import torch_model  # noqa: E402  (needs torch)
 
 def test_student_peer_matches_the_reference_in_float64():
     """Same weights and inputs in float64, but the peer's position tables are the reference's float32
-    tables (position_tables copies them), so every cos/sin carries a float32 rounding, 2^-24 = 6e-8
+    tables (rope_tables copies them), so every cos/sin carries a float32 rounding, 2^-24 = 6e-8
     relative: measured 1.9e-8 at the output. 1e-6 still fails on any wrong op of the prefix (a
     scalar input moved changes the output by > 1e-2, tests/test_mean_flow.py)."""
     config = MEAN_FLOW_TINY
@@ -29,9 +29,24 @@ def test_student_peer_matches_the_reference_in_float64():
     mask[0, :5] = 1.0
     scalars = [np.array([0.25, 0.5]), np.array([12.0, 1.0]), np.array([0.2, 0.0]), np.array([0.8, 1.0])]
     want = mean_flow_forward(params, config, images, *scalars, context, mask)
-    tables = torch_model.position_tables(config, 64, config.num_aux_tokens + config.prompt_length,
-                                         dtype=torch.float64, unrotated=config.num_aux_tokens)
     tensors = [torch.from_numpy(a) for a in (images, *scalars, context, mask)]
-    got = torch_model.mean_flow_forward(torch_model.to_torch_tree(params, dtype=torch.float64), config, tables,
-                                        *tensors).numpy()
+    got = torch_model.mean_flow_forward(torch_model.to_torch_tree(params, dtype=torch.float64), config, *tensors).numpy()
     assert np.max(np.abs(got - want)) / np.max(np.abs(want)) < 1e-6
+
+
+def test_tables_cached_in_inference_mode_serve_a_training_step():
+    """The peer caches its position tables per shape; a table first built inside inference mode
+    (the benchmarks) must still be usable by autograd, which refuses inference tensors."""
+    from minit2i.core.mmjit_config import MMJIT_TINY
+
+    torch_model.sincos_table.cache_clear()
+    torch_model.rope_tables.cache_clear()
+    params = torch_model.to_torch_tree(nest(random_mmjit_weights(MMJIT_TINY, seed=1)))
+    images = torch.linspace(-1, 1, 3 * 32 * 32).reshape(1, 3, 32, 32)
+    context = torch.ones(1, MMJIT_TINY.prompt_length, MMJIT_TINY.txt_input_size)
+    mask = torch.ones(1, MMJIT_TINY.prompt_length)
+    with torch.inference_mode():
+        torch_model.mmjit_forward(params, MMJIT_TINY, images, context, mask)
+    images.requires_grad_()  # then autograd keeps the RoPE tables that multiply the image's q and k
+    torch_model.mmjit_forward(params, MMJIT_TINY, images, context, mask).square().sum().backward()
+    assert images.grad is not None and torch.count_nonzero(images.grad) > 0

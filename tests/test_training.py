@@ -9,15 +9,18 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import tempfile
+from pathlib import Path
 
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from minit2i.core.checkpoint import nest
+import minit2i
 from minit2i.core.tokenizer import PromptTokenizer, make_word_tokenizer
+from minit2i.core.weights import nest
 from minit2i.pipeline import load_model
 from minit2i.reference.mmjit import mmjit_forward
 from minit2i.reference.t5 import t5_encode
@@ -26,7 +29,7 @@ from minit2i.training import shapes
 torch = pytest.importorskip("torch", reason="training needs the [train] extra (torch)")
 from minit2i.training import train  # noqa: E402  (needs torch
 from minit2i.training.torch_model import mmjit_forward as torch_mmjit_forward  # noqa: E402
-from minit2i.training.torch_model import position_tables, to_torch_tree  # noqa: E402
+from minit2i.training.torch_model import to_torch_tree  # noqa: E402
 from minit2i.training.torch_model import t5_encode as torch_t5_encode
 
 # ---------------------------------------------------------------------------------------------
@@ -72,8 +75,10 @@ def train_checkpoint(folder) -> tuple[dict[str, np.ndarray], int]:
 
 
 def run_training(folder, steps):
-    train.main(["--tiny", "--steps", str(steps), "--run", str(folder), "--export-dir", str(folder / "export"),
-                "--eval-every", "0", "--checkpoint-every", "2", "--batch", "4", "--threads", "1"])
+    """Train the tiny model `steps` steps in `folder`, exported where --export-dir defaults to:
+    folder/export."""
+    train.main(["--tiny", "--steps", str(steps), "--run", str(folder), "--eval-every", "0", "--checkpoint-every", "2",
+                "--batch", "4", "--threads", "1"])
 
 
 @pytest.fixture(scope="module")
@@ -108,15 +113,14 @@ def test_export_is_reproduced_by_the_numpy_reference(trained):
     assert model.mmjit.stored_dtypes == ["F16"] and model.sampling == {"steps": 20, "cfg_scale": 3.0}
     ids, mask = model.tokenizer(["a large red circle at the left on a gray background", "a blue cross"])
     t5_params, mmjit_params = nest(model.t5.tensors), nest(model.mmjit.tensors)
-    context = t5_encode(t5_params, model.t5.config, ids, mask, np.float32)
+    context = t5_encode(t5_params, model.t5.config, ids, mask)
     torch_context = torch_t5_encode(to_torch_tree(t5_params), model.t5.config, torch.from_numpy(ids),
                                     torch.from_numpy(mask)).numpy()
     np.testing.assert_allclose(context, torch_context, rtol=1e-5, atol=1e-5 * np.abs(torch_context).max())
     x = np.random.default_rng(3).standard_normal((2, 3, 64, 64)).astype(np.float32)
     config = model.mmjit.config
     ours = mmjit_forward(mmjit_params, config, x, context, mask)
-    theirs = torch_mmjit_forward(to_torch_tree(mmjit_params), config, position_tables(config, 64, config.prompt_length),
-                                 *map(torch.from_numpy, (x, context, mask))).numpy()
+    theirs = torch_mmjit_forward(to_torch_tree(mmjit_params), config, *map(torch.from_numpy, (x, context, mask))).numpy()
     np.testing.assert_allclose(ours, theirs, rtol=1e-5, atol=1e-5 * np.abs(theirs).max())
 
 
@@ -206,6 +210,109 @@ def test_export_refuses_the_run_folder_files_devices_and_links(trained, tmp_path
     assert os.path.exists("/dev/null") and not os.path.isdir("/dev/null")
 
 
+def test_export_refuses_user_files_of_another_kind_under_export_names(trained, tmp_path, capsys):
+    """The names of an export are not enough: a `t5` that is the user's text file, a
+    `transformer/config.json` that is a folder of photos, a `t5/tokenizer.json` that links to
+    the user's file elsewhere are named with their kind, and nothing is removed."""
+    export = trained[0] / "export"
+    elsewhere = tmp_path / "mine.json"
+    elsewhere.write_text("my tokenizer")
+    cases = {"t5 (a file)": lambda f: (f / "t5").write_text("my notes"),
+             "transformer/config.json (a folder)": lambda f: (f / "transformer" / "config.json").mkdir(),
+             "t5/tokenizer.json (a symbolic link)": lambda f: (f / "t5" / "tokenizer.json").symlink_to(elsewhere)}
+    for words, plant in cases.items():
+        folder = tmp_path / words.split()[0].replace("/", "-")
+        shutil.copytree(export, folder, symlinks=True)
+        target = folder / words.split()[0]
+        shutil.rmtree(target) if target.is_dir() else target.unlink()
+        plant(folder)
+        if target.is_dir():
+            (target / "photo.jpg").write_bytes(b"\xff\xd8 a photo")
+        before = snapshot(folder)
+        err = training_error(capsys, *TINY, "--run", trained[0], "--export-only", "--export-dir", folder)
+        assert f"holds files that are not a previous export ({words})" in err, err
+        assert snapshot(folder) == before
+    assert elsewhere.read_text() == "my tokenizer"
+
+
+def package_files() -> dict[Path, bytes]:
+    """Every file of the installed `minit2i` package folder (the demo models' included) with its bytes."""
+    package = Path(minit2i.__file__).parent
+    return {p: p.read_bytes() for p in package.rglob("*") if p.is_file() and "__pycache__" not in p.parts}
+
+
+def test_a_run_without_export_dir_leaves_the_package_as_it_was(tmp_path, monkeypatch):
+    """The default --export-dir is the run folder's export/, never the installed package's demo
+    model (whose files an editable install shares with the repository)."""
+    before = package_files()
+    monkeypatch.chdir(tmp_path)
+    assert train.main([*TINY, "--steps", "3", "--run", "R", "--eval-every", "0", "--threads", "1"]) == 0
+    assert package_files() == before
+    assert load_model(tmp_path / "R" / "export" / "transformer", tmp_path / "R" / "export" / "t5").mmjit.config == \
+        train.SMOKE_MMJIT
+
+
+def test_export_dir_naming_the_current_folder_is_refused_before_work(trained, tmp_path, capsys, monkeypatch):
+    """`.`, `..` and the current folder by its name would replace the folder the user is in: one
+    line, and no staging folder is left behind to block the next run."""
+    monkeypatch.chdir(tmp_path)
+    for target in (".", "..", tmp_path, tmp_path / "sub" / ".."):
+        err = training_error(capsys, *TINY, "--run", trained[0], "--export-only", "--export-dir", target)
+        assert "is the current folder, one holding it or a `..`" in err, err
+    assert os.listdir(tmp_path) == []
+
+
+def test_an_unwritable_export_parent_is_found_before_training(tmp_path, capsys, monkeypatch):
+    """The same os.access check a normal user's run makes (tests may run as root)."""
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    real_access = os.access
+    monkeypatch.setattr(os, "access", lambda p, mode: False if Path(p) == locked else real_access(p, mode))
+    monkeypatch.setattr(train, "train", lambda *args: pytest.fail("training ran before the export folder was checked"))
+    err = training_error(capsys, *TINY, "--run", tmp_path / "run", "--export-dir", locked / "new" / "export")
+    assert f"--export-dir folder {locked} is not writable" in err, err
+    assert os.listdir(locked) == [] and not (tmp_path / "run").exists()
+
+
+def test_a_damaged_training_log_is_one_line_naming_its_line(trained, tmp_path, capsys):
+    """A log line that is not JSON, or not a record with a step, is named with its file and line
+    number before any step runs (the log is read at export, after the training)."""
+    for line, words in (('{"step": 3, "lo', "line 2 of the training log"),
+                        ('{"step": "three"}', 'line 2 of the training log {}: expected a record with a step')):
+        run = tmp_path / f"run{len(line)}"
+        run.mkdir()
+        shutil.copy(trained[0] / train.CHECKPOINT, run)
+        (run / "log.jsonl").write_text('{"step": 1, "loss": 0.5}\n' + line + "\n")
+        before = snapshot(run)
+        for mode in (["--export-only"], ["--steps", "6"]):
+            err = training_error(capsys, *TINY, "--run", run, "--export-dir", tmp_path / "out", *mode)
+            assert words.format(run / "log.jsonl") in err, err
+        assert snapshot(run) == before and not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("log, mode, words", [
+    ("log.jsonl", ["--steps", "6"], "training log {}: expected a file, found a FIFO"),
+    ("sweep.jsonl", ["--sweep", "--sweep-steps", "1", "--sweep-cfg", "2", "--eval-prompts", "1"],
+     "cannot append to the run's log {} (a FIFO)"),
+])
+def test_a_fifo_in_place_of_a_run_log_is_refused_not_waited_on(trained, tmp_path, capsys, log, mode, words):
+    """The run runs in a thread, so that blocking on the FIFO fails the test after 60 s (the
+    refused run takes under a second; the sweep's one evaluation a few)."""
+    import threading
+
+    run = tmp_path / "run"
+    run.mkdir()
+    shutil.copy(trained[0] / train.CHECKPOINT, run)
+    os.mkfifo(run / log)
+    errors = []
+    worker = threading.Thread(target=lambda: errors.append(
+        training_error(capsys, *TINY, "--run", run, "--export-dir", tmp_path / "out", *mode)), daemon=True)
+    worker.start()
+    worker.join(timeout=60)
+    assert not worker.is_alive(), f"the run blocked on the FIFO {log}"
+    assert words.format(run / log) in errors[0], errors[0]
+
+
 def test_export_replaces_a_previous_export_and_keeps_it_if_interrupted(trained, tmp_path, capsys, monkeypatch):
     export = tmp_path / "export"
     assert train.main([*TINY, "--run", str(trained[0]), "--export-only", "--export-dir", str(export)]) == 0
@@ -259,8 +366,21 @@ def damaged_checkpoints(source) -> dict[str, bytes]:
     def with_(changed, **fields):
         return save(changed, metadata={"run": json.dumps({**record, **fields})})
 
+    adam = sorted(k for k in tensors if k.startswith("adam/") and k.endswith("/exp_avg"))[0].removesuffix("/exp_avg")
+
+    def poisoned(name, value, at=0):
+        changed = tensors[name].copy()
+        changed.reshape(-1)[at] = value
+        return with_({**tensors, name: changed})
+
     return {
         "truncated": good[:len(good) // 2],
+        "negative step": poisoned(f"{adam}/step", -3),
+        "fractional step": poisoned(f"{adam}/step", 1.5),
+        "NaN weight": poisoned(name, np.nan),
+        "Inf EMA": poisoned(name.replace("params/", "ema/"), np.inf, at=-1),
+        "NaN moment": poisoned(f"{adam}/exp_avg", np.nan),
+        "negative second moment": poisoned(f"{adam}/exp_avg_sq", -1.0),
         "reshaped": with_({**tensors, name: np.zeros(3, np.float32)}),
         "missing": with_({k: v for k, v in tensors.items() if k != name}),
         "step": with_(tensors, step="4"),
@@ -269,11 +389,17 @@ def damaged_checkpoints(source) -> dict[str, bytes]:
 
 
 @pytest.mark.parametrize("damage, words", [
-    ("truncated", "is not a readable checkpoint"),
-    ("reshaped", "is float32 [3], expected float32"),
-    ("missing", "missing params/"),
-    ("step", 'step must be an integer in [0, 10000000], found "4" (a string)'),
-    ("settings", "was made with other settings"),
+    ("truncated", ["is not a readable checkpoint"]),
+    ("negative step", ["/step is -3, expected a whole number of optimiser steps in [0, 4]"]),
+    ("fractional step", ["/step is 1.5, expected a whole number"]),
+    ("NaN weight", [": params/", "holds 1 NaN or Inf value(s) of"]),
+    ("Inf EMA", [": ema/", "holds 1 NaN or Inf value(s) of"]),
+    ("NaN moment", ["/exp_avg holds 1 NaN or Inf value(s)"]),
+    ("negative second moment", ["/exp_avg_sq holds negative values"]),
+    ("reshaped", ["is float32 [3], expected float32"]),
+    ("missing", ["missing params/"]),
+    ("step", ['step must be an integer in [0, 10000000], found "4" (a string)']),
+    ("settings", ["was made with other settings"]),
 ])
 def test_damaged_checkpoints_are_one_line(trained, tmp_path, capsys, damage, words):
     run = tmp_path / "run"
@@ -281,7 +407,8 @@ def test_damaged_checkpoints_are_one_line(trained, tmp_path, capsys, damage, wor
     (run / train.CHECKPOINT).write_bytes(damaged_checkpoints(trained[0])[damage])
     before = snapshot(run)
     for mode in (["--export-only"], ["--steps", "6"], ["--sweep", "--sweep-steps", "1", "--eval-prompts", "1"]):
-        assert words in training_error(capsys, *TINY, "--run", run, "--export-dir", tmp_path / "out", *mode)
+        err = training_error(capsys, *TINY, "--run", run, "--export-dir", tmp_path / "out", *mode)
+        assert all(w in err for w in words), err
     assert snapshot(run) == before and not (tmp_path / "out").exists()
 
 

@@ -1,9 +1,9 @@
 """The walkthrough notebook (notebooks/walkthrough.py, jupytext "percent" source) runs every cell from
-a clean start in under a minute and draws every figure; a cell that fails fails the run."""
+a clean start and draws every figure; a cell that fails fails the run. How long it takes is a
+benchmark's question (docs/benchmarks.md), not a test's."""
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import pytest
@@ -16,38 +16,35 @@ pytest.importorskip("matplotlib", reason=REASON)
 
 ROOT = Path(__file__).resolve().parent.parent
 SOURCE = ROOT / "notebooks" / "walkthrough.py"
-CELL_TIMEOUT_S = 60
-BUDGET_S = 60
+# A hang guard, not a budget: the whole notebook runs in under a minute on an idle 2-core machine
+# (docs/benchmarks.md), so no cell expects more than 60 s; ten times that.
+CELL_TIMEOUT_S = 600
 
 
-def execute(notebook, folder: Path) -> float:
-    """Run every cell in a fresh kernel started in `folder` (errors raise); the seconds it took."""
-    start = time.perf_counter()
+def execute(notebook, folder: Path) -> None:
+    """Run every cell in a fresh kernel started in `folder` (errors raise)."""
     nbclient.NotebookClient(notebook, timeout=CELL_TIMEOUT_S, kernel_name="python3",
                             resources={"metadata": {"path": str(folder)}}).execute()
-    return time.perf_counter() - start
 
 
 @pytest.fixture(scope="module")
 def executed(tmp_path_factory):
     notebook = jupytext.read(SOURCE)
-    return notebook, execute(notebook, tmp_path_factory.mktemp("walkthrough"))
+    execute(notebook, tmp_path_factory.mktemp("walkthrough"))
+    return notebook
 
 
 def outputs(notebook) -> list[dict]:
     return [output for cell in notebook.cells if cell.cell_type == "code" for output in cell.outputs]
 
 
-def test_the_walkthrough_runs_every_cell_in_under_a_minute(executed):
-    notebook, seconds = executed
-    assert seconds < BUDGET_S
-    assert [o for o in outputs(notebook) if o.output_type == "error"] == []
-    assert sum(cell.cell_type == "markdown" for cell in notebook.cells) >= 10
+def test_the_walkthrough_runs_every_cell_without_an_error(executed):
+    assert [o for o in outputs(executed) if o.output_type == "error"] == []
+    assert sum(cell.cell_type == "markdown" for cell in executed.cells) >= 10
 
 
 def test_every_figure_of_the_walkthrough_is_drawn(executed):
-    notebook, _ = executed
-    images = [o.data["image/png"] for o in outputs(notebook) if "image/png" in o.get("data", {})]
+    images = [o.data["image/png"] for o in outputs(executed) if "image/png" in o.get("data", {})]
     assert len(images) == SOURCE.read_text().count("plt.show()")
     assert all(len(image) > 2000 for image in images), "an empty or near-empty figure"
 

@@ -29,7 +29,7 @@ from minit2i.core.mmjit_config import (
 )
 from minit2i.core.safetensors_file import MappedFile
 from minit2i.core.t5_config import T5_FLAN_LARGE, T5_TINY, T5Config, infer_t5_config, t5_expected_shapes
-from minit2i.default_model import random_mmjit_weights, random_t5_weights
+from minit2i.demo_models import random_mmjit_weights, random_t5_weights
 from minit2i.model_files import find_tokenizer_json, load_mmjit, load_t5
 
 PREFIXES = ["model.net.", "model.diffusion_model.net.", "model.diffusion_model.model.net.", "net.", ""]

@@ -1,6 +1,7 @@
 """Distil the four-step demo student (a Mean Flow MMJiT) from the demo model, then export it.
 
-    python -m minit2i.training.distill                     # distil (or resume) runs/demo-mf, export to minit2i/demo_model_mf
+    python -m minit2i.training.distill                     # distil (or resume) runs/demo-mf, export to runs/demo-mf/export
+    python -m minit2i.training.distill --export-dir minit2i/demo_model_mf   # the same, replacing the shipped student
     python -m minit2i.training.distill --teacher DIR --steps 20 --run runs/smoke --export-dir /tmp/smoke-mf
     python -m minit2i.training.distill --sweep --guidance-interval 0.2 0.8   # evaluate the checkpoint's settings
     python -m minit2i.training.distill --init-from minit2i/demo_model_mf --run runs/demo-mf-2   # a retrained teacher
@@ -52,21 +53,22 @@ import numpy as np
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from minit2i.cli import guarded
-from minit2i.core.checkpoint import nest
+from minit2i.console import guarded
 from minit2i.core.checks import Range, existing_path
 from minit2i.core.errors import MiniT2IError
 from minit2i.core.mean_flow_config import MeanFlowConfig, mean_flow_expected_shapes
 from minit2i.core.mmjit_config import MMJiTConfig
-from minit2i.default_model import DEMO_MODEL_DIR, DEMO_STUDENT_DIR, save_transformer
-from minit2i.pipeline import check_guidance_interval, load_model
+from minit2i.core.weights import nest
+from minit2i.demo_models import DEMO_MODEL_DIR, save_transformer
+from minit2i.pipeline import STUDENT_CFG_SCALE, check_guidance_interval
 from minit2i.reference.mean_flow_sampler import MIN_TIME, sample_mean_flow
 from minit2i.reference.sampler import NOISE_SCALE
 
 from . import shapes
 from .evaluate import evaluate_scenes
-from .torch_model import mean_flow_forward, mmjit_forward, position_tables, t5_encode, to_torch_tree
-from .train import Run, Schedule, check_arguments, execute, run_parser, schedule_arguments, weights_digest
+from .torch_model import mean_flow_forward, mmjit_forward, t5_encode, to_torch_tree
+from .train import (Run, Schedule, check_arguments, execute, load_export, parse_run_arguments, run_parser,
+                    schedule_arguments, weights_digest)
 
 # Standard deviation of the prefix's new weights (the official initialiser of its tokens and embedders).
 PREFIX_INIT_STD = 0.02
@@ -154,29 +156,29 @@ def per_sample(values: torch.Tensor) -> torch.Tensor:
     return values[:, None, None, None]
 
 
-def guided_velocity(teacher, teacher_config: MMJiTConfig, teacher_tables, z, t, omega, context, mask) -> torch.Tensor:
+def guided_velocity(teacher, teacher_config: MMJiTConfig, z, t, omega, context, mask) -> torch.Tensor:
     """The frozen teacher's guided velocity omega v_c + (1 - omega) v_u at z [B, C, H, W] (t, omega
     [B]; omega = 1 is the conditional velocity), v = (z - x0) / clip(t, 0.05, 1)."""
     with torch.no_grad():
-        x0 = mmjit_forward(teacher, teacher_config, teacher_tables, torch.cat([z, z]), torch.cat([context, context]),
+        x0 = mmjit_forward(teacher, teacher_config, torch.cat([z, z]), torch.cat([context, context]),
                            torch.cat([mask, torch.zeros_like(mask)]))
         v_c, v_u = ((torch.cat([z, z]) - x0) / per_sample(torch.cat([t, t]).clamp(MIN_TIME, 1.0))).chunk(2)
         return per_sample(omega) * v_c + per_sample(1 - omega) * v_u
 
 
-def mean_flow_loss(student, config: MeanFlowConfig, tables, teacher, teacher_config: MMJiTConfig, teacher_tables,
-                   context, batch: dict, recipe: DistillRecipe) -> tuple[torch.Tensor, torch.Tensor]:
+def mean_flow_loss(student, config: MeanFlowConfig, teacher, teacher_config: MMJiTConfig, context, batch: dict,
+                   recipe: DistillRecipe) -> tuple[torch.Tensor, torch.Tensor]:
     """(the adaptively weighted Mean Flow loss of the module docstring, scalar; the unweighted
     mean squared error per pixel, detached, which is what a loss curve can show: the weighted
     loss of one sample is close to 1 whatever its error)."""
     t, r, mask = batch["t"], batch["r"], batch["mask"]
     z = per_sample(1 - t) * batch["images"] + per_sample(t) * batch["noise"]
     inside = (batch["t_min"] <= t) & (t <= batch["t_max"])
-    v_g = guided_velocity(teacher, teacher_config, teacher_tables, z, t,
+    v_g = guided_velocity(teacher, teacher_config, z, t,
                           torch.where(inside, batch["omega"], torch.ones_like(t)), context, mask)
 
     def average_velocity(z, t, r):
-        x0 = mean_flow_forward(student, config, tables, z, t - r, batch["omega"], batch["t_min"], batch["t_max"],
+        x0 = mean_flow_forward(student, config, z, t - r, batch["omega"], batch["t_min"], batch["t_max"],
                                context, mask)
         return (z - x0) / per_sample(t.clamp(MIN_TIME, 1.0))
 
@@ -195,18 +197,14 @@ class DistillRun(Run):
     def __init__(self, folder: Path, recipe: DistillRecipe, teacher_dir: Path,
                  guidance_interval: tuple[float, float], init_from: Path | None = None):
         self.teacher_dir = teacher_dir
-        teacher = load_model(teacher_dir / "transformer", teacher_dir / "t5")
+        teacher = load_export(teacher_dir, "--teacher")
         self.teacher_tensors = teacher.mmjit.tensors
         self.teacher_config = teacher.mmjit.config
         self.teacher = to_torch_tree(nest(teacher.mmjit.tensors))
         self.t5_params = to_torch_tree(nest(teacher.t5.tensors))
-        self.teacher_tables = position_tables(self.teacher_config, self.teacher_config.image_size,
-                                              self.teacher_config.prompt_length)
         self.guidance_interval = guidance_interval
         config = student_config(self.teacher_config)
         super().__init__(folder, recipe, config, teacher.t5.config, init_from)
-        self.tables = position_tables(config, config.image_size, config.num_aux_tokens + config.prompt_length,
-                                      unrotated=config.num_aux_tokens)
 
     def identity(self) -> dict:
         return super().identity() | {"teacher": weights_digest(self.teacher_tensors)}
@@ -214,7 +212,7 @@ class DistillRun(Run):
     def exported_start(self, folder: Path) -> dict[str, np.ndarray]:
         """An exported student's weights (folder/transformer), to go on distilling it from this
         teacher; it must be this teacher's student architecture."""
-        student = load_model(folder / "transformer", self.teacher_dir / "t5")
+        student = load_export(folder, "--init-from", t5_folder=self.teacher_dir / "t5")
         if student.mmjit.config != self.mmjit:
             raise MiniT2IError(f"--init-from {folder} is not a student of this teacher's architecture; pass an "
                                "export of distill.py made from the same kind of teacher")
@@ -232,9 +230,8 @@ class DistillRun(Run):
 
     def loss(self, step: int) -> tuple[torch.Tensor, dict[str, float]]:
         batch = distill_batch(self.recipe, self.tokenizer, step)
-        weighted, error = mean_flow_loss(nest(self.params), self.mmjit, self.tables, self.teacher, self.teacher_config,
-                                         self.teacher_tables, self.encode(batch["ids"], batch["mask"]), batch,
-                                         self.recipe)
+        weighted, error = mean_flow_loss(nest(self.params), self.mmjit, self.teacher, self.teacher_config,
+                                         self.encode(batch["ids"], batch["mask"]), batch, self.recipe)
         return weighted, {"error": error.item()}
 
     def evaluate(self, scenes, steps: int, cfg_scale: float) -> dict:
@@ -245,7 +242,7 @@ class DistillRun(Run):
         def denoise(x, h, omega, t_min, t_max, context, mask):
             with torch.no_grad():
                 scalars = [torch.from_numpy(np.asarray(v, np.float32)) for v in (h, omega, t_min, t_max)]
-                return mean_flow_forward(student, self.mmjit, self.tables, torch.from_numpy(x), *scalars,
+                return mean_flow_forward(student, self.mmjit, torch.from_numpy(x), *scalars,
                                          torch.from_numpy(context), torch.from_numpy(mask)).numpy()
 
         return evaluate_scenes(scenes, self.tokenizer, lambda ids, mask: self.encode(ids, mask).numpy(),
@@ -271,11 +268,11 @@ def parse_args(argv=None):
                    help="training draws omega = (1 + CFG_MAX)^u, u ~ U(0, 1) (12 officially)")
     p.add_argument("--init-from", type=Path, default=None,
                    help="start from an exported student (transformer/), e.g. one distilled from an earlier teacher")
-    p.set_defaults(run=Path("runs/demo-mf"), export_dir=DEMO_STUDENT_DIR, steps=DistillRecipe.steps,
+    p.set_defaults(run=Path("runs/demo-mf"), steps=DistillRecipe.steps,
                    lr=DistillRecipe.lr, warmup=DistillRecipe.warmup, low_noise_fraction=DistillRecipe.low_noise_fraction,
                    low_noise_t_min=DistillRecipe.low_noise_t_min,
                    checkpoint_every=50, sample_steps=4, sweep_steps=[2, 4, 8], sweep_cfg=[2.0, 3.0, 5.0])
-    return p.parse_args(argv)
+    return parse_run_arguments(p, argv)
 
 
 def main(argv=None) -> int:
@@ -283,6 +280,10 @@ def main(argv=None) -> int:
         args = parse_args(argv)
         check_arguments(args)
         interval = check_guidance_interval(args.guidance_interval)
+        # The student's guidance is omega, whose range `generate` holds it to (at least 1).
+        for flag, values in (("--cfg-scale", [args.cfg_scale]), ("--sweep-cfg", args.sweep_cfg)):
+            for value in values:
+                STUDENT_CFG_SCALE.check(f"{flag} of a Mean Flow student (omega, 1 = no guidance)", value)
         Range(0.0, 1.0, integer=False).check("--high-noise-fraction", args.high_noise_fraction)
         Range(0.0, 1.0, integer=False).check("--high-noise-t-min", args.high_noise_t_min)
         Range(0.0, 1000.0, integer=False).check("--cfg-max", args.cfg_max)

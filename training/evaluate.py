@@ -36,7 +36,7 @@ from pathlib import Path
 
 import numpy as np
 
-from minit2i.cli import OneLineParser, emit, guarded
+from minit2i.console import OneLineParser, emit, guarded, printable
 from minit2i.core.checks import Range, check_output_file, existing_path, write_atomically
 from minit2i.core.images import check_writable, grid, save_png, to_pixels
 from minit2i.pipeline import REQUEST_RANGES
@@ -218,14 +218,14 @@ def evaluate_scenes(scenes, tokenizer, encode, draw, batch: int = 64) -> dict:
 
 
 def model_folders(model: str | Path, t5: Path | None = None) -> tuple[Path, Path]:
-    """(transformer folder, T5 folder) of a built-in model's name ("demo", "demo-mf") or an
+    """(transformer folder, T5 folder) of a demo model's name ("demo", "demo-mf") or an
     exported folder (transformer/ and t5/; a student's export has no t5/ and reads prompts with the
     demo model's), the T5 folder being `t5` where given."""
-    from minit2i.default_model import DEMO_MODEL_DIR, built_in_model
+    from minit2i.demo_models import DEMO_MODEL_DIR, demo_model
 
-    built_in = built_in_model(model)
-    if built_in is not None:
-        transformer, default_t5 = built_in[:2]
+    demo = demo_model(model)
+    if demo is not None:
+        transformer, default_t5 = demo[:2]
     else:
         transformer, default_t5 = Path(model) / "transformer", Path(model) / "t5"
         if not default_t5.exists():
@@ -236,16 +236,16 @@ def model_folders(model: str | Path, t5: Path | None = None) -> tuple[Path, Path
 def add_model_arguments(parser) -> None:
     """--model and --t5, as `model_folders` takes them (evaluate and probe)."""
     parser.add_argument("--model", default="demo",
-                        help="a built-in model (demo, demo-mf) or an exported folder (transformer/, t5/)")
+                        help="a demo model (demo, demo-mf) or an exported folder (transformer/, t5/)")
     parser.add_argument("--t5", type=Path, default=None,
                         help="T5 folder (default: the model's t5/, else the demo model's)")
 
 
 def check_model_arguments(args) -> None:
-    """--model names a built-in model or an existing path, and --t5 (if given) exists."""
-    from minit2i.default_model import built_in_model
+    """--model names a demo model or an existing path, and --t5 (if given) exists."""
+    from minit2i.demo_models import demo_model
 
-    if built_in_model(args.model) is None:
+    if demo_model(args.model) is None:
         existing_path(args.model, "--model")
     if args.t5 is not None:
         existing_path(args.t5, "--t5")
@@ -338,7 +338,7 @@ def main(argv=None) -> int:
             write_atomically(args.json, (json.dumps(report, indent=2) + "\n").encode())
         if args.failures is not None and wrong:
             save_png(contact_sheet([pixels[i] for i, _ in wrong]), args.failures)
-            emit(f"wrote {args.failures}")
+            emit(f"wrote {printable(str(args.failures), None)}")
         return 0
 
     return guarded("evaluate", command)

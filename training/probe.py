@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from minit2i.cli import OneLineParser, emit, guarded
+from minit2i.console import OneLineParser, emit, guarded
 from minit2i.core.checks import Range
 from minit2i.core.images import to_pixels
 from minit2i.reference.sampler import NOISE_SCALE

@@ -1,6 +1,7 @@
 """Train the demo model (a tiny MMJiT + tiny T5) on the coloured-shapes data set, then export it.
 
-    python -m minit2i.training.train                       # train (or resume) runs/demo, export to minit2i/demo_model
+    python -m minit2i.training.train                       # train (or resume) runs/demo, export to runs/demo/export
+    python -m minit2i.training.train --export-dir minit2i/demo_model   # the same, replacing the shipped demo model
     python -m minit2i.training.train --steps 20 --tiny --run runs/smoke --export-dir /tmp/smoke
     python -m minit2i.training.train --export-only         # re-export the last checkpoint (checkpoint.safetensors)
 
@@ -19,7 +20,9 @@ non-determinism of multi-threaded float32 reductions in torch).
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
+import errno
 import hashlib
 import json
 import math
@@ -38,20 +41,21 @@ import torch
 from safetensors import SafetensorError
 from tqdm import tqdm
 
-from minit2i.cli import OneLineParser, emit, guarded
-from minit2i.core.checkpoint import nest
-from minit2i.core.checks import Range, existing_path, file_kind, parse_json, read_limited, short_list, write_atomically
+from minit2i.console import OneLineParser, emit, guarded, printable
+from minit2i.core.checks import (Range, existing_path, file_kind, parse_json, read_limited, short_list, shown,
+                                 writable_folder, write_atomically)
 from minit2i.core.errors import MiniT2IError
 from minit2i.core.mmjit_config import MMJiTConfig, mmjit_expected_shapes
 from minit2i.core.t5_config import T5Config, t5_expected_shapes
 from minit2i.core.tokenizer import PromptTokenizer, make_word_tokenizer
-from minit2i.default_model import DEMO_MODEL_DIR, save_model
+from minit2i.core.weights import nest
+from minit2i.demo_models import save_model
 from minit2i.pipeline import REQUEST_RANGES
-from minit2i.reference.sampler import sample
+from minit2i.reference.sampler import NOISE_SCALE, sample
 
 from . import shapes
 from .evaluate import evaluate_scenes, evaluation_scenes
-from .torch_model import mmjit_forward, position_tables, t5_encode
+from .torch_model import mmjit_forward, t5_encode
 
 DEMO_MMJIT = MMJiTConfig(image_size=64, patch_size=4, txt_input_size=128, hidden_size=128, depth_double=4,
                          txt_preamble_depth=2, num_heads=4, head_dim=32, pca_channels=32, prompt_length=16,
@@ -111,12 +115,25 @@ def learning_rate(recipe: Schedule, step: int) -> float:
 # Parameters
 
 
+def load_export(folder: Path, flag: str, t5_folder: Path | None = None):
+    """The exported model in `folder` (transformer/, and t5/ unless `t5_folder` is given) as
+    minit2i.pipeline.load_model reads it, every problem named after `flag`, the option the user
+    passed the folder with."""
+    from minit2i.pipeline import load_model
+
+    transformer, t5 = folder / "transformer", t5_folder or folder / "t5"
+    for part in (transformer, t5):
+        existing_path(part, flag)
+    try:
+        return load_model(transformer, t5)
+    except MiniT2IError as err:
+        raise MiniT2IError(f"{flag} {folder} is not a usable export: {err}") from None
+
+
 def exported_weights(folder: Path, mmjit: MMJiTConfig, t5: T5Config) -> dict[str, np.ndarray]:
     """An exported model's weights (folder/transformer, folder/t5) as float32 parameters with
     flat names, to continue training it; its architecture must be the run's."""
-    from minit2i.pipeline import load_model
-
-    model = load_model(folder / "transformer", folder / "t5")
+    model = load_export(folder, "--init-from")
     if model.mmjit.config != mmjit or model.t5.config != t5:
         raise MiniT2IError(f"--init-from {folder} is another architecture than this run's; pass an export of "
                            "the same architecture (--tiny or not)")
@@ -185,13 +202,13 @@ def training_batch(recipe: Recipe, tokenizer: PromptTokenizer, step: int):
         ("t", t.astype(np.float32)), ("noise", noise))}
 
 
-def v_loss(params: dict, mmjit: MMJiTConfig, t5: T5Config, tables, batch: dict, a_min: float) -> torch.Tensor:
+def v_loss(params: dict, mmjit: MMJiTConfig, t5: T5Config, batch: dict, a_min: float) -> torch.Tensor:
     """Mean squared velocity error of the x0 prediction (scalar)."""
     mmjit_params, t5_params = split_tree(params)
     t = batch["t"][:, None, None, None]
-    x_t = t * batch["images"] + (1 - t) * 2.0 * batch["noise"]
+    x_t = t * batch["images"] + (1 - t) * NOISE_SCALE * batch["noise"]
     context = t5_encode(t5_params, t5, batch["ids"], batch["mask"])
-    x0 = mmjit_forward(mmjit_params, mmjit, tables, x_t, context, batch["mmjit_mask"])
+    x0 = mmjit_forward(mmjit_params, mmjit, x_t, context, batch["mmjit_mask"])
     return (((x0 - batch["images"]) / torch.clamp(1 - t, min=a_min)) ** 2).mean()
 
 
@@ -207,6 +224,60 @@ CHECKPOINT_TENSORS = {"params/{}": True, "ema/{}": True, "adam/{}/exp_avg": True
                       "adam/{}/step": False}
 
 
+def check_values(tensors: dict[str, torch.Tensor], step: int, path: Path) -> None:
+    """Every value of a checkpoint in the range training can produce, before any step runs:
+    weights, EMA and AdamW's moments finite, its second moments not negative, each step count a
+    whole number from 0 to the checkpoint's step (a damaged value would otherwise surface steps
+    later as a diverged run, or as torch's traceback)."""
+    for name, tensor in sorted(tensors.items()):
+        problem = _value_problem(name, tensor, step)
+        if problem:
+            raise MiniT2IError(f"{path}: {name} {problem}; the checkpoint is damaged: resume from a copy of the run "
+                               "or use another --run folder")
+
+
+def _value_problem(name: str, tensor: torch.Tensor, step: int) -> str | None:
+    """What is wrong with one checkpoint tensor's values, or None."""
+    if name.endswith("/step"):
+        value = float(tensor)
+        if not (value.is_integer() and 0 <= value <= step):  # NaN fails every comparison
+            return f"is {value:g}, expected a whole number of optimiser steps in [0, {step}]"
+        return None
+    bad = tensor.numel() - int(torch.isfinite(tensor).sum())
+    if bad:
+        return f"holds {bad} NaN or Inf value(s) of {tensor.numel()}"
+    if name.endswith("/exp_avg_sq") and bool((tensor < 0).any()):
+        return "holds negative values, which a mean of squares cannot have"
+    return None
+
+
+LOG = "log.jsonl"
+LOG_LIMIT = 2**30  # a step's record is ~150 bytes: a million-step log is 150 MB
+
+
+def read_log(path: Path) -> list[dict]:
+    """The records of a run's log.jsonl (one JSON object a line, each with its step), read as data
+    from outside: a damaged line is one line naming the file and the line; no log, no records."""
+    if not os.path.lexists(path):
+        return []
+    records = []
+    for number, line in enumerate(read_limited(path, "training log", LOG_LIMIT).splitlines(), 1):
+        record = parse_json(line, f"line {number} of the training log", path)
+        if not _is_log_record(record):
+            raise MiniT2IError(f"line {number} of the training log {path}: expected a record with a step and "
+                               f"numbers, found {shown(record)}; delete that line and run again")
+        records.append(record)
+    return records
+
+
+def _is_log_record(record) -> bool:
+    """A JSON object with a step count (an integer >= 0) and a number (NaN and Inf included: a
+    diverged step logs them) for each curve it logs."""
+    return (isinstance(record, dict) and Range(0, 10**7).contains(record.get("step"))
+            and all(isinstance(record[name], (int, float)) and not isinstance(record[name], bool)
+                    for name in CURVES if name in record))
+
+
 class Run:
     """A training run in `folder`: checkpoint.safetensors (weights, EMA, optimiser state, and
     as JSON metadata the step and the settings) and log.jsonl.
@@ -220,7 +291,6 @@ class Run:
         self.folder, self.recipe, self.mmjit, self.t5 = folder, recipe, mmjit, t5
         self.start = self.exported_start(init_from) if init_from else None
         self.tokenizer = PromptTokenizer(make_word_tokenizer(shapes.vocabulary()), mmjit.prompt_length)
-        self.tables = position_tables(mmjit, mmjit.image_size, mmjit.prompt_length)
         weights = self.initial_weights()
         self.params = {k: torch.tensor(v, requires_grad=True) for k, v in weights.items()}
         self.ema = {k: v.detach().clone() for k, v in self.params.items()}
@@ -268,6 +338,7 @@ class Run:
             raise MiniT2IError(f"{path} was made with other settings (recipe or architecture); {fix}")
         step = Range(0, 10**7).check(f"{path}: step", record.get("step"))
         self._check_tensors(tensors, path)
+        check_values(tensors, step, path)
         with torch.no_grad():
             for k in self.params:
                 self.params[k].copy_(tensors[f"params/{k}"])
@@ -295,6 +366,10 @@ class Run:
         if problems:
             raise MiniT2IError(f"{path} does not match this run: {short_list(problems, 3)}; use another --run folder")
 
+    @property
+    def log_path(self) -> Path:
+        return self.folder / LOG
+
     def save(self) -> None:
         """Write the checkpoint atomically: a kill mid-write leaves the previous one intact."""
         self.folder.mkdir(parents=True, exist_ok=True)
@@ -308,16 +383,28 @@ class Run:
         write_atomically(self.checkpoint_path, safetensors.torch.save({k: v.contiguous() for k, v in tensors.items()},
                                                                       metadata={"run": record}))
 
-    def log(self, record: dict, name: str = "log.jsonl") -> None:
+    def log(self, record: dict, name: str = LOG) -> None:
+        """Append `record` as a JSON line to the run folder's `name`, which must be a regular file
+        if it is there: a FIFO put in its place would block the run (opened without blocking, a
+        FIFO with no reader fails, one with a reader is refused)."""
         self.folder.mkdir(parents=True, exist_ok=True)
-        with open(self.folder / name, "a") as f:
+        path = self.folder / name
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK, 0o666)
+        except OSError as err:  # ENXIO: a FIFO that no process reads
+            found = "a FIFO" if err.errno == errno.ENXIO else err.strerror
+            raise MiniT2IError(f"cannot append to the run's log {path} ({found}); remove it or fix it") from None
+        with os.fdopen(fd, "a") as f:
+            mode = os.fstat(fd).st_mode
+            if not stat.S_ISREG(mode):
+                raise MiniT2IError(f"cannot append to the run's log {path} (a {file_kind(mode)}); remove it or fix it")
             f.write(json.dumps(record) + "\n")
 
     def loss(self, step: int) -> tuple[torch.Tensor, dict[str, float]]:
         """The objective on the batch of `step` (scalar, differentiable in the parameters), and
         any other numbers worth logging."""
         batch = training_batch(self.recipe, self.tokenizer, step)
-        return v_loss(self.params, self.mmjit, self.t5, self.tables, batch, self.recipe.a_min), {}
+        return v_loss(self.params, self.mmjit, self.t5, batch, self.recipe.a_min), {}
 
     def evaluate(self, scenes, steps: int, cfg_scale: float) -> dict:
         """The checker's report on the EMA weights drawing `scenes` (evaluate.accuracy_report)."""
@@ -343,7 +430,7 @@ class Run:
         return {"loss": loss.item(), **logged}
 
     def export(self, folder: Path, steps: int, cfg_scale: float) -> None:
-        """The EMA weights as a float16 model in the real file layouts (minit2i.default_model),
+        """The EMA weights as a float16 model in the real file layouts (minit2i.demo_models),
         and beside them training-log.jsonl: the loss per 10-step window and every evaluation.
 
         Everything is written to a sibling staging folder that then takes `folder`'s place, so an
@@ -358,9 +445,7 @@ class Run:
         staging = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=folder.parent))
         try:
             self.write_export(staging, steps, cfg_scale)
-            log = self.folder / "log.jsonl"
-            records = [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
-            compact = compact_log(records, self.step)
+            compact = compact_log(read_log(self.log_path), self.step)
             (staging / "training-log.jsonl").write_text("".join(json.dumps(r) + "\n" for r in compact))
             replace_folder(staging, folder)
         finally:
@@ -374,17 +459,24 @@ class Run:
                    make_word_tokenizer(shapes.vocabulary()), np.float16, sampling={"steps": steps, "cfg_scale": cfg_scale})
 
 
-# What an export writes: the only entries a folder may hold for export to replace it.
-EXPORT_FILES = {"training-log.jsonl", "transformer", "transformer/config.json",
-                "transformer/diffusion_pytorch_model.safetensors", "t5", "t5/config.json", "t5/model.safetensors",
-                "t5/tokenizer.json"}
+# What an export writes, each with the test of its kind: the only entries a folder may hold for
+# export to replace it.
+EXPORT_ENTRIES = {"training-log.jsonl": stat.S_ISREG, "transformer": stat.S_ISDIR, "t5": stat.S_ISDIR,
+                  **{name: stat.S_ISREG for name in ("transformer/config.json",
+                                                     "transformer/diffusion_pytorch_model.safetensors",
+                                                     "t5/config.json", "t5/model.safetensors", "t5/tokenizer.json")}}
 
 
 def check_export_dir(folder: Path, run_folder: Path) -> None:
     """Export replaces `folder`, so it must be new, empty or a previous export: a folder of
-    other files, the --run folder (or one holding it), a plain file, a device or a link is
-    refused, before any training."""
+    other files (or of files where an export has folders, or the reverse), the --run folder
+    (or one holding it), the current folder, a plain file, a device or a link is refused, and
+    so is a parent folder export cannot write in, before any training."""
     fix = "choose a new or empty --export-dir"
+    if folder.name in ("", "..") or folder.resolve() in (Path.cwd(), *Path.cwd().parents):
+        raise MiniT2IError(f"--export-dir {folder} is the current folder, one holding it or a `..` (export would "
+                           f"replace it); {fix}, e.g. --export-dir export")
+    check_writable_parent(folder)
     if folder.is_symlink():
         raise MiniT2IError(f"--export-dir {folder} is a symbolic link; pass the folder it points to, or {fix}")
     if not os.path.lexists(folder):
@@ -396,19 +488,43 @@ def check_export_dir(folder: Path, run_folder: Path) -> None:
     if folder.resolve() == run_folder.resolve() or folder.resolve() in run_folder.resolve().parents:
         raise MiniT2IError(f"--export-dir {folder} holds the --run folder {run_folder}, which export would replace; "
                            f"{fix}")
-    others = sorted(set(_listing(folder)) - EXPORT_FILES)
+    others = _foreign_entries(folder)
     if others:
         raise MiniT2IError(f"--export-dir {folder} holds files that are not a previous export ({short_list(others, 3)}); "
                            f"nothing there is removed: {fix}")
 
 
-def _listing(folder: Path) -> list[str]:
-    """The entries of `folder` and of its transformer/ and t5/ folders, as relative names."""
-    names = os.listdir(folder)
-    for sub in ("transformer", "t5"):
-        if sub in names and (folder / sub).is_dir() and not (folder / sub).is_symlink():
-            names += [f"{sub}/{n}" for n in os.listdir(folder / sub)]
-    return names
+def check_writable_parent(folder: Path) -> None:
+    """The folder export writes its staging folder in (`folder`'s parent, or the nearest existing
+    folder above it, where export creates the rest) lets this process create files."""
+    parent = folder.absolute().parent
+    while not os.path.lexists(parent):
+        parent = parent.parent
+    writable_folder(parent, "--export-dir")
+
+
+def _foreign_entries(folder: Path, prefix: str = "") -> list[str]:
+    """The entries under `folder` that an export does not write, as relative names: a name it
+    does not write, or one of another kind (a `t5` that is a file, a `t5/config.json` that is a
+    folder, a link anywhere: shown with its kind, and never looked into)."""
+    foreign = []
+    for entry in sorted(os.listdir(folder)):
+        name, mode = prefix + entry, (folder / entry).lstat().st_mode
+        is_expected_kind = EXPORT_ENTRIES.get(name)
+        if is_expected_kind is None:
+            foreign.append(name)
+        elif not is_expected_kind(mode):
+            foreign.append(f"{name} ({_kind(mode)})")
+        elif stat.S_ISDIR(mode):
+            foreign += _foreign_entries(folder / entry, name + "/")
+    return foreign
+
+
+def _kind(mode: int) -> str:
+    """What a directory entry is, for a message: "a file", "a folder", "a symbolic link", ..."""
+    if stat.S_ISLNK(mode):
+        return "a symbolic link"
+    return "a folder" if stat.S_ISDIR(mode) else "a file" if stat.S_ISREG(mode) else f"a {file_kind(mode)}"
 
 
 def replace_folder(new: Path, target: Path) -> None:
@@ -463,7 +579,7 @@ def torch_denoiser(run: Run):
 
     def denoise(x, context, mask):
         with torch.no_grad():
-            out = mmjit_forward(mmjit_params, run.mmjit, run.tables, torch.from_numpy(x),
+            out = mmjit_forward(mmjit_params, run.mmjit, torch.from_numpy(x),
                                 torch.from_numpy(context), torch.from_numpy(mask))
         return out.numpy()
     return denoise
@@ -520,11 +636,18 @@ def sweep(run: Run, steps_options: list[int], cfg_options: list[float], eval_pro
     return rows
 
 
+# Where a run exports when --export-dir is not given: inside its own --run folder. A default never
+# points into the installed package (an editable install would change the repository's files).
+DEFAULT_EXPORT = "export"
+
+
 def run_parser(prog: str, description: str) -> OneLineParser:
     """The flags every training script shares (train.py's defaults; distill.py changes some)."""
     p = OneLineParser(prog=prog, description=description)
     p.add_argument("--run", type=Path, default=Path("runs/demo"), help="checkpoint and log folder")
-    p.add_argument("--export-dir", type=Path, default=DEMO_MODEL_DIR, help="where the trained model is written")
+    p.add_argument("--export-dir", type=Path, default=None,
+                   help=f"where the trained model is written (default: RUN/{DEFAULT_EXPORT}; never into the installed "
+                        "package unless named: --export-dir minit2i/demo_model replaces the shipped model)")
     p.add_argument("--steps", type=int, default=Recipe.steps)
     p.add_argument("--batch", type=int, default=Recipe.batch)
     p.add_argument("--seed", type=int, default=Recipe.seed)
@@ -549,12 +672,20 @@ def run_parser(prog: str, description: str) -> OneLineParser:
     return p
 
 
+def parse_run_arguments(parser: OneLineParser, argv) -> argparse.Namespace:
+    """`parser`'s arguments, with --export-dir defaulting to the --run folder's export/."""
+    args = parser.parse_args(argv)
+    if args.export_dir is None:
+        args.export_dir = args.run / DEFAULT_EXPORT
+    return args
+
+
 def parse_args(argv=None):
     p = run_parser("train", __doc__.splitlines()[0])
     p.add_argument("--tiny", action="store_true", help="the smoke-test architecture (CI)")
     p.add_argument("--init-from", type=Path, default=None,
                    help="start from an exported model (transformer/, t5/) instead of random weights")
-    return p.parse_args(argv)
+    return parse_run_arguments(p, argv)
 
 
 def check_arguments(args) -> None:
@@ -617,10 +748,11 @@ def execute(run: Run, args) -> int:
     if args.sweep:
         sweep(run, args.sweep_steps, args.sweep_cfg, args.eval_prompts)
         return 0
+    read_log(run.log_path)  # a damaged log is found before training, not at its export
     if not args.export_only:
         train(run, args.eval_every, args.checkpoint_every, args.eval_prompts, args.sample_steps, args.cfg_scale)
     run.export(args.export_dir, args.sample_steps, args.cfg_scale)
-    emit(f"exported step {run.step} to {args.export_dir}")
+    emit(f"exported step {run.step} to {printable(str(args.export_dir), None)}")
     return 0
 
 

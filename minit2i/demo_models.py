@@ -1,11 +1,13 @@
-"""The built-in default model, and writing models in the real file layouts.
+"""The demo models, and writing models in the real file layouts.
 
-The default model is the demo model trained on procedural coloured shapes (training/, see
-docs/demo-model.md), shipped inside the package in the real layouts so that the same loader,
-tokenizer and checks run on it:
+The demo model (`demo`, what `generate` runs without --model/--t5) is a tiny MiniT2I trained on
+procedural coloured shapes (training/, see docs/demo-model.md); `demo-mf` is its four-step Mean
+Flow student. Both ship inside the package in the real layouts so that the same loader,
+tokenizer and checks run on them:
 
     minit2i/demo_model/transformer/{config.json, diffusion_pytorch_model.safetensors}
     minit2i/demo_model/t5/{config.json, model.safetensors, tokenizer.json}
+    minit2i/demo_model_mf/transformer/{config.json, diffusion_pytorch_model.safetensors}
 
 The transformer's config.json also carries the sampler settings it was tuned for (its "sampling"
 block: steps and guidance), which `generate` uses when the user gives none.
@@ -49,30 +51,25 @@ WORDS = (
 ).split()
 
 
-# The built-in models by the name `--model` and `info` accept: (transformer folder, T5 folder, what it is).
-BUILT_IN_MODELS = {
+# The demo models by the name `--model` and `info` accept: (transformer folder, T5 folder, what it is).
+DEMO_MODELS = {
     "demo": (DEMO_MODEL_DIR / "transformer", DEMO_MODEL_DIR / "t5",
-             "a tiny MiniT2I trained on procedural coloured shapes"),
+             "the demo model, a tiny MiniT2I trained on procedural coloured shapes"),
     "demo-mf": (DEMO_STUDENT_DIR / "transformer", DEMO_MODEL_DIR / "t5",
                 "the demo model distilled into a four-step Mean Flow student"),
 }
 
 
-def built_in_model(name) -> tuple[Path, Path, str] | None:
-    """The built-in model called `name`, unless a file or folder of that name exists (a path wins)."""
-    if not isinstance(name, str) or name not in BUILT_IN_MODELS or Path(name).exists():
+def demo_model(name) -> tuple[Path, Path, str] | None:
+    """The demo model called `name`, unless a file or folder of that name exists (a path wins)."""
+    if not isinstance(name, str) or name not in DEMO_MODELS or Path(name).exists():
         return None
-    return BUILT_IN_MODELS[name]
+    return DEMO_MODELS[name]
 
 
-def default_model_dir() -> Path:
-    """The folder of the shipped demo model (transformer/ and t5/)."""
-    return DEMO_MODEL_DIR
-
-
-def built_in_digest(name: str) -> str:
-    """The first 16 hex digits of the sha256 of a built-in model's two weight files."""
-    transformer, t5, _ = BUILT_IN_MODELS[name]
+def demo_digest(name: str) -> str:
+    """The first 16 hex digits of the sha256 of a demo model's two weight files."""
+    transformer, t5, _ = DEMO_MODELS[name]
     digest = hashlib.sha256()
     for path in (transformer / "diffusion_pytorch_model.safetensors", t5 / "model.safetensors"):
         digest.update(path.read_bytes())

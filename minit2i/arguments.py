@@ -1,0 +1,97 @@
+"""What the subcommands share on the command line: the flags that name a model (generate, trace,
+info, convert), and the order of the cheap checks before a generation (generate, trace).
+"""
+
+from __future__ import annotations
+
+import sys
+
+from minit2i.core.checks import check_prompt
+from minit2i.core.errors import MiniT2IError
+from minit2i.core.mmjit_config import DEFAULT_VARIANT
+
+from .console import printable
+
+
+def add_model_arguments(parser) -> None:
+    """--model, --variant, --jax-tree, --t5 and --tokenizer: the two networks and the tokenizer
+    (none of them given: the demo model)."""
+    parser.add_argument("-m", "--model", "--diffusion-model", dest="model", default=None,
+                        help="MiniT2I transformer: a Hub repo id (MiniT2I/MiniT2I, MiniT2I/MiniT2I-B-16-jax: cached, "
+                             "else downloaded), a path (.safetensors file, diffusers folder, pipeline repo, JAX "
+                             "checkpoint folder, HF snapshot or HF cache folder; an existing path wins over a repo "
+                             "id of the same name) or the name of a demo model (demo, demo-mf)")
+    add_variant_arguments(parser)
+    parser.add_argument("--t5", "--t5xxl", dest="t5", default=None,
+                        help="text encoder: a Hub repo id or a path (model.safetensors, its folder or an HF cache "
+                             "folder); default: the one --model's config.json names (google/flan-t5-large)")
+    parser.add_argument("--tokenizer", default=None, help="tokenizer.json (default: next to the T5 weights)")
+
+
+def add_variant_arguments(parser) -> None:
+    """--variant (inside a pipeline repo) and --jax-tree (inside a JAX checkpoint)."""
+    parser.add_argument("--variant", default=DEFAULT_VARIANT,
+                        help=f"variant inside a pipeline repo (b16, l16, ...; default {DEFAULT_VARIANT})")
+    parser.add_argument("--jax-tree", default=None, metavar="TREE",
+                        help="parameter tree of a JAX (Orbax) checkpoint: params (online), ema (the highest EMA "
+                             "key) or ema:KEY; default: the official choice (the highest EMA key; a Mean Flow "
+                             "student's params), `minit2i info` lists the trees")
+
+
+def say(args, message: str) -> None:
+    """A note on stderr, unless -q."""
+    if not args.quiet:
+        print(printable(message, None), file=sys.stderr)
+
+
+def model_paths(args) -> tuple:
+    """(model, t5) as paths or Hub repo ids; t5 None means the one the model's config.json names."""
+    from .demo_models import demo_model
+
+    if args.model is None and args.t5 is None:
+        transformer, t5, _ = demo_model("demo")
+        say(args, "no --model/--t5 given: using the demo model, a tiny MiniT2I trained on "
+                  "coloured shapes (docs/demo-model.md)")
+        return transformer, t5
+    demo = demo_model(args.model)
+    if demo is not None:
+        return demo[0], args.t5 or demo[1]
+    if args.model is None:
+        raise MiniT2IError("--model is missing: pass --model (e.g. MiniT2I/MiniT2I) with --t5, or neither "
+                           "for the demo model")
+    return args.model, args.t5
+
+
+def checked_request(args, given: dict, sides, check_outputs=lambda: None, memory_itemsize: int | None = 4):
+    """(ModelFiles, Request, what `check_outputs()` returned) after the cheap checks before a
+    generation, cheapest first: the prompt and the `given` request fields (flags the user set:
+    steps, seed, width, ...), each (backend, precision) of `sides`, the outputs
+    (`check_outputs()`), then the model's configs and headers
+    (`open_model`: no tensor is read), the request against them, and, unless `memory_itemsize`
+    is None (a GPU backend's activations live in device memory), the host memory a NumPy run of
+    that float size needs. `args` names the model (`add_model_arguments`) and holds the prompt."""
+    from .pipeline import (
+        Request,
+        check_backend,
+        check_guidance_interval,
+        check_memory,
+        check_ranges,
+        open_model,
+        sampling_defaults,
+        validate,
+    )
+
+    check_prompt(args.prompt)
+    check_ranges(**{name: value for name, value in given.items() if name != "guidance_interval"})
+    if "guidance_interval" in given:
+        given = given | {"guidance_interval": check_guidance_interval(given["guidance_interval"])}
+    for backend, precision in sides:  # a precision the backend lacks, or no GPU: before any model work
+        check_backend(backend, precision)
+    outputs = check_outputs()
+    model, t5 = model_paths(args)
+    files = open_model(model, t5, args.tokenizer, args.variant, args.jax_tree)
+    request = Request(args.prompt, **(sampling_defaults(files) | given))
+    validate(request, files, given)
+    if memory_itemsize is not None:
+        check_memory(request, files, memory_itemsize)
+    return files, request, outputs
