@@ -46,6 +46,10 @@ FLAGS = ("-std=c++17", "-O2", "-g", "-fPIC", "-shared", "-fvisibility=hidden", "
 SANITIZE_FLAGS = ("-std=c++17", "-O1", "-g", "-fPIC", "-shared", "-fvisibility=hidden", "-fno-extern-tls-init",
                   "-Wno-unknown-pragmas", "-fsanitize=address,undefined", "-fno-omit-frame-pointer", "-fno-sanitize-recover=undefined")
 
+# The last thread-local of a library (linked after the kernel's unit): the guard after the
+# block's shared variables (runtime.cpp, linked first, has the one before them).
+BACK_GUARD_UNIT = '#include "cudasim.h"\nnamespace cudasim { thread_local unsigned char shared_back_guard[SHARED_GUARD_BYTES]; }\n'
+
 # The detectors: only the kernel's unit is instrumented; -z defs turns a hook the runtime does
 # not define into a build error instead of a failed dlopen.
 DETECTOR_UNIT_FLAGS = ("-fsanitize=thread", "--param=tsan-instrument-func-entry-exit=0")
@@ -126,7 +130,7 @@ def cache_key(source: str, name: str, flags) -> str:
     part of it because the debug info records it and `_frame_name` tells the runtime's frames
     from the kernel's by it: a library built by a checkout elsewhere (a shared CUDASIM_CACHE)
     would blame its race reports on cudasim.h instead of the kernel's line."""
-    parts = [_prelude_text(), str(INCLUDE), name, source, *flags, compiler_version()]
+    parts = [_prelude_text(), BACK_GUARD_UNIT, str(INCLUDE), name, source, *flags, compiler_version()]
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:20]
 
 
@@ -185,13 +189,15 @@ def _compile_in(source: str, name: str, flags, unit_flags, work: Path, folder: P
     (work / name).write_text(source)
     kernels, shared = _scan_file(work / name)
     (work / "unit.cpp").write_text(translation_unit(name, kernels, shared))
+    (work / "back_guard.cpp").write_text(BACK_GUARD_UNIT)
     # the debug info names the final folder, so gdb finds the source after the rename below
     common = ["g++", *flags, f"-fdebug-prefix-map={work}={folder}", f"-I{INCLUDE}"]
     unit, link_flags = work / "unit.cpp", ()
     if unit_flags:
         unit, link_flags = work / "unit.o", DETECTOR_LINK_FLAGS
         _gxx(name, [*common, *unit_flags, "-c", "-o", str(unit), str(work / "unit.cpp")])
-    _gxx(name, [*common, *link_flags, "-o", str(work / "kernels.so"), str(unit), str(RUNTIME)])
+    # this order lays out the thread-local (shared) block: front guard, shared variables, back guard
+    _gxx(name, [*common, *link_flags, "-o", str(work / "kernels.so"), str(RUNTIME), str(unit), str(work / "back_guard.cpp")])
     (work / "kernels.so.sha256").write_text(hashlib.sha256((work / "kernels.so").read_bytes()).hexdigest())
     try:
         work.rename(folder)  # atomic: a concurrent build of the same key simply loses the race

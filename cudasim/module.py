@@ -15,8 +15,14 @@ results, otherwise the launch raises a RaceError naming the first differing elem
 With the detectors on (the default; `detectors(False)` or CUDASIM_DETECTORS=0 turns them off)
 each launch runs a build whose every load and store is checked (build.py, runtime.cpp): a
 race between two threads on shared or global memory raises a RaceError even when all schedules
-agree, a read of shared memory no thread of the block wrote a KernelError, each naming the
-kernel, the threads, the source lines, the address and the values.
+agree; a read of shared memory no thread of the block wrote, and an out-of-bounds or
+misaligned access, a KernelError; each names the kernel, the threads, the source lines, the
+address and the values (or the buffer, the offset and its size). For these launches the
+argument buffers are copied into memory with a guard before and after each, which is how an
+access past one is told from an access of its neighbour; it is stopped before it happens.
+Words that only float `atomicAdd`s wrote may differ between schedules by the rounding of the
+adds' order (as on a GPU, from run to run): they are compared within the bound that rounding
+allows (`_atomic_bound`), every other byte exactly.
 """
 
 from __future__ import annotations
@@ -24,7 +30,7 @@ from __future__ import annotations
 import ctypes
 import os
 import threading
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 
 import numpy as np
 
@@ -35,6 +41,7 @@ DEFAULT_SHARED_LIMIT = 48 * 1024  # without the opt-in attribute
 MAX_BLOCK_THREADS = 1024
 MAX_BLOCK_DIMS = (1024, 1024, 64)
 MAX_GRID_DIMS = (2**31 - 1, 65535, 65535)
+PAGE_BYTES = 4096  # a guarded copy keeps its array's address modulo this: the same alignment
 SCALAR_CTYPES = {"float32": ctypes.c_float, "float64": ctypes.c_double, "int32": ctypes.c_int32,
                  "uint32": ctypes.c_uint32, "int64": ctypes.c_int64, "uint64": ctypes.c_uint64, "bool": ctypes.c_bool}
 
@@ -101,6 +108,7 @@ class Module:
             library = build(self.code, self.name, self.sanitize, detectors)
             dll = ctypes.CDLL(str(library.path))
             dll.cudasim_launch.restype = ctypes.c_int
+            dll.cudasim_memory_guard_bytes.restype = dll.cudasim_atomic_sums.restype = ctypes.c_size_t
             self._builds[detectors] = library, dll
         return self._builds[detectors]
 
@@ -184,8 +192,18 @@ class Kernel:
 
     # -- running -----------------------------------------------------------------------------
 
-    def _run(self, values, arrays, grid, block, shared_mem, schedule: str):
-        library, dll = self.module.library_for(self.module.detecting())
+    def _run(self, values, arrays, grid, block, shared_mem, schedule: str) -> dict:
+        """Launch under `schedule`; {parameter: {flat index: (float atomicAdds, largest |sum|)}}
+        for the elements only float atomicAdds wrote (empty without detectors)."""
+        detecting = self.module.detecting()
+        library, dll = self.module.library_for(detecting)
+        with guarded_copies(arrays, dll.cudasim_memory_guard_bytes()) if detecting else nullcontext(arrays) as arrays:
+            values = [ctypes.c_void_p(arrays[str(p)].ctypes.data) if p.pointer else v
+                      for p, v in zip(self.signature.params, values)]
+            self._launch(library, dll, values, arrays, grid, block, shared_mem, schedule)
+            return _atomic_sums(dll, arrays) if detecting else {}
+
+    def _launch(self, library, dll, values, arrays, grid, block, shared_mem, schedule: str):
         pointers = (ctypes.c_void_p * max(1, len(values)))(*[ctypes.addressof(v) for v in values])
         count = max(1, len(arrays))
         bases = (ctypes.c_void_p * count)(*[a.ctypes.data for a in arrays.values()])
@@ -205,23 +223,89 @@ class Kernel:
     def _run_all_schedules(self, values, arrays, grid, block, shared_mem):
         """Each schedule from the same starting bytes; keep the first schedule's results."""
         start = {param: a.copy() for param, a in arrays.items()}
-        results = []
+        results, sums = [], []
         for schedule in _active["schedules"]:
             for param, array in arrays.items():
                 np.copyto(array, start[param])
-            self._run(values, arrays, grid, block, shared_mem, schedule)
+            sums.append(self._run(values, arrays, grid, block, shared_mem, schedule))
             results.append({param: a.copy() for param, a in arrays.items()})
         first, first_name = results[0], _active["schedules"][0]
-        for name, result in zip(_active["schedules"][1:], results[1:]):
+        for name, result, sum_b in zip(_active["schedules"][1:], results[1:], sums[1:]):
             for param in arrays:
-                _compare(self, param, first[param], result[param], first_name, name)
+                _compare(self, param, first[param], result[param], first_name, name,
+                         sums[0].get(param, {}), sum_b.get(param, {}))
         for param, array in arrays.items():
             np.copyto(array, first[param])
 
 
-def _compare(kernel: Kernel, param: str, a: np.ndarray, b: np.ndarray, name_a: str, name_b: str):
+@contextmanager
+def guarded_copies(arrays: dict[str, np.ndarray], guard: int):
+    """Copies of `arrays` in fresh memory with `guard` bytes before and after, written back at the end.
+
+    Arrays that share memory are copied as one span, so they still share it; each span keeps its
+    address modulo PAGE_BYTES, so every alignment is as it was. Empty arrays stay as they are.
+    """
+    spans: list[list] = []  # [start, end, names], merged where arrays overlap
+    for name, a in sorted(arrays.items(), key=lambda item: item[1].ctypes.data):
+        if not a.nbytes:
+            continue
+        start = a.ctypes.data
+        if spans and start < spans[-1][1]:
+            spans[-1][1] = max(spans[-1][1], start + a.nbytes)
+            spans[-1][2].append(name)
+        else:
+            spans.append([start, start + a.nbytes, [name]])
+    copies, staged = dict(arrays), []
+    for start, end, names in spans:
+        memory = np.empty(end - start + 2 * guard + PAGE_BYTES, np.uint8)
+        offset = guard + (start - memory.ctypes.data - guard) % PAGE_BYTES
+        ctypes.memmove(memory.ctypes.data + offset, start, end - start)
+        staged.append((start, memory.ctypes.data + offset, end - start))
+        for name in names:
+            a = arrays[name]
+            copies[name] = np.ndarray(a.shape, a.dtype, buffer=memory, offset=offset + a.ctypes.data - start)
+    try:
+        yield copies
+    finally:
+        for start, copy, size in staged:
+            ctypes.memmove(start, copy, size)
+
+
+def _atomic_sums(dll, arrays: dict[str, np.ndarray]) -> dict[str, dict[int, tuple[int, float]]]:
+    """The last launch's words that only float atomicAdds wrote, by parameter and flat index."""
+    count = dll.cudasim_atomic_sums(None, None, None, ctypes.c_size_t(0))
+    words, adds, largest = np.zeros(count, np.uintp), np.zeros(count, np.uint32), np.zeros(count, np.float64)
+    dll.cudasim_atomic_sums(words.ctypes.data_as(ctypes.c_void_p), adds.ctypes.data_as(ctypes.c_void_p),
+                            largest.ctypes.data_as(ctypes.c_void_p), ctypes.c_size_t(count))
+    sums: dict[str, dict[int, tuple[int, float]]] = {}
+    for param, a in arrays.items():
+        offsets = words.astype(np.int64) - a.ctypes.data
+        inside = np.flatnonzero((offsets >= 0) & (offsets < a.nbytes) & (offsets % a.itemsize == 0))
+        if inside.size:
+            sums[param] = {int(offsets[i]) // a.itemsize: (int(adds[i]), float(largest[i])) for i in inside}
+    return sums
+
+
+def _atomic_bound(dtype: np.dtype, sum_a: tuple[int, float], sum_b: tuple[int, float]) -> float:
+    """How far two orders of the same float atomicAdds can leave a word apart.
+
+    Each add rounds once, by at most u |exact sum| <= u |rounded sum| / (1 - u) (u the unit
+    roundoff), and rounding errors of later adds do not grow earlier ones, so an order whose
+    sums reach at most M in magnitude ends within n u M / (1 - u) of the exact total, n the
+    number of adds. Two orders: n u (M_a + M_b) / (1 - u).
+    """
+    u = float(np.finfo(dtype).eps) / 2
+    return max(sum_a[0], sum_b[0]) * u * (sum_a[1] + sum_b[1]) / (1 - u)
+
+
+def _compare(kernel: Kernel, param: str, a: np.ndarray, b: np.ndarray, name_a: str, name_b: str, sums_a: dict,
+             sums_b: dict):
+    """Raise a RaceError where `a` and `b` differ, except in words only float atomicAdds wrote
+    (`sums_a`, `sums_b`) that differ within `_atomic_bound`."""
     bytes_a, bytes_b = a.view(np.uint8).reshape(a.size, -1), b.view(np.uint8).reshape(b.size, -1)
-    differs = np.flatnonzero((bytes_a != bytes_b).any(axis=1))
+    rounding = [i for i in sums_a.keys() & sums_b.keys()
+                if abs(float(a.flat[i]) - float(b.flat[i])) <= _atomic_bound(a.dtype, sums_a[i], sums_b[i])]
+    differs = np.setdiff1d(np.flatnonzero((bytes_a != bytes_b).any(axis=1)), rounding)
     if differs.size:
         position = np.unravel_index(differs[0], a.shape)
         raise RaceError(f"kernel {kernel.name}: race: {param} {a.shape} differs between schedules "

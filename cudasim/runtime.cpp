@@ -9,24 +9,28 @@
 // the schedule (in order, reverse, seeded random, warp-greedy); correct kernels give
 // bit-identical results under all of them.
 //
-// Shared memory: __shared__ variables are this module's thread-local storage (see cudasim.h);
-// before every block it is filled with 0xff bytes, a NaN in fp32, fp16 and bf16, so a read of
-// a value no thread wrote shows up. Dynamic shared memory is checked after every block: a byte
-// changed past the size the launch asked for is an error (and under AddressSanitizer the bytes
-// past it are poisoned, so the faulting access itself is reported).
+// Shared memory: __shared__ variables are this module's thread-local storage (see cudasim.h),
+// between two guards (the first thread-local of this file, linked first, and the last, in a
+// unit build.py links last); before every block it is filled with 0xff bytes, a NaN in fp32,
+// fp16 and bf16, so a read of a value no thread wrote shows up. Dynamic shared memory is
+// checked after every block: a byte changed past the size the launch asked for is an error
+// (and under AddressSanitizer the bytes past it are poisoned, so the faulting access itself is
+// reported).
 //
 // Detectors (a build with CUDASIM_DETECTORS): every load and store of the kernel is checked
-// against a shadow of shared and global memory for races and uninitialised shared reads (see
-// "Hazard detection" below).
+// against a shadow of shared and global memory for out-of-bounds and misaligned accesses,
+// races and uninitialised shared reads (see "Hazard detection" below).
 #include <dlfcn.h>
 #include <link.h>
 #include <sys/mman.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdarg>
 #include <cstdio>
 #include <random>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "cudasim.h"
@@ -56,6 +60,7 @@ int dynamic_shared_arrays(void** bases);
 extern const size_t dynamic_shared_capacity;
 
 ThreadState* current;
+extern thread_local unsigned char shared_back_guard[SHARED_GUARD_BYTES];  // build.py's last unit
 uint3 block_idx, block_dim, grid_dim;
 int fragment_layout;
 }  // namespace cudasim
@@ -140,7 +145,9 @@ int shuffle_arrivals[32];  // per warp: lanes waiting at a shuffle (checked in f
 uint32_t block_number = 0;  // linear index of the running block
 uint32_t barriers = 0;      // __syncthreads the running block has passed
 uint32_t warp_syncs[32];    // __syncwarp each of its warps has passed
-thread_local unsigned char tls_anchor;  // locates this module's thread-local (= shared) block
+// The first thread-local of the library (this file is linked first): the guard before the
+// kernel's shared variables, and how this module's thread-local (= shared) block is found.
+thread_local unsigned char shared_front_guard[SHARED_GUARD_BYTES];
 #if CUDASIM_ASAN
 const void* scheduler_stack_bottom = nullptr;
 size_t scheduler_stack_size = 0;
@@ -260,7 +267,7 @@ int find_tls(struct dl_phdr_info* info, size_t, void* out) {
     auto* data = static_cast<unsigned char*>(info->dlpi_tls_data);
     for (int i = 0; i < info->dlpi_phnum; ++i) {
         const ElfW(Phdr)& ph = info->dlpi_phdr[i];
-        if (ph.p_type == PT_TLS && data && data <= &tls_anchor && &tls_anchor < data + ph.p_memsz) {
+        if (ph.p_type == PT_TLS && data && data <= shared_front_guard && shared_front_guard < data + ph.p_memsz) {
             block->base = data;
             block->size = ph.p_memsz;
             return 1;
@@ -270,7 +277,7 @@ int find_tls(struct dl_phdr_info* info, size_t, void* out) {
 }
 
 TlsBlock shared_block() {
-    tls_anchor = 0;  // the block is allocated lazily, on the first access from this thread
+    shared_front_guard[0] = 0;  // the block is allocated lazily, on the first access from this thread
     TlsBlock block;
     dl_iterate_phdr(find_tls, &block);
     return block;
@@ -342,9 +349,10 @@ struct Region {
     Access* reads = nullptr;
     Access* other_reads = nullptr;
     unsigned char* before = nullptr;  // each byte's value before its last write
+    unsigned char* plain = nullptr;   // whether a plain (not atomic) store wrote the byte in this launch
 };
 
-constexpr size_t SHADOW_BYTES_PER_BYTE = 3 * sizeof(Access) + 1;
+constexpr size_t SHADOW_BYTES_PER_BYTE = 3 * sizeof(Access) + 2;
 
 // Zero pages on demand: only the shadow of bytes the kernel touches costs memory.
 bool map_shadow(Region& r) {
@@ -359,6 +367,7 @@ bool map_shadow(Region& r) {
     r.reads = r.writes + r.size;
     r.other_reads = r.reads + r.size;
     r.before = reinterpret_cast<unsigned char*>(r.other_reads + r.size);
+    r.plain = r.before + r.size;
     return true;
 }
 
@@ -367,6 +376,12 @@ void unmap_shadow(Region& r) { munmap(r.writes, r.size * SHADOW_BYTES_PER_BYTE);
 bool detecting = false;     // a launch of a build with detectors is running
 Region shared_region;       // mapped on the first launch, kept (the block's shared memory is fixed)
 std::vector<Region> global_regions;
+std::vector<Region> arguments;  // each argument buffer as passed (global_regions merges them): bounds and names
+uintptr_t guarded_low = 0, guarded_high = 0;  // the arguments' span with their guards: outside it nothing is checked
+// Thread-local addresses, looked up once per launch (each lookup is a call in a shared library).
+const unsigned char* shared_back = nullptr;
+void* dynamic_bases[16];
+int dynamic_arrays = 0;
 uint32_t next_stamp = 0;
 Fiber* acting = nullptr;    // a warp collective's accesses are those of this lane (else: the running fiber)
 int atomic_depth = 0;       // inside an atomic function
@@ -381,6 +396,16 @@ struct PendingWrite {  // a racing write, reported once its value is stored
     unsigned char old[16];
 };
 PendingWrite pending;
+
+// Float atomicAdds per word of global memory: how many, and the largest magnitude a sum reached.
+// After a launch, the words no plain store wrote are kept for the schedule comparison.
+struct AtomicSum {
+    size_t size = 0;
+    uint32_t adds = 0;
+    double largest = 0;
+};
+std::unordered_map<const unsigned char*, AtomicSum> atomic_sums;
+std::vector<std::pair<const unsigned char*, AtomicSum>> atomic_results;  // of the last launch
 
 uint32_t stamp() { return ++next_stamp ? next_stamp : ++next_stamp; }  // never 0, the stamp of "no access"
 
@@ -453,7 +478,8 @@ std::string place(const Region& r, const unsigned char* address) {
             return text;
         }
     }
-    snprintf(text, sizeof text, "%p (static shared memory + %zu bytes)", (const void*)address, (size_t)(address - r.base));
+    snprintf(text, sizeof text, "%p (static shared memory + %zu bytes)", (const void*)address,
+             (size_t)(address - r.base - SHARED_GUARD_BYTES));
     return text;
 }
 
@@ -533,14 +559,101 @@ void uninitialised_read(const Region& r, const Access& reader, const unsigned ch
          thread_name(reader).c_str(), size, place(r, address).c_str(), reader.pc);
 }
 
-// Check one access against the shadow of its bytes, then record it there.
-void on_access(const void* address, size_t size, bool write, const void* pc) {
+// ------------------------------------------------------------------------------------------
+// Bounds and alignment
+//
+// A block's shared variables lie between two guards of SHARED_GUARD_BYTES; the launcher copies
+// the argument buffers of a launch with detectors into memory with MEMORY_GUARD_BYTES of its
+// own before and after each (cudasim/module.py). An access that touches a guard, or dynamic
+// shared memory past what the launch asked for, is out of bounds, as for compute-sanitizer's
+// memcheck; an access through a pointer of an aligned type (the hooks without "unaligned")
+// at an address that is not a multiple of its size is misaligned. Both are reported before
+// the access happens, and the thread goes no further: the host's memory is never touched.
+
+// Of a thread-local block of `block_bytes`: less the dynamic arrays and the two guards.
+size_t static_shared_bytes(size_t block_bytes) {
+    void* bases[16];
+    return block_bytes - dynamic_shared_arrays(bases) * dynamic_shared_capacity - 2 * SHARED_GUARD_BYTES;
+}
+
+// "float* out + 400 bytes, outside its 400 bytes" for bytes [p, p + size) that leave shared
+// memory or an argument buffer; "" for bytes in bounds or in memory the detectors do not watch.
+// `region` is the one p lies in (region_of); an access inside it is the common, quick case.
+std::string outside(const unsigned char* p, size_t size, const Region* region) {
+    char text[200];
+    if (region && region->shared) {
+        const unsigned char *front = shared_region.base, *back = shared_back;
+        if (p < front + SHARED_GUARD_BYTES || p + size > back) {
+            const size_t variables = static_shared_bytes(shared_region.size);
+            const long long offset = p < back ? (long long)(p - front - SHARED_GUARD_BYTES) : (long long)(variables + (p - back));
+            snprintf(text, sizeof text, "static shared memory %c %lld bytes, outside its %zu bytes", offset < 0 ? '-' : '+',
+                     std::llabs(offset), variables);
+            return text;
+        }
+        for (int a = 0; a < dynamic_arrays; ++a) {
+            const auto* base = static_cast<const unsigned char*>(dynamic_bases[a]);
+            if (p + size > base && p < base + dynamic_shared_capacity && p + size > base + launch.dynamic_bytes) {
+                snprintf(text, sizeof text, "dynamic shared memory + %zu bytes, outside the %zu bytes the launch asked for",
+                         (size_t)(p - base), launch.dynamic_bytes);
+                return text;
+            }
+        }
+        return "";
+    }
+    if (region && p + size <= region->base + region->size) return "";
+    const auto address = reinterpret_cast<uintptr_t>(p);
+    if (address + size <= guarded_low || address >= guarded_high) return "";  // the stack, the runtime's own data
+    const Region* nearest = nullptr;
+    long long nearest_distance = MEMORY_GUARD_BYTES + 1;
+    for (const Region& a : arguments) {
+        const long long distance = std::max(a.base - p, p + size - (a.base + a.size));  // > 0: bytes outside it
+        if (distance > 0 && distance < nearest_distance) nearest = &a, nearest_distance = distance;
+    }
+    if (!nearest) return "";
+    const long long offset = p - nearest->base;
+    snprintf(text, sizeof text, "%s %c %lld bytes, outside its %zu bytes", nearest->name, offset < 0 ? '-' : '+',
+             std::llabs(offset), nearest->size);
+    return text;
+}
+
+// The launch fails with `message`; the running thread stops before its access happens.
+[[noreturn]] void stop_at(const std::string& message) {
+    fail("%s", message.c_str());
+    running->wait = Wait::EXITED;
+    yield_to_scheduler();  // the launch has failed: nothing resumes this thread
+    __builtin_unreachable();
+}
+
+void check_bounds(const unsigned char* p, size_t size, bool write, const void* pc, bool aligned, const Region* r) {
+    const std::string where = outside(p, size, r);
+    const bool misaligned = aligned && r && (reinterpret_cast<uintptr_t>(p) & (size - 1));  // sizes 1 to 16, powers of 2
+    if (where.empty() && !misaligned) return;
+    const Access access = now(shared_region, pc);
+    const char* kind = r && r->shared ? "shared" : "global";
+    char text[512];
+    if (!where.empty()) {
+        snprintf(text, sizeof text, "out-of-bounds %s memory %s: %s %s %zu bytes at %p (%s) on <pc 0x%x>", kind,
+                 write ? "write" : "read", thread_name(access).c_str(), write ? "writes" : "reads", size, (const void*)p,
+                 where.c_str(), access.pc);
+        stop_at(text);
+    }
+    if (misaligned) {
+        snprintf(text, sizeof text, "misaligned %s memory %s: %s %s %zu bytes at %s on <pc 0x%x>, which a GPU requires to be "
+                 "%zu-byte aligned", kind, write ? "write" : "read", thread_name(access).c_str(), write ? "writes" : "reads",
+                 size, place(*r, p).c_str(), access.pc, size);
+        stop_at(text);
+    }
+}
+
+// Check one access for bounds and alignment and against the shadow of its bytes, then record it there.
+void on_access(const void* address, size_t size, bool write, const void* pc, bool aligned) {
     settle_write();
     if (!detecting || !running || !launch.error.empty()) return;
+    const auto* bytes = static_cast<const unsigned char*>(address);
     Region* region = region_of(address);
+    check_bounds(bytes, size, write, pc, aligned, region);
     if (!region) return;  // the stack, the runtime's own data
     Region& r = *region;
-    const auto* bytes = static_cast<const unsigned char*>(address);
     const size_t first = bytes - r.base, last = std::min(first + size, r.size);
     const Access access = now(r, pc);
     for (size_t i = first; i < last; ++i) {
@@ -550,6 +663,7 @@ void on_access(const void* address, size_t size, bool write, const void* pc) {
             if (races(r, read, access)) return defer_write_report(r, read, access, false, bytes, size);
             if (races(r, other, access)) return defer_write_report(r, other, access, false, bytes, size);
             r.before[i] = r.base[i];
+            r.plain[i] |= !access.atomic;
             w = access;
         } else {
             if (races(r, w, access)) return report_read_after_write(r, w, access, bytes, size);
@@ -581,6 +695,16 @@ void start_detecting(const TlsBlock& shared, const void* const* bases, const siz
         buffers.push_back(r);
     }
     std::sort(buffers.begin(), buffers.end(), [](const Region& a, const Region& b) { return a.base < b.base; });
+    arguments = buffers;
+    shared_back = shared_back_guard;
+    dynamic_arrays = dynamic_shared_arrays(dynamic_bases);
+    guarded_low = guarded_high = 0;
+    for (const Region& r : buffers) {
+        const uintptr_t base = reinterpret_cast<uintptr_t>(r.base);
+        guarded_low = guarded_high ? std::min(guarded_low, base - MEMORY_GUARD_BYTES) : base - MEMORY_GUARD_BYTES;
+        guarded_high = std::max(guarded_high, base + r.size + MEMORY_GUARD_BYTES);
+    }
+    atomic_sums.clear();
     const uint32_t launch_stamp = stamp();
     for (Region& r : buffers) {
         if (!global_regions.empty() && r.base < global_regions.back().base + global_regions.back().size) {
@@ -595,9 +719,21 @@ void start_detecting(const TlsBlock& shared, const void* const* bases, const siz
                          global_regions.end());
 }
 
+// The float atomic sums of words no plain store wrote (read by the launcher after the launch).
+void keep_atomic_sums() {
+    atomic_results.clear();
+    for (const auto& [word, sum] : atomic_sums) {
+        const Region* r = region_of(word);
+        if (r && std::none_of(r->plain + (word - r->base), r->plain + (word - r->base) + sum.size, [](unsigned char b) { return b; }))
+            atomic_results.emplace_back(word, sum);
+    }
+}
+
 void stop_detecting() {
+    keep_atomic_sums();
     for (Region& r : global_regions) unmap_shadow(r);
     global_regions.clear();
+    arguments.clear();
     detecting = false;
     acting = nullptr;
     atomic_depth = 0;
@@ -858,6 +994,16 @@ void act_as_lane(int lane) {
 
 void atomic_scope(bool enter) { atomic_depth += enter ? 1 : -1; }
 
+void atomic_float_add(const void* address, size_t size, double magnitude) {
+    const auto* word = static_cast<const unsigned char*>(address);
+    const Region* region = detecting ? region_of(word) : nullptr;
+    if (!region || region->shared) return;  // shared memory ends with its block: no result to compare
+    AtomicSum& sum = atomic_sums[word];
+    sum.size = size;
+    sum.adds += 1;
+    sum.largest = std::max(sum.largest, magnitude);
+}
+
 void fault(const char* format, ...) {
     char text[1024];
     va_list args;
@@ -919,27 +1065,39 @@ EXPORT int cudasim_launch(void (*kernel)(void**), void** args, const char* name,
 }
 
 // Bytes of static __shared__ variables (this module's thread-local block, less the dynamic
-// arrays and the runtime's one-byte anchor; alignment padding included).
-EXPORT size_t cudasim_static_shared_bytes() {
-    void* bases[16];
-    const size_t dynamic = dynamic_shared_arrays(bases) * dynamic_shared_capacity;
-    return shared_block().size - dynamic - 1;
-}
+// arrays and the two guards; alignment padding included).
+EXPORT size_t cudasim_static_shared_bytes() { return static_shared_bytes(shared_block().size); }
 
 EXPORT size_t cudasim_dynamic_shared_capacity() { return dynamic_shared_capacity; }
 
+// The guard the launcher leaves before and after each argument buffer of a launch with detectors.
+EXPORT size_t cudasim_memory_guard_bytes() { return MEMORY_GUARD_BYTES; }
+
+// The words of the last launch with detectors that only float atomicAdds wrote: their
+// addresses, how many adds each had and the largest magnitude its sum reached (at most
+// `capacity`); returns how many there are.
+EXPORT size_t cudasim_atomic_sums(const void** words, unsigned* adds, double* largest, size_t capacity) {
+    for (size_t i = 0; i < std::min(capacity, atomic_results.size()); ++i) {
+        words[i] = atomic_results[i].first;
+        adds[i] = atomic_results[i].second.adds;
+        largest[i] = atomic_results[i].second.largest;
+    }
+    return atomic_results.size();
+}
+
 // The hooks g++ calls in a kernel unit built with -fsanitize=thread: one per load or store of
 // 1 to 16 bytes (aligned or not), and of a range (aggregate copies).
-#define CUDASIM_HOOKS(SIZE)                                                                                         \
-    extern "C" void __tsan_read##SIZE(void* p) { on_access(p, SIZE, false, __builtin_return_address(0)); }          \
-    extern "C" void __tsan_write##SIZE(void* p) { on_access(p, SIZE, true, __builtin_return_address(0)); }         \
-    extern "C" void __tsan_unaligned_read##SIZE(void* p) { on_access(p, SIZE, false, __builtin_return_address(0)); } \
-    extern "C" void __tsan_unaligned_write##SIZE(void* p) { on_access(p, SIZE, true, __builtin_return_address(0)); }
+// The plain hooks are for accesses through a pointer of a type aligned to SIZE.
+#define CUDASIM_HOOKS(SIZE)                                                                                                \
+    extern "C" void __tsan_read##SIZE(void* p) { on_access(p, SIZE, false, __builtin_return_address(0), true); }           \
+    extern "C" void __tsan_write##SIZE(void* p) { on_access(p, SIZE, true, __builtin_return_address(0), true); }          \
+    extern "C" void __tsan_unaligned_read##SIZE(void* p) { on_access(p, SIZE, false, __builtin_return_address(0), false); } \
+    extern "C" void __tsan_unaligned_write##SIZE(void* p) { on_access(p, SIZE, true, __builtin_return_address(0), false); }
 CUDASIM_HOOKS(1)
 CUDASIM_HOOKS(2)
 CUDASIM_HOOKS(4)
 CUDASIM_HOOKS(8)
 CUDASIM_HOOKS(16)
-extern "C" void __tsan_read_range(void* p, size_t n) { on_access(p, n, false, __builtin_return_address(0)); }
-extern "C" void __tsan_write_range(void* p, size_t n) { on_access(p, n, true, __builtin_return_address(0)); }
+extern "C" void __tsan_read_range(void* p, size_t n) { on_access(p, n, false, __builtin_return_address(0), false); }
+extern "C" void __tsan_write_range(void* p, size_t n) { on_access(p, n, true, __builtin_return_address(0), false); }
 extern "C" void __tsan_init() {}  // called by the unit's constructor; nothing to set up

@@ -7,14 +7,18 @@ touched); each must be caught with a message naming the kernel and the fault.
 from __future__ import annotations
 
 import inspect
+import re
 import subprocess
 import sys
 import textwrap
 from fractions import Fraction
+from functools import partial
 
 import ml_dtypes
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from minit2i import cudasim
 from minit2i.accelerated.kernels import COMMON_HEADER, KERNEL_DIR, NVRTC_OPTIONS, attention_shared_bytes, kernel_source
@@ -800,7 +804,8 @@ def test_planted_shuffle_in_divergent_code():
 
 
 def test_planted_shared_memory_one_row_too_small():
-    """v_tile placed one K row further: the launch's shared memory is one row short for it."""
+    """v_tile placed one K row further: the launch's shared memory is one row short for it. The
+    detectors stop the first store past it; without them the bytes past it are checked after the block."""
     kernel = planted("attention.cu", "float* v_tile = k_tile + KEY_TILE * (head_dim + 1);",
                      "float* v_tile = k_tile + (KEY_TILE + 1) * (head_dim + 1);").get_function("flash_attention_f32")
     head_dim = 16
@@ -808,8 +813,13 @@ def test_planted_shared_memory_one_row_too_small():
     args = (q, q, q, q, q, np.empty((1, 40, head_dim), np.float32), *map(np.int32, (1, 40, 40, head_dim)),
             np.float32(0.25), np.int32(0), np.int32(0))
     shared = 4 * (32 * head_dim + 32 * (2 * head_dim + 1))
-    with pytest.raises(KernelError, match=r"kernel flash_attention_f32, block \(\d,0,0\): wrote past the end of dynamic shared memory: "
-                                          rf"the launch asked for {shared} bytes"):
+    line = line_of(kernel_source("attention.cu"), "v_tile[i] = valid ?")
+    with pytest.raises(KernelError, match=r"kernel flash_attention_f32, block \(0,0,0\): out-of-bounds shared memory write: "
+                                          rf"thread \(111,0,0\) writes 4 bytes at 0x[0-9a-f]+ \(dynamic shared memory \+ "
+                                          rf"{shared} bytes, outside the {shared} bytes the launch asked for\) on line {line}"):
+        kernel((2, 1), (128,), args, shared_mem=shared)
+    with detectors(False), pytest.raises(KernelError, match=r"kernel flash_attention_f32, block \(\d,0,0\): wrote past the "
+                                                            rf"end of dynamic shared memory: the launch asked for {shared} bytes"):
         kernel((2, 1), (128,), args, shared_mem=shared)
 
 
@@ -863,6 +873,161 @@ def test_planted_out_of_bounds_global_write_under_address_sanitizer():
     assert "ERROR: AddressSanitizer: heap-buffer-overflow" in result.stderr
     assert "WRITE of size 4" in result.stderr
     assert "cudasim: the fault above happened in kernel cfg_euler_f32, block (0,0,0), thread (99,0,0)" in result.stderr
+
+
+# ---------------------------------------------------------------------------------------------
+# Out-of-bounds and misaligned accesses (memcheck on a CPU), float atomics
+
+
+BOUNDS = """
+extern "C" __global__ void doubled(const float* x, float* out, int n) {
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    const float v = i < n ? x[i] : 0.0f;
+    if (i <= n) out[i] = 2.0f * v;  // one past the end in the partial last block
+}
+extern "C" __global__ void left_neighbour(const float* x, float* out) {
+    out[threadIdx.x] = x[(int)threadIdx.x - 1];  // thread 0 reads before the start
+}
+extern "C" __global__ void shifted_dynamic(const float* x, float* out) {
+    extern __shared__ float staged[];
+    staged[threadIdx.x + 1] = x[threadIdx.x];  // one past the launch's dynamic shared memory
+    __syncthreads();
+    out[threadIdx.x] = staged[threadIdx.x];
+}
+extern "C" __global__ void copy_vectors(const float* x, float* out) {
+    reinterpret_cast<float4*>(out)[threadIdx.x] = reinterpret_cast<const float4*>(x + 1)[threadIdx.x];  // 4-byte aligned only
+}
+extern "C" __global__ void shifted_copy(const float* x, float* out, int limit, int shift) {
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < limit) out[i + shift] = x[i];
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def bounds():
+    return module(BOUNDS)
+
+
+def report(kind: str, thread: str, size: int, where: str, fragment: str, block: str = "0") -> str:
+    """The pattern of an out-of-bounds report: kernel and block are matched by the caller's prefix."""
+    verb = {"read": "reads", "write": "writes"}[kind.split()[-1]]
+    return (rf"{kind}: thread \({thread},0,0\) {verb} {size} bytes at 0x[0-9a-f]+ \({re.escape(where)}\) on line "
+            rf"{line_of(textwrap.dedent(BOUNDS), fragment)}")
+
+
+def test_planted_off_by_one_store_past_the_end_of_an_output(bounds):
+    """`i <= n` in the partial last block: thread 4 of block 3 stores out[100] of 100 elements.
+    It is stopped before the store, so the bytes after the buffer keep their value."""
+    x, memory = np.ones(100, np.float32), np.full(101, -1.0, np.float32)
+    out = memory[:100]
+    with pytest.raises(KernelError, match=r"kernel doubled, block \(3,0,0\): " + report(
+            "out-of-bounds global memory write", "4", 4, "float* out + 400 bytes, outside its 400 bytes", "if (i <= n)")):
+        bounds.get_function("doubled")((4,), (32,), (x, out, np.int32(100)))
+    assert memory[100] == -1.0 and np.array_equal(out, np.full(100, 2.0, np.float32))
+
+
+def test_planted_read_before_the_start_of_an_input(bounds):
+    with pytest.raises(KernelError, match=r"kernel left_neighbour, block \(0,0,0\): " + report(
+            "out-of-bounds global memory read", "0", 4, "const float* x - 4 bytes, outside its 128 bytes", "x[(int)threadIdx.x - 1]")):
+        bounds.get_function("left_neighbour")((1,), (32,), (np.ones(32, np.float32), np.zeros(32, np.float32)))
+
+
+SHIFTED_TILE = """
+extern "C" __global__ void shifted_tile(const float* x, float* out) {
+    __shared__ float tile[32];
+    tile[threadIdx.x] = x[threadIdx.x];
+    __syncthreads();
+    out[threadIdx.x] = tile[threadIdx.x + 1];  // one past the shared array
+}
+"""
+
+
+def test_planted_read_past_a_static_shared_array():
+    """Its own module: the one shared array lies between the guards (in a module with dynamic
+    shared arrays too, the order the linker gives them decides which one it borders)."""
+    line = line_of(textwrap.dedent(SHIFTED_TILE), "tile[threadIdx.x + 1]")
+    with pytest.raises(KernelError, match=r"kernel shifted_tile, block \(0,0,0\): out-of-bounds shared memory read: thread "
+                                          r"\(31,0,0\) reads 4 bytes at 0x[0-9a-f]+ \(static shared memory \+ 128 bytes, "
+                                          rf"outside its 128 bytes\) on line {line}"):
+        module(SHIFTED_TILE).get_function("shifted_tile")((1,), (32,), (np.ones(32, np.float32), np.zeros(32, np.float32)))
+
+
+def test_planted_write_past_the_dynamic_shared_memory_of_the_launch(bounds):
+    with pytest.raises(KernelError, match=r"kernel shifted_dynamic, block \(0,0,0\): " + report(
+            "out-of-bounds shared memory write", "31", 4,
+            "dynamic shared memory + 128 bytes, outside the 128 bytes the launch asked for", "staged[threadIdx.x + 1] =")):
+        bounds.get_function("shifted_dynamic")((1,), (32,), (np.ones(32, np.float32), np.zeros(32, np.float32)),
+                                               shared_mem=128)
+
+
+def test_planted_misaligned_vector_load(bounds):
+    code = textwrap.dedent(BOUNDS)
+    with pytest.raises(KernelError, match=r"kernel copy_vectors, block \(0,0,0\): misaligned global memory read: thread "
+                                          r"\(0,0,0\) reads 16 bytes at 0x[0-9a-f]+ \(const float\* x \+ 4 bytes\) on line "
+                                          rf"{line_of(code, 'reinterpret_cast<float4*>(out)')}, which a GPU requires to be "
+                                          r"16-byte aligned"):
+        bounds.get_function("copy_vectors")((1,), (8,), (np.ones(33, np.float32), np.zeros(32, np.float32)))
+
+
+@settings(max_examples=25, deadline=None)
+@given(n=st.integers(1, 200), block=st.sampled_from([32, 64, 128]), extra=st.integers(-3, 2), shift=st.integers(-40, 40))
+def test_every_shifted_store_outside_the_output_is_caught_and_every_other_runs_clean(bounds, n, block, extra, shift):
+    """out[i + shift] = x[i] for i < limit = n + extra, with out of n elements: out of bounds
+    exactly when some such i + shift leaves [0, n), whatever the length, block size, limit and
+    shift (drawn by hypothesis, not chosen for the harness). In order, the first thread to fault
+    is the lowest such i: it stores element `shift` (below 0) or max(n, shift) (at or past n)."""
+    limit = max(0, n + extra)
+    x, out = np.arange(n + 40, dtype=np.float32), np.zeros(n, np.float32)
+    launch = partial(bounds.get_function("shifted_copy"), (max(1, (limit + block - 1) // block),), (block,),
+                     (x, out, np.int32(limit), np.int32(shift)))
+    first = shift if shift < 0 else max(n, shift)  # the first element outside out that a thread could store
+    if limit <= first - shift:  # i = first - shift is the lowest i storing outside; no thread gets there
+        launch()
+        assert np.array_equal(out[shift:shift + limit], x[:limit])  # limit is 0 where shift < 0
+        return
+    with pytest.raises(KernelError, match=rf"out-of-bounds global memory write: thread \({(first - shift) % block},0,0\) "
+                                          rf".* \(float\* out {re.escape('-' if first < 0 else '+')} {4 * abs(first)} bytes, outside "
+                                          rf"its {4 * n} bytes\)"):
+        launch()
+
+
+FLOAT_SUMS = """
+extern "C" __global__ void block_totals(const float* x, float* total, int n) {
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    float v = i < n ? x[i] : 0.0f;
+    for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_down_sync(0xffffffffu, v, offset);
+    if ((threadIdx.x & 31) == 0) atomicAdd(total, v);  // one add per warp, in the order warps run
+}
+"""
+
+
+def test_float_atomic_adds_differ_by_their_order_within_the_rounding_bound():
+    """A correct warp reduction ending in one float atomicAdd per warp: 64 adds whose order each
+    schedule changes. The schedules' totals differ in their last bits (without detectors that is
+    the comparison's RaceError), and with detectors they are compared within 64 u (M_a + M_b) /
+    (1 - u), so the launch passes."""
+    kernel = module(FLOAT_SUMS).get_function("block_totals")
+    x = np.random.default_rng(0).standard_normal(2048).astype(np.float32)
+    total = np.zeros(1, np.float32)
+    with detectors(False), schedules(), pytest.raises(RaceError, match=r"float\* total \(1,\) differs between schedules"):
+        kernel((8,), (256,), (x, total, np.int32(2048)))
+    total[0] = 0
+    with schedules():
+        kernel((8,), (256,), (x, total, np.int32(2048)))
+    # any term passes through 5 shuffle adds and at most 64 atomic ones: |error| <= 69 u sum |x| (first order)
+    u = np.finfo(np.float32).eps / 2
+    assert abs(total[0] - x.astype(np.float64).sum()) <= 69 * u * np.abs(x.astype(np.float64)).sum() / (1 - 69 * u)
+
+
+def test_a_plain_store_to_a_word_of_float_atomics_is_compared_exactly():
+    """The same sum, but thread 0 first stores into the word: the word is not only atomics', so
+    the schedules must agree bit for bit (the detectors also report the unordered store)."""
+    code = textwrap.dedent(FLOAT_SUMS).replace("float v = i < n", "if (i == 0) *total = 1.0f;\n    float v = i < n")
+    with pytest.raises(RaceError, match=r"kernel block_totals, block \(\d,0,0\): global memory race"):
+        with schedules():
+            module(code).get_function("block_totals")((8,), (256,), (np.ones(2048, np.float32), np.zeros(1, np.float32),
+                                                                    np.int32(2048)))
 
 
 # ---------------------------------------------------------------------------------------------

@@ -9,15 +9,18 @@ import importlib.machinery
 import importlib.util
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "scripts" / "gpu-check"
-MAX_FILES, MAX_FILE_BYTES = 8, 16 * 2**20
+MAX_FILES, MAX_FILE_BYTES = 5, 16 * 2**20
+PARTS = ("versions", "parity-bf16", "parity-fp16", "parity-fp32", "replay", "benchmark", "sanitizer", "profile")
 
 
 @pytest.fixture(scope="module")
@@ -44,30 +47,42 @@ def checkout_copy(tmp_path_factory):
     return copy
 
 
+def files_of(folder: Path) -> set[Path]:
+    """The files under `folder`, less Python's byte-code caches."""
+    return {path for path in folder.rglob("*") if "__pycache__" not in path.parts}
+
+
 @pytest.fixture(scope="module")
 def report(checkout_copy, tmp_path_factory):
-    out = tmp_path_factory.mktemp("report")
+    """The check with a relative --out, run from a folder of its own: (result, report folder,
+    the files the run added to the checkout)."""
+    work = tmp_path_factory.mktemp("work")
     env = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
-    result = subprocess.run([sys.executable, str(checkout_copy / "scripts" / "gpu-check"), "--cudasim", "--out", str(out)],
-                            cwd=checkout_copy, env=env, capture_output=True, text=True, timeout=600)
-    return result, out
+    before = files_of(checkout_copy)
+    result = subprocess.run([sys.executable, str(checkout_copy / "scripts" / "gpu-check"), "--cudasim", "--out", "report"],
+                            cwd=work, env=env, capture_output=True, text=True, timeout=1800)  # a hang guard
+    return result, work / "report", files_of(checkout_copy) - before
 
 
 def test_cudasim_check_passes_from_a_copy_of_the_checkout(report, checkout_copy):
-    result, out = report
+    result, out, _ = report
     summary = (out / "summary.md").read_text()
     assert result.returncode == 0, result.stdout + result.stderr
-    assert summary.startswith("# gpu-check PASSED (cudasim")
+    assert summary.startswith("# gpu-check: twin PASSED; tools: sanitizer passed, profile passed (cudasim")
     assert f"minit2i imported from {checkout_copy.resolve()}" in summary  # the copy, not the installed package
-    for part in ("versions", "parity", "sanitizer", "benchmark", "profile"):
-        assert f"* {part}: passed" in summary, part
+    lines = [line for line in summary.splitlines() if line.startswith("* ")]
+    assert [line.split(":")[0][2:] for line in lines] == list(PARTS)  # in the order of value
+    for line in lines:
+        assert ": passed (" in line and "s on a GPU" in line, line  # each with its GPU estimate
+    assert "Estimated time of these parts on a GPU:" in summary
 
 
 def test_report_names_every_kernel_and_dtype(report):
-    _, out = report
+    _, out, _ = report
     summary = (out / "summary.md").read_text()
-    parity_line = next(line for line in summary.splitlines() if line.startswith("* parity"))
-    assert "passed" in parity_line.split(": ", 2)[2] and "failed" not in parity_line  # counts of 0 are left out
+    for dtype in ("bf16", "fp16", "fp32"):
+        parity_line = next(line for line in summary.splitlines() if line.startswith(f"* parity-{dtype}"))
+        assert "passed" in parity_line.split(": ", 2)[2] and "failed" not in parity_line  # counts of 0 are left out
     assert "test_tensor_core_attention_matches_softmax_attention[64-65-31-1-bf16]:" in summary
     for kernel in ("rms_norm", "add_rms_norm", "swiglu", "geglu", "qkv_heads", "cfg_euler", "euler_step"):
         for suffix in ("f32", "f16", "bf16"):
@@ -76,7 +91,7 @@ def test_report_names_every_kernel_and_dtype(report):
 
 
 def test_report_fits_one_copy_back(report):
-    _, out = report
+    _, out, _ = report
     files = list(out.rglob("*"))
     assert 0 < len(files) <= MAX_FILES and all(f.is_file() and f.stat().st_size <= MAX_FILE_BYTES for f in files)
 
@@ -101,3 +116,99 @@ def test_ncu_csv_is_read_per_kernel_and_metric(gpu_check):
               '"0","rms_norm_bf16(const __nv_bfloat16 *, int)","dram__bytes.sum","byte","41943040"\n')
     assert gpu_check.ncu_metrics(output) == {"rms_norm_bf16": {"gpu__time_duration.sum": 12480.0,
                                                                    "dram__bytes.sum": 41943040.0}}
+
+
+def gpu_check_process(*args: str, cwd: Path = REPO, **kwargs) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(SCRIPT), *args], cwd=cwd, capture_output=True, text=True, timeout=120, **kwargs)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--parts", "versions,parity"], "argument --parts: unknown part parity; choose from " + ",".join(PARTS)),
+    (["--budget", "0"], "argument --budget: 0 is not a positive, finite number of seconds (default 480)"),
+    (["--budget", "-5"], "argument --budget: -5 is not a positive, finite number of seconds (default 480)"),
+    (["--budget", "nan"], "argument --budget: nan is not a positive, finite number of seconds (default 480)"),
+    (["--budget", "inf"], "argument --budget: inf is not a positive, finite number of seconds (default 480)"),
+    (["--budget", "soon"], "argument --budget: 'soon' is not a number of seconds"),
+])
+def test_bad_parts_and_budgets_are_one_line_usage_errors(tmp_path, args, message):
+    result = gpu_check_process(*args, "--out", str(tmp_path / "report"))
+    assert (result.returncode, result.stdout) == (2, "")
+    assert result.stderr == f"scripts/gpu-check: error: {message}\n"
+    assert not (tmp_path / "report").exists()  # refused before anything is made
+
+
+def test_out_folders_that_cannot_hold_a_report_are_one_line_usage_errors(tmp_path):
+    """A file, a path under a file, a place nobody may write to (sysfs refuses root too), a name
+    longer than the system allows: each one line naming --out, exit 2, before any work."""
+    (tmp_path / "notes.txt").write_text("mine")
+    for out, reason in [(tmp_path / "notes.txt", "is not a folder"), (tmp_path / "notes.txt" / "r", "is not a folder"),
+                        (Path("/sys/gpu-check-report"), "cannot write there"),
+                        (tmp_path / ("r" * 300), "longer than this system allows")]:
+        result = gpu_check_process("--cudasim", "--out", str(out))
+        assert result.returncode == 2 and result.stdout == "", out
+        assert result.stderr.startswith("scripts/gpu-check: error: --out") and reason in result.stderr, result.stderr
+        assert result.stderr.count("\n") == 1
+    assert (tmp_path / "notes.txt").read_text() == "mine"
+
+
+def test_a_folder_holding_a_report_name_is_refused_and_left_as_it_was(tmp_path):
+    """The user's own summary.md, and a parity.log that is a link to a file elsewhere: nothing is
+    overwritten, nothing is written through the link."""
+    (tmp_path / "summary.md").write_text("my notes")
+    elsewhere = tmp_path.parent / f"{tmp_path.name}-elsewhere.txt"
+    elsewhere.write_text("not yours")
+    linked = tmp_path / "linked"
+    linked.mkdir()
+    (linked / "parity.log").symlink_to(elsewhere)
+    for out, name in ((tmp_path, "summary.md"), (linked, "parity.log")):
+        result = gpu_check_process("--cudasim", "--parts", "versions", "--out", str(out))
+        assert result.returncode == 2
+        assert result.stderr == (f"scripts/gpu-check: error: --out {out} already holds {name}; choose a new or empty folder "
+                                 "(nothing is overwritten)\n")
+    assert (tmp_path / "summary.md").read_text() == "my notes" and elsewhere.read_text() == "not yours"
+
+
+def test_a_relative_out_is_relative_to_where_the_command_runs(report):
+    """The parts run in the checkout, but nothing of the report (parity's junit XML included)
+    lands there: it all goes where --out says, from where the command runs."""
+    _, out, added = report
+    assert added == set()
+    assert sorted(path.name for path in out.iterdir()) == ["benchmark.txt", "parity.log", "sanitizer.log", "summary.md"]
+
+
+def test_a_check_stopped_from_outside_leaves_its_report(tmp_path):
+    """SIGTERM while the first parity part runs (as `timeout` stops a command): the summary says
+    which parts passed, which one was stopped and which were not reached, and the twin's verdict
+    is INCOMPLETE."""
+    out = tmp_path / "report"
+    process = subprocess.Popen([sys.executable, str(SCRIPT), "--cudasim", "--out", str(out)], cwd=REPO,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    summary = out / "summary.md"
+    for _ in range(1200):  # a hang guard of 120 s; the versions part takes a few seconds
+        if summary.exists() and "* parity-bf16: running" in summary.read_text():
+            break
+        time.sleep(0.1)
+    process.send_signal(signal.SIGTERM)
+    process.communicate(timeout=60)
+    text = summary.read_text()
+    assert process.returncode == 1
+    assert text.startswith("# gpu-check: twin INCOMPLETE; tools: sanitizer not reached, profile not reached (cudasim")
+    assert "* versions: passed" in text and "* parity-bf16: stopped" in text and "stopped from outside (SIGTERM)" in text
+    assert all(f"* {name}: not reached" in text for name in PARTS[2:])
+
+
+def test_a_tool_that_cannot_run_here_is_not_the_twins_failure(gpu_check):
+    parts = [gpu_check.Part(name, "passed") for name in PARTS[:6]]
+    parts += [gpu_check.Part("sanitizer", "unavailable"), gpu_check.Part("profile", "unavailable")]
+    assert gpu_check.verdicts(parts, list(PARTS)) == ("PASSED", "sanitizer unavailable, profile unavailable")
+    parts[6].status = "failed"  # compute-sanitizer ran and found an error in a kernel
+    assert gpu_check.verdicts(parts, list(PARTS))[0] == "FAILED"
+    for output in ("========= Error: Device not supported", "==ERROR== ERR_NVGPUCTRPERM - The user does not have permission"):
+        assert gpu_check.UNAVAILABLE.search(output)
+
+
+def test_the_default_budget_fits_one_short_gpu_window(gpu_check):
+    """At most 8 minutes in all, and the six most valuable parts leave a quarter for the tools."""
+    assert gpu_check.DEFAULT_BUDGET <= 8 * 60
+    assert sum(gpu_check.SHARES.values()) <= 0.75
+    assert list(gpu_check.SHARES) == list(PARTS[:6])

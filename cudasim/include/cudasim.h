@@ -29,6 +29,18 @@ struct uint3 {
 };
 typedef uint3 dim3;
 
+// Vector types, aligned as vector_types.h aligns them: an access through a misaligned pointer to
+// one is an error on a GPU (and reported by the detectors).
+#define CUDASIM_VECTOR_TYPES(T, NAME)                                                                    \
+    struct alignas(2 * sizeof(T)) NAME##2 { T x, y; };                                                  \
+    struct alignas(4 * sizeof(T)) NAME##4 { T x, y, z, w; };                                            \
+    inline NAME##2 make_##NAME##2(T x, T y) { return {x, y}; }                                          \
+    inline NAME##4 make_##NAME##4(T x, T y, T z, T w) { return {x, y, z, w}; }
+CUDASIM_VECTOR_TYPES(float, float)
+CUDASIM_VECTOR_TYPES(int, int)
+CUDASIM_VECTOR_TYPES(unsigned, uint)
+#undef CUDASIM_VECTOR_TYPES
+
 namespace cudasim {
 // The bits of `from` read as a `To` (C++20's std::bit_cast).
 template <typename To, typename From>
@@ -59,10 +71,16 @@ void warp_collective(const char* name, int line, unsigned mask, void* payload, C
 void syncwarp(int line, unsigned mask);
 // Report a fault found inside a collective (printf-style); the launch fails with it.
 void fault(const char* format, ...);
+// The guards around a block's shared variables (runtime.cpp) and around each argument buffer of
+// a launch with detectors (module.py): an access into one is out of bounds.
+constexpr size_t SHARED_GUARD_BYTES = 4096;
+constexpr size_t MEMORY_GUARD_BYTES = 4096;
 // For the detectors: a collective's memory accesses count as those of `lane` of the warp
 // completing it (-1: the running thread's again); accesses inside an atomic_scope are atomic.
 void act_as_lane(int lane);
 void atomic_scope(bool enter);
+// For the schedule comparison: a float atomicAdd on `address` (of `size` bytes) made its sum `magnitude`.
+void atomic_float_add(const void* address, size_t size, double magnitude);
 // Which scrambled WMMA element-to-lane layout the running launch uses (one per schedule; mma.h).
 extern int fragment_layout;
 
@@ -185,8 +203,6 @@ __forceinline__ T atomic_update(T* address, Update update) {
 CUDASIM_ATOMIC(atomicAdd, int, (int)((unsigned)old + (unsigned)value))
 CUDASIM_ATOMIC(atomicAdd, unsigned, old + value)
 CUDASIM_ATOMIC(atomicAdd, unsigned long long, old + value)
-CUDASIM_ATOMIC(atomicAdd, float, old + value)
-CUDASIM_ATOMIC(atomicAdd, double, old + value)
 CUDASIM_ATOMIC(atomicSub, int, (int)((unsigned)old - (unsigned)value))
 CUDASIM_ATOMIC(atomicSub, unsigned, old - value)
 CUDASIM_ATOMIC(atomicMax, int, max(old, value))
@@ -208,5 +224,15 @@ CUDASIM_ATOMIC(atomicExch, float, value)
 CUDASIM_ATOMIC_CAS(int)
 CUDASIM_ATOMIC_CAS(unsigned)
 CUDASIM_ATOMIC_CAS(unsigned long long)
+// Float adds round, so their sum depends on their order; the runtime records each (atomic_float_add).
+#define CUDASIM_FLOAT_ATOMIC_ADD(T)                                                                      \
+    __device__ __forceinline__ T atomicAdd(T* address, T value) {                                        \
+        const T old = cudasim::atomic_update(address, [value](T old) -> T { return old + value; });      \
+        cudasim::atomic_float_add(address, sizeof(T), fabs((double)(old + value)));                      \
+        return old;                                                                                      \
+    }
+CUDASIM_FLOAT_ATOMIC_ADD(float)
+CUDASIM_FLOAT_ATOMIC_ADD(double)
 #undef CUDASIM_ATOMIC
 #undef CUDASIM_ATOMIC_CAS
+#undef CUDASIM_FLOAT_ATOMIC_ADD
