@@ -188,6 +188,12 @@ def read_json_object(path: Path, what: str) -> dict:
     return value
 
 
+def user_path(path) -> Path:
+    """`path` with a leading `~` or `~user` expanded as a shell does: a user that does not exist, or
+    no home to expand to, leaves it as typed (`Path.expanduser` raises instead)."""
+    return Path(os.path.expanduser(path))
+
+
 def existing_path(path, flag: str = "") -> Path:
     """`path` if it is a readable file or folder; otherwise the precise reason in one line,
     naming the path after `flag` (the option it came from) if given.
@@ -196,7 +202,7 @@ def existing_path(path, flag: str = "") -> Path:
     (as an interrupted download leaves in an HF cache), a symlink loop or a missing permission is
     named as such, not reported as a missing file.
     """
-    p = Path(path).expanduser()
+    p = user_path(path)
     label = f"{flag} {path}" if flag else str(path)
     try:
         mode = p.stat().st_mode
@@ -268,7 +274,7 @@ def write_temporary(path: Path, write: Callable[[BinaryIO], object]) -> str:
 def check_output_file(path: Path, flag: str) -> Path:
     """`path` can be written, checked before any work: its folder exists and is writable, it is
     not a folder, and its name and its temporary file's both fit the file system's limit."""
-    path = Path(path).expanduser()
+    path = user_path(path)
     if not path.name:
         raise MiniT2IError(f"{flag} {str(path)!r} names no file; pass a file name")
     writable_folder(path.parent, flag)

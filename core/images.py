@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from .checks import check_output_file, write_temporary
+from .checks import check_output_file, user_path, write_temporary
 from .errors import MiniT2IError
 
 
@@ -20,7 +20,7 @@ def to_pixels(images: np.ndarray) -> np.ndarray:
 
 def check_writable(path: str | Path, flag: str = "--output") -> Path:
     """Fail early (before any model work) if `path`, given by `flag`, cannot be written as a PNG."""
-    path = Path(path).expanduser()
+    path = user_path(path)
     if path.suffix.lower() != ".png":
         raise MiniT2IError(f"{flag} {path} must end in .png; pass e.g. {flag} image.png")
     return check_output_file(path, flag)

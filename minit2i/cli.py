@@ -12,7 +12,7 @@ import logging
 import sys
 from pathlib import Path
 
-from minit2i.core.checks import writable_folder
+from minit2i.core.checks import user_path, writable_folder
 from minit2i.core.errors import MiniT2IError
 from minit2i.core.mmjit_config import DEFAULT_VARIANT
 
@@ -177,7 +177,7 @@ def _preview_dir(path) -> Path | None:
     """The --preview-dir folder, created if missing and checked writable before any work."""
     if path is None:
         return None
-    folder = Path(path).expanduser()
+    folder = user_path(path)
     if not folder.exists():
         try:
             folder.mkdir(parents=True, exist_ok=True)

@@ -686,6 +686,18 @@ def test_preview_write_failure_does_not_blame_output(tiny, tmp_path, monkeypatch
     assert "--output" not in line
 
 
+def test_a_tilde_word_naming_no_user_is_a_path_as_typed(tiny, tmp_path, monkeypatch):
+    """`~name` is the home of user `name`; where there is no such user a shell leaves the word as
+    typed, and so does every path option (pathlib's expanduser raised RuntimeError: a traceback)."""
+    monkeypatch.chdir(tmp_path)
+    code, out, err = run_cli("generate", *TINY_ARGS, "--model", tiny[0], "--t5", tiny[1],
+                             "--preview-dir", "~no-such-user-minit2i", "-o", "~no-such-user-minit2i.png")
+    assert (code, err) == (0, "")
+    assert (tmp_path / "~no-such-user-minit2i.png").is_file()
+    assert (tmp_path / "~no-such-user-minit2i" / "step_001.png").is_file()
+    assert_one_line_error(*run_cli("info", "~no-such-user-minit2i/model"), "~no-such-user-minit2i/model")
+
+
 def test_fifo_devices_and_symlink_loops(tiny, tmp_path):
     os.mkfifo(tmp_path / "fifo")
     assert_one_line_error(*run_cli("info", tmp_path / "fifo"), "expected a file or folder, found a FIFO")
@@ -1262,7 +1274,8 @@ def test_generated_resumable_checkpoints(resumable, data, value, step):
 @CASES
 @given(destination=st.one_of(
     st.sampled_from(["", ".", "..", "/", "sub/", "sub/x.safetensors", "missing/x.safetensors", "x", "x.SAFETENSORS",
-                     "x.safetensors/", "x" * 250 + ".safetensors", "config.json"]),
+                     "x.safetensors/", "x" * 250 + ".safetensors", "config.json", "~.safetensors",
+                     "~no-such-user-minit2i/x.safetensors"]),
     st.text(st.characters(blacklist_characters="/\0", blacklist_categories=["Cs"]), max_size=12).map(
         lambda name: name + ".safetensors")),
     force=st.booleans())
