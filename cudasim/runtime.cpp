@@ -28,6 +28,7 @@
 #include <cmath>
 #include <cstdarg>
 #include <cstdio>
+#include <limits>
 #include <random>
 #include <string>
 #include <unordered_map>
@@ -377,13 +378,13 @@ bool detecting = false;     // a launch of a build with detectors is running
 Region shared_region;       // mapped on the first launch, kept (the block's shared memory is fixed)
 std::vector<Region> global_regions;
 std::vector<Region> arguments;  // each argument buffer as passed (global_regions merges them): bounds and names
-uintptr_t guarded_low = 0, guarded_high = 0;  // the arguments' span with their guards: outside it nothing is checked
 // Thread-local addresses, looked up once per launch (each lookup is a call in a shared library).
 const unsigned char* shared_back = nullptr;
 void* dynamic_bases[16];
 int dynamic_arrays = 0;
 uint32_t next_stamp = 0;
 Fiber* acting = nullptr;    // a warp collective's accesses are those of this lane (else: the running fiber)
+const unsigned char* collective_frames = nullptr;  // while a warp collective completes: the top of its frames
 int atomic_depth = 0;       // inside an atomic function
 
 struct PendingWrite {  // a racing write, reported once its value is stored
@@ -409,13 +410,18 @@ std::vector<std::pair<const unsigned char*, AtomicSum>> atomic_results;  // of t
 
 uint32_t stamp() { return ++next_stamp ? next_stamp : ++next_stamp; }  // never 0, the stamp of "no access"
 
-uint32_t pc_offset(const void* pc) {
+// Where this library is loaded (its ELF header).
+uintptr_t library_base() {
     static const uintptr_t base = [] {
         Dl_info info;
         dladdr(reinterpret_cast<void*>(&map_shadow), &info);
         return reinterpret_cast<uintptr_t>(info.dli_fbase);
     }();
-    return static_cast<uint32_t>(reinterpret_cast<uintptr_t>(pc) - base - 1);  // -1: the call, not the return address
+    return base;
+}
+
+uint32_t pc_offset(const void* pc) {
+    return static_cast<uint32_t>(reinterpret_cast<uintptr_t>(pc) - library_base() - 1);  // -1: the call, not the return address
 }
 
 Region* region_of(const void* address) {
@@ -576,9 +582,81 @@ size_t static_shared_bytes(size_t block_bytes) {
     return block_bytes - dynamic_shared_arrays(bases) * dynamic_shared_capacity - 2 * SHARED_GUARD_BYTES;
 }
 
+// Memory the kernel's code may touch besides shared memory (the library's thread-local block) and
+// the argument buffers, which the detectors shadow; everything else is out of bounds, however far
+// from a buffer it lies (heap, other libraries, other threads' stacks):
+// * the running thread's own fiber stack (its locals); while a warp collective completes, which
+//   happens on the scheduler's stack (resolve_collective), its frames there and the stacks of the
+//   warp's lanes, where their fragments and payloads are (mma.h);
+// * threadIdx: the running fiber's ThreadState, which the prelude reads through `current`;
+// * the library's PT_LOAD segments: __device__ and __constant__ globals, string literals, constant
+//   tables (mma.h's multipliers), and the runtime variables the prelude reads (`current`,
+//   blockIdx, blockDim, gridDim, fragment_layout).
+// The launch's glue reads the argument values it is given, uninstrumented (build.py); printf,
+// assert and libm are not compiled with the hooks, so what they touch is not checked.
+struct Span {
+    uintptr_t low = 0, high = 0;
+};
+
+bool within(uintptr_t low, uintptr_t high, const unsigned char* p, size_t size) {
+    const auto address = reinterpret_cast<uintptr_t>(p);
+    return address >= low && address + size <= high;
+}
+
+bool on_stack_of(const Fiber& f, const unsigned char* p, size_t size) {
+    const auto stack = reinterpret_cast<uintptr_t>(f.stack);
+    return within(stack, stack + STACK_BYTES, p, size);
+}
+
+// On the stack of a lane of the running thread's warp.
+bool on_warp_stack(const unsigned char* p, size_t size) {
+    if (p < reinterpret_cast<const unsigned char*>(stack_pool)) return false;
+    const size_t owner = (p - reinterpret_cast<const unsigned char*>(stack_pool)) / (STACK_BYTES + GUARD_BYTES);
+    const size_t first = running->linear & ~31;
+    return owner >= first && owner < std::min(first + 32, fibers.size()) && on_stack_of(fibers[owner], p, size);
+}
+
+int find_static_segments(struct dl_phdr_info* info, size_t, void* out) {
+    std::vector<Span> loads;
+    for (int i = 0; i < info->dlpi_phnum; ++i) {
+        const ElfW(Phdr)& ph = info->dlpi_phdr[i];
+        if (ph.p_type == PT_LOAD) loads.push_back({info->dlpi_addr + ph.p_vaddr, info->dlpi_addr + ph.p_vaddr + ph.p_memsz});
+    }
+    const auto here = reinterpret_cast<const unsigned char*>(&find_static_segments);
+    if (std::none_of(loads.begin(), loads.end(), [here](const Span& s) { return within(s.low, s.high, here, 1); })) return 0;
+    *static_cast<std::vector<Span>*>(out) = loads;
+    return 1;
+}
+
+// This library's PT_LOAD segments, found once.
+const std::vector<Span>& static_segments() {
+    static const std::vector<Span> segments = [] {
+        std::vector<Span> found;
+        dl_iterate_phdr(find_static_segments, &found);
+        return found;
+    }();
+    return segments;
+}
+
+bool permitted_elsewhere(const unsigned char* p, size_t size) {
+    if (collective_frames) {
+        // this function's frame lies below the collective's: its frames are those in between
+        const auto below = reinterpret_cast<uintptr_t>(__builtin_frame_address(0));
+        if (within(below, reinterpret_cast<uintptr_t>(collective_frames), p, size) || on_warp_stack(p, size)) return true;
+    } else if (on_stack_of(*running, p, size)) {
+        return true;
+    }
+    const auto thread_state = reinterpret_cast<uintptr_t>(static_cast<ThreadState*>(running));
+    if (within(thread_state, thread_state + sizeof(ThreadState), p, size)) return true;
+    for (const Span& s : static_segments())
+        if (within(s.low, s.high, p, size)) return true;
+    return false;
+}
+
 // "float* out + 400 bytes, outside its 400 bytes" for bytes [p, p + size) that leave shared
-// memory or an argument buffer; "" for bytes in bounds or in memory the detectors do not watch.
-// `region` is the one p lies in (region_of); an access inside it is the common, quick case.
+// memory or the argument buffers (naming the nearest buffer, however far away) and lie in no
+// other memory the kernel may touch (permitted_elsewhere); "" for bytes in bounds. `region` is the
+// one p lies in (region_of); an access inside it is the common, quick case.
 std::string outside(const unsigned char* p, size_t size, const Region* region) {
     char text[200];
     if (region && region->shared) {
@@ -600,16 +678,14 @@ std::string outside(const unsigned char* p, size_t size, const Region* region) {
         }
         return "";
     }
-    if (region && p + size <= region->base + region->size) return "";
-    const auto address = reinterpret_cast<uintptr_t>(p);
-    if (address + size <= guarded_low || address >= guarded_high) return "";  // the stack, the runtime's own data
+    if (region ? p + size <= region->base + region->size : permitted_elsewhere(p, size)) return "";
     const Region* nearest = nullptr;
-    long long nearest_distance = MEMORY_GUARD_BYTES + 1;
+    long long nearest_distance = std::numeric_limits<long long>::max();
     for (const Region& a : arguments) {
         const long long distance = std::max(a.base - p, p + size - (a.base + a.size));  // > 0: bytes outside it
         if (distance > 0 && distance < nearest_distance) nearest = &a, nearest_distance = distance;
     }
-    if (!nearest) return "";
+    if (!nearest) return "the launch passed no buffer";
     const long long offset = p - nearest->base;
     snprintf(text, sizeof text, "%s %c %lld bytes, outside its %zu bytes", nearest->name, offset < 0 ? '-' : '+',
              std::llabs(offset), nearest->size);
@@ -698,12 +774,6 @@ void start_detecting(const TlsBlock& shared, const void* const* bases, const siz
     arguments = buffers;
     shared_back = shared_back_guard;
     dynamic_arrays = dynamic_shared_arrays(dynamic_bases);
-    guarded_low = guarded_high = 0;
-    for (const Region& r : buffers) {
-        const uintptr_t base = reinterpret_cast<uintptr_t>(r.base);
-        guarded_low = guarded_high ? std::min(guarded_low, base - MEMORY_GUARD_BYTES) : base - MEMORY_GUARD_BYTES;
-        guarded_high = std::max(guarded_high, base + r.size + MEMORY_GUARD_BYTES);
-    }
     atomic_sums.clear();
     const uint32_t launch_stamp = stamp();
     for (Region& r : buffers) {
@@ -736,6 +806,7 @@ void stop_detecting() {
     arguments.clear();
     detecting = false;
     acting = nullptr;
+    collective_frames = nullptr;  // a collective stopped by a fault did not clear it
     atomic_depth = 0;
     pending.active = false;
 }
@@ -779,7 +850,9 @@ void resolve_collective(const Fiber& f) {
     void* payloads[32] = {};
     for (int lane = 0; lane < 32; ++lane)
         if (f.mask >> lane & 1u) payloads[lane] = lane_fiber(f, lane).payload;
+    collective_frames = static_cast<const unsigned char*>(__builtin_frame_address(0));  // payloads lies below it
     f.complete(payloads, f.line);
+    collective_frames = nullptr;
 }
 
 // All lanes of `f`'s mask wait at the same shuffle or warp collective: complete it.
