@@ -108,7 +108,8 @@ class Module:
             library = build(self.code, self.name, self.sanitize, detectors)
             dll = ctypes.CDLL(str(library.path))
             dll.cudasim_launch.restype = ctypes.c_int
-            dll.cudasim_memory_guard_bytes.restype = dll.cudasim_atomic_sums.restype = ctypes.c_size_t
+            dll.cudasim_atomic_sums.restype = ctypes.c_size_t
+            dll.cudasim_map_guarded.restype = ctypes.c_void_p
             self._builds[detectors] = library, dll
         return self._builds[detectors]
 
@@ -197,7 +198,7 @@ class Kernel:
         for the elements only float atomicAdds wrote (empty without detectors)."""
         detecting = self.module.detecting()
         library, dll = self.module.library_for(detecting)
-        with guarded_copies(arrays, dll.cudasim_memory_guard_bytes()) if detecting else nullcontext(arrays) as arrays:
+        with guarded_copies(arrays, dll) if detecting else nullcontext(arrays) as arrays:
             values = [ctypes.c_void_p(arrays[str(p)].ctypes.data) if p.pointer else v
                       for p, v in zip(self.signature.params, values)]
             self._launch(library, dll, values, arrays, grid, block, shared_mem, schedule)
@@ -239,8 +240,10 @@ class Kernel:
 
 
 @contextmanager
-def guarded_copies(arrays: dict[str, np.ndarray], guard: int):
-    """Copies of `arrays` in fresh memory with `guard` bytes before and after, written back at the end.
+def guarded_copies(arrays: dict[str, np.ndarray], dll: ctypes.CDLL):
+    """Copies of `arrays`, each span in a mapping of its own between two guards of reserved,
+    inaccessible address space (the runtime's `cudasim_map_guarded`), written back at the end.
+    The copies live inside the block only: their mappings go with it.
 
     Arrays that share memory are copied as one span, so they still share it; each span keeps its
     address modulo PAGE_BYTES, so every alignment is as it was. Empty arrays stay as they are.
@@ -255,20 +258,28 @@ def guarded_copies(arrays: dict[str, np.ndarray], guard: int):
             spans[-1][2].append(name)
         else:
             spans.append([start, start + a.nbytes, [name]])
-    copies, staged = dict(arrays), []
-    for start, end, names in spans:
-        memory = np.empty(end - start + 2 * guard + PAGE_BYTES, np.uint8)
-        offset = guard + (start - memory.ctypes.data - guard) % PAGE_BYTES
-        ctypes.memmove(memory.ctypes.data + offset, start, end - start)
-        staged.append((start, memory.ctypes.data + offset, end - start))
-        for name in names:
-            a = arrays[name]
-            copies[name] = np.ndarray(a.shape, a.dtype, buffer=memory, offset=offset + a.ctypes.data - start)
+    copies, staged, mapped = dict(arrays), [], []
     try:
+        for start, end, names in spans:
+            offset = start % PAGE_BYTES
+            length = -(-(offset + end - start) // PAGE_BYTES) * PAGE_BYTES
+            base = dll.cudasim_map_guarded(ctypes.c_size_t(length))
+            if not base:
+                raise KernelError(f"the detectors cannot reserve address space around a {end - start}-byte buffer; "
+                                  "run without them (cudasim.detectors(False) or CUDASIM_DETECTORS=0)")
+            mapped.append((base, length))
+            ctypes.memmove(base + offset, start, end - start)
+            staged.append((start, base + offset, end - start))
+            memory = (ctypes.c_uint8 * length).from_address(base)
+            for name in names:
+                a = arrays[name]
+                copies[name] = np.ndarray(a.shape, a.dtype, buffer=memory, offset=offset + a.ctypes.data - start)
         yield copies
     finally:
         for start, copy, size in staged:
             ctypes.memmove(start, copy, size)
+        for base, length in mapped:
+            dll.cudasim_unmap_guarded(ctypes.c_void_p(base), ctypes.c_size_t(length))
 
 
 def _atomic_sums(dll, arrays: dict[str, np.ndarray]) -> dict[str, dict[int, tuple[int, float]]]:

@@ -569,12 +569,13 @@ void uninitialised_read(const Region& r, const Access& reader, const unsigned ch
 // Bounds and alignment
 //
 // A block's shared variables lie between two guards of SHARED_GUARD_BYTES; the launcher copies
-// the argument buffers of a launch with detectors into memory with MEMORY_GUARD_BYTES of its
-// own before and after each (cudasim/module.py). An access that touches a guard, or dynamic
-// shared memory past what the launch asked for, is out of bounds, as for compute-sanitizer's
-// memcheck; an access through a pointer of an aligned type (the hooks without "unaligned")
-// at an address that is not a multiple of its size is misaligned. Both are reported before
-// the access happens, and the thread goes no further: the host's memory is never touched.
+// the argument buffers of a launch with detectors into mappings of their own, between guards of
+// MEMORY_GUARD_BYTES of reserved address space (cudasim_map_guarded, cudasim/module.py). An
+// access in a guard, in dynamic shared memory past what the launch asked for, or anywhere else
+// the kernel has no business (permitted_elsewhere) is out of bounds, as for compute-sanitizer's
+// memcheck; an access through a pointer of an aligned type (the hooks without "unaligned") at an
+// address that is not a multiple of its size is misaligned. Both are reported before the access
+// happens, and the thread goes no further: the host's memory is never touched.
 
 // Of a thread-local block of `block_bytes`: less the dynamic arrays and the two guards.
 size_t static_shared_bytes(size_t block_bytes) {
@@ -1143,8 +1144,21 @@ EXPORT size_t cudasim_static_shared_bytes() { return static_shared_bytes(shared_
 
 EXPORT size_t cudasim_dynamic_shared_capacity() { return dynamic_shared_capacity; }
 
-// The guard the launcher leaves before and after each argument buffer of a launch with detectors.
-EXPORT size_t cudasim_memory_guard_bytes() { return MEMORY_GUARD_BYTES; }
+// Memory for the launcher's copy of an argument buffer (`bytes`, a multiple of the page size):
+// readable and writable, between two guards of MEMORY_GUARD_BYTES reserved and inaccessible
+// (PROT_NONE costs no memory). nullptr if the address space is not there.
+EXPORT void* cudasim_map_guarded(size_t bytes) {
+    auto* reserved = static_cast<char*>(mmap(nullptr, bytes + 2 * MEMORY_GUARD_BYTES, PROT_NONE,
+                                             MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0));
+    if (reserved == MAP_FAILED) return nullptr;
+    if (mprotect(reserved + MEMORY_GUARD_BYTES, bytes, PROT_READ | PROT_WRITE) == 0) return reserved + MEMORY_GUARD_BYTES;
+    munmap(reserved, bytes + 2 * MEMORY_GUARD_BYTES);
+    return nullptr;
+}
+
+EXPORT void cudasim_unmap_guarded(void* memory, size_t bytes) {
+    munmap(static_cast<char*>(memory) - MEMORY_GUARD_BYTES, bytes + 2 * MEMORY_GUARD_BYTES);
+}
 
 // The words of the last launch with detectors that only float atomicAdds wrote: their
 // addresses, how many adds each had and the largest magnitude its sum reached (at most
