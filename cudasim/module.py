@@ -30,6 +30,7 @@ from __future__ import annotations
 import ctypes
 import os
 import threading
+import weakref
 from contextlib import contextmanager, nullcontext
 
 import numpy as np
@@ -243,7 +244,6 @@ class Kernel:
 def guarded_copies(arrays: dict[str, np.ndarray], dll: ctypes.CDLL):
     """Copies of `arrays`, each span in a mapping of its own between two guards of reserved,
     inaccessible address space (the runtime's `cudasim_map_guarded`), written back at the end.
-    The copies live inside the block only: their mappings go with it.
 
     Arrays that share memory are copied as one span, so they still share it; each span keeps its
     address modulo PAGE_BYTES, so every alignment is as it was. Empty arrays stay as they are.
@@ -258,28 +258,32 @@ def guarded_copies(arrays: dict[str, np.ndarray], dll: ctypes.CDLL):
             spans[-1][2].append(name)
         else:
             spans.append([start, start + a.nbytes, [name]])
-    copies, staged, mapped = dict(arrays), [], []
+    copies, staged = dict(arrays), []
+    for start, end, names in spans:
+        offset = start % PAGE_BYTES
+        memory = _guarded_memory(dll, -(-(offset + end - start) // PAGE_BYTES) * PAGE_BYTES)
+        ctypes.memmove(memory.ctypes.data + offset, start, end - start)
+        staged.append((start, memory.ctypes.data + offset, end - start))
+        for name in names:
+            a = arrays[name]
+            copies[name] = np.ndarray(a.shape, a.dtype, buffer=memory, offset=offset + a.ctypes.data - start)
     try:
-        for start, end, names in spans:
-            offset = start % PAGE_BYTES
-            length = -(-(offset + end - start) // PAGE_BYTES) * PAGE_BYTES
-            base = dll.cudasim_map_guarded(ctypes.c_size_t(length))
-            if not base:
-                raise KernelError(f"the detectors cannot reserve address space around a {end - start}-byte buffer; "
-                                  "run without them (cudasim.detectors(False) or CUDASIM_DETECTORS=0)")
-            mapped.append((base, length))
-            ctypes.memmove(base + offset, start, end - start)
-            staged.append((start, base + offset, end - start))
-            memory = (ctypes.c_uint8 * length).from_address(base)
-            for name in names:
-                a = arrays[name]
-                copies[name] = np.ndarray(a.shape, a.dtype, buffer=memory, offset=offset + a.ctypes.data - start)
         yield copies
     finally:
         for start, copy, size in staged:
             ctypes.memmove(start, copy, size)
-        for base, length in mapped:
-            dll.cudasim_unmap_guarded(ctypes.c_void_p(base), ctypes.c_size_t(length))
+
+
+def _guarded_memory(dll, length: int) -> np.ndarray:
+    """`length` bytes (a multiple of PAGE_BYTES) between the runtime's guards, unmapped once no
+    array uses them: a traceback may keep a copy (and show it) after its launch."""
+    base = dll.cudasim_map_guarded(ctypes.c_size_t(length))
+    if not base:
+        raise KernelError(f"the detectors cannot reserve address space around a {length}-byte buffer; "
+                          "run without them (cudasim.detectors(False) or CUDASIM_DETECTORS=0)")
+    memory = np.ctypeslib.as_array((ctypes.c_uint8 * length).from_address(base))
+    weakref.finalize(memory, dll.cudasim_unmap_guarded, ctypes.c_void_p(base), ctypes.c_size_t(length))
+    return memory
 
 
 def _atomic_sums(dll, arrays: dict[str, np.ndarray]) -> dict[str, dict[int, tuple[int, float]]]:

@@ -693,9 +693,14 @@ std::string outside(const unsigned char* p, size_t size, const Region* region) {
     return text;
 }
 
+// Thrown out of a warp collective's completion, which runs on the scheduler's stack: it cannot
+// yield to the scheduler, so it unwinds to it (resolve_collective).
+struct CollectiveStopped {};
+
 // The launch fails with `message`; the running thread stops before its access happens.
 [[noreturn]] void stop_at(const std::string& message) {
     fail("%s", message.c_str());
+    if (collective_frames) throw CollectiveStopped();
     running->wait = Wait::EXITED;
     yield_to_scheduler();  // the launch has failed: nothing resumes this thread
     __builtin_unreachable();
@@ -807,7 +812,6 @@ void stop_detecting() {
     arguments.clear();
     detecting = false;
     acting = nullptr;
-    collective_frames = nullptr;  // a collective stopped by a fault did not clear it
     atomic_depth = 0;
     pending.active = false;
 }
@@ -852,7 +856,11 @@ void resolve_collective(const Fiber& f) {
     for (int lane = 0; lane < 32; ++lane)
         if (f.mask >> lane & 1u) payloads[lane] = lane_fiber(f, lane).payload;
     collective_frames = static_cast<const unsigned char*>(__builtin_frame_address(0));  // payloads lies below it
-    f.complete(payloads, f.line);
+    try {
+        f.complete(payloads, f.line);
+    } catch (const CollectiveStopped&) {
+        // an access out of bounds: the launch has failed, and the warp goes no further
+    }
     collective_frames = nullptr;
 }
 

@@ -430,6 +430,11 @@ extern "C" __global__ void misaligned(const __half* a) {
     wmma::load_matrix_sync(fa, a + 8, 16);
 }
 
+extern "C" __global__ void next_tile(const __half* a) {
+    wmma::fragment<wmma::matrix_a, 16, 16, 16, __half, wmma::row_major> fa;
+    wmma::load_matrix_sync(fa, a + 256, 16);  // the tile after a's only one
+}
+
 extern "C" __global__ void divergent(const __half* a, float* d) {
     wmma::fragment<wmma::matrix_a, 16, 16, 16, __half, wmma::row_major> fa;
     wmma::fragment<wmma::matrix_b, 16, 16, 16, __half, wmma::col_major> fb;
@@ -491,6 +496,16 @@ def test_wmma_pointer_must_be_256_bit_aligned(wmma):
     with pytest.raises(KernelError, match=r"kernel misaligned, block \(0,0,0\): wmma::load_matrix_sync on line \d+: "
                                           r"the pointer 0x[0-9a-f]+ is not 256-bit aligned"):
         wmma.get_function("misaligned")((1,), (32,), (device_array(np.zeros(256 + 8, np.float16)),))
+
+
+def test_planted_wmma_load_past_the_end_of_its_input(wmma):
+    """A warp collective's accesses are checked too: lane 0 loads the first element past a's
+    16x16 tile that its (scrambled) fragment holds, and is stopped there."""
+    line = line_of(textwrap.dedent(WMMA), "a + 256")
+    with pytest.raises(KernelError, match=r"kernel next_tile, block \(0,0,0\): out-of-bounds global memory read: thread "
+                                          r"\(0,0,0\) reads 2 bytes at 0x[0-9a-f]+ \(const __half\* a \+ \d+ bytes, outside "
+                                          rf"its 512 bytes\) on line {line}"):
+        wmma.get_function("next_tile")((1,), (32,), (device_array(np.zeros(256, np.float16)),))
 
 
 def test_wmma_in_divergent_code(wmma):
