@@ -10,8 +10,8 @@ definition of the dynamic shared arrays.
 
 With detectors, the translation unit of the kernel (not the runtime) is compiled with
 -fsanitize=thread: g++ then calls a `__tsan_*` hook before every load and store, and the
-runtime defines those hooks itself (libtsan is not linked) to check each access for races and
-uninitialised shared reads. `source_lines` turns the instruction offsets in its reports into
+runtime defines those hooks itself (libtsan is not linked) to check each access for bounds,
+alignment, races and uninitialised shared reads. `source_lines` turns the instruction offsets in its reports into
 source lines.
 
 Libraries are cached under $CUDASIM_CACHE (default ~/.cache/cudasim) by a hash of the prelude,

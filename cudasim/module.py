@@ -18,8 +18,9 @@ race between two threads on shared or global memory raises a RaceError even when
 agree; a read of shared memory no thread of the block wrote, and an out-of-bounds or
 misaligned access, a KernelError; each names the kernel, the threads, the source lines, the
 address and the values (or the buffer, the offset and its size). For these launches the
-argument buffers are copied into memory with a guard before and after each, which is how an
-access past one is told from an access of its neighbour; it is stopped before it happens.
+argument buffers are copied into mappings of their own between guards of reserved address
+space, so an access even far past one is named after it; it is stopped before it happens, as is
+any access outside the memory a kernel may touch.
 Words that only float `atomicAdd`s wrote may differ between schedules by the rounding of the
 adds' order (as on a GPU, from run to run): they are compared within the bound that rounding
 allows (`_atomic_bound`), every other byte exactly.

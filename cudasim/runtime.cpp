@@ -410,18 +410,13 @@ std::vector<std::pair<const unsigned char*, AtomicSum>> atomic_results;  // of t
 
 uint32_t stamp() { return ++next_stamp ? next_stamp : ++next_stamp; }  // never 0, the stamp of "no access"
 
-// Where this library is loaded (its ELF header).
-uintptr_t library_base() {
+uint32_t pc_offset(const void* pc) {
     static const uintptr_t base = [] {
         Dl_info info;
         dladdr(reinterpret_cast<void*>(&map_shadow), &info);
         return reinterpret_cast<uintptr_t>(info.dli_fbase);
     }();
-    return base;
-}
-
-uint32_t pc_offset(const void* pc) {
-    return static_cast<uint32_t>(reinterpret_cast<uintptr_t>(pc) - library_base() - 1);  // -1: the call, not the return address
+    return static_cast<uint32_t>(reinterpret_cast<uintptr_t>(pc) - base - 1);  // -1: the call, not the return address
 }
 
 Region* region_of(const void* address) {
@@ -589,14 +584,16 @@ size_t static_shared_bytes(size_t block_bytes) {
 // * the running thread's own fiber stack (its locals); while a warp collective completes, which
 //   happens on the scheduler's stack (resolve_collective), its frames there and the stacks of the
 //   warp's lanes, where their fragments and payloads are (mma.h);
-// * threadIdx: the running fiber's ThreadState, which the prelude reads through `current`;
-// * the library's PT_LOAD segments: __device__ and __constant__ globals, string literals, constant
-//   tables (mma.h's multipliers), and the runtime variables the prelude reads (`current`,
-//   blockIdx, blockDim, gridDim, fragment_layout).
+// * reading threadIdx: the running fiber's ThreadState, which the prelude reads through `current`;
+// * the library's PT_LOAD segments: __device__ globals, string literals, constant tables (mma.h's
+//   multipliers), and the runtime variables the prelude reads (`current`, blockIdx, blockDim,
+//   gridDim, fragment_layout); only reads in the read-only ones (code, constants, and the part
+//   the loader protects after relocation, PT_GNU_RELRO), where a store would fault.
 // The launch's glue reads the argument values it is given, uninstrumented (build.py); printf,
 // assert and libm are not compiled with the hooks, so what they touch is not checked.
 struct Span {
     uintptr_t low = 0, high = 0;
+    bool writable = false;
 };
 
 bool within(uintptr_t low, uintptr_t high, const unsigned char* p, size_t size) {
@@ -617,15 +614,28 @@ bool on_warp_stack(const unsigned char* p, size_t size) {
     return owner >= first && owner < std::min(first + 32, fibers.size()) && on_stack_of(fibers[owner], p, size);
 }
 
+// The PT_LOAD segments of the object `info` describes, the read-only part of a writable one (its
+// PT_GNU_RELRO) split off, if that object is this library.
 int find_static_segments(struct dl_phdr_info* info, size_t, void* out) {
     std::vector<Span> loads;
+    Span relro;
     for (int i = 0; i < info->dlpi_phnum; ++i) {
         const ElfW(Phdr)& ph = info->dlpi_phdr[i];
-        if (ph.p_type == PT_LOAD) loads.push_back({info->dlpi_addr + ph.p_vaddr, info->dlpi_addr + ph.p_vaddr + ph.p_memsz});
+        const Span span{info->dlpi_addr + ph.p_vaddr, info->dlpi_addr + ph.p_vaddr + ph.p_memsz, (ph.p_flags & PF_W) != 0};
+        if (ph.p_type == PT_LOAD) loads.push_back(span);
+        if (ph.p_type == PT_GNU_RELRO) relro = span;
     }
     const auto here = reinterpret_cast<const unsigned char*>(&find_static_segments);
     if (std::none_of(loads.begin(), loads.end(), [here](const Span& s) { return within(s.low, s.high, here, 1); })) return 0;
-    *static_cast<std::vector<Span>*>(out) = loads;
+    auto& segments = *static_cast<std::vector<Span>*>(out);
+    for (const Span& s : loads) {
+        const uintptr_t low = std::max(s.low, relro.low), high = std::min(s.high, relro.high);
+        if (!s.writable || low >= high) {
+            segments.push_back(s);
+            continue;
+        }
+        segments.insert(segments.end(), {{s.low, low, true}, {low, high, false}, {high, s.high, true}});
+    }
     return 1;
 }
 
@@ -639,7 +649,7 @@ const std::vector<Span>& static_segments() {
     return segments;
 }
 
-bool permitted_elsewhere(const unsigned char* p, size_t size) {
+bool permitted_elsewhere(const unsigned char* p, size_t size, bool write) {
     if (collective_frames) {
         // this function's frame lies below the collective's: its frames are those in between
         const auto below = reinterpret_cast<uintptr_t>(__builtin_frame_address(0));
@@ -648,9 +658,9 @@ bool permitted_elsewhere(const unsigned char* p, size_t size) {
         return true;
     }
     const auto thread_state = reinterpret_cast<uintptr_t>(static_cast<ThreadState*>(running));
-    if (within(thread_state, thread_state + sizeof(ThreadState), p, size)) return true;
+    if (!write && within(thread_state, thread_state + sizeof(ThreadState), p, size)) return true;
     for (const Span& s : static_segments())
-        if (within(s.low, s.high, p, size)) return true;
+        if ((s.writable || !write) && within(s.low, s.high, p, size)) return true;
     return false;
 }
 
@@ -658,7 +668,7 @@ bool permitted_elsewhere(const unsigned char* p, size_t size) {
 // memory or the argument buffers (naming the nearest buffer, however far away) and lie in no
 // other memory the kernel may touch (permitted_elsewhere); "" for bytes in bounds. `region` is the
 // one p lies in (region_of); an access inside it is the common, quick case.
-std::string outside(const unsigned char* p, size_t size, const Region* region) {
+std::string outside(const unsigned char* p, size_t size, bool write, const Region* region) {
     char text[200];
     if (region && region->shared) {
         const unsigned char *front = shared_region.base, *back = shared_back;
@@ -679,7 +689,7 @@ std::string outside(const unsigned char* p, size_t size, const Region* region) {
         }
         return "";
     }
-    if (region ? p + size <= region->base + region->size : permitted_elsewhere(p, size)) return "";
+    if (region ? p + size <= region->base + region->size : permitted_elsewhere(p, size, write)) return "";
     const Region* nearest = nullptr;
     long long nearest_distance = std::numeric_limits<long long>::max();
     for (const Region& a : arguments) {
@@ -697,7 +707,8 @@ std::string outside(const unsigned char* p, size_t size, const Region* region) {
 // yield to the scheduler, so it unwinds to it (resolve_collective).
 struct CollectiveStopped {};
 
-// The launch fails with `message`; the running thread stops before its access happens.
+// The launch fails with `message`; the running thread (or warp collective) stops before its
+// access happens.
 [[noreturn]] void stop_at(const std::string& message) {
     fail("%s", message.c_str());
     if (collective_frames) throw CollectiveStopped();
@@ -707,7 +718,7 @@ struct CollectiveStopped {};
 }
 
 void check_bounds(const unsigned char* p, size_t size, bool write, const void* pc, bool aligned, const Region* r) {
-    const std::string where = outside(p, size, r);
+    const std::string where = outside(p, size, write, r);
     const bool misaligned = aligned && r && (reinterpret_cast<uintptr_t>(p) & (size - 1));  // sizes 1 to 16, powers of 2
     if (where.empty() && !misaligned) return;
     const Access access = now(shared_region, pc);

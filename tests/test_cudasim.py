@@ -926,6 +926,13 @@ extern "C" __global__ void far_left(const float* x, float* out) {
 extern "C" __global__ void poke(long long address, int value) {
     *reinterpret_cast<int*>(address) = value;  // memory the launch was not given
 }
+__device__ __attribute__((noinline)) void set(char* text, int i, char c) {
+    text[i] = c;  // not inlined: the compiler cannot drop the store as undefined
+}
+extern "C" __global__ void overwrite_literal(float* out) {
+    set(const_cast<char*>("cudasim"), threadIdx.x % 7, 'x');  // a string literal: read-only data
+    out[threadIdx.x] = 1.0f;
+}
 """
 
 
@@ -1022,6 +1029,16 @@ def test_planted_store_into_host_memory_the_launch_was_not_given(bounds):
             "out-of-bounds global memory write", "0", 4, "the launch passed no buffer", "reinterpret_cast<int*>(address)")):
         bounds.get_function("poke")((1,), (1,), (np.int64(canary.ctypes.data), np.int32(7)))
     assert np.all(canary == 0)
+
+
+def test_planted_store_into_a_string_literal(bounds):
+    """The library's static data may be read, but its read-only part (code, constants, string
+    literals) not written: on a CPU the store would kill the process."""
+    line = line_of(textwrap.dedent(BOUNDS), "text[i] = c;")
+    with pytest.raises(KernelError, match=r"kernel overwrite_literal, block \(0,0,0\): out-of-bounds global memory write: "
+                                          r"thread \(0,0,0\) writes 1 bytes at 0x[0-9a-f]+ \(float\* out [+-] \d+ bytes, "
+                                          rf"outside its 128 bytes\) on line {line}"):
+        bounds.get_function("overwrite_literal")((1,), (32,), (np.zeros(32, np.float32),))
 
 
 PERMITTED = """
