@@ -10,8 +10,8 @@ definition of the dynamic shared arrays.
 
 With detectors, the translation unit of the kernel (not the runtime) is compiled with
 -fsanitize=thread: g++ then calls a `__tsan_*` hook before every load and store, and the
-runtime defines those hooks itself (libtsan is not linked) to check each access for races and
-uninitialised shared reads. `source_lines` turns the instruction offsets in its reports into
+runtime defines those hooks itself (libtsan is not linked) to check each access for bounds,
+alignment, races and uninitialised shared reads. `source_lines` turns the instruction offsets in its reports into
 source lines.
 
 Libraries are cached under $CUDASIM_CACHE (default ~/.cache/cudasim) by a hash of the prelude,
@@ -51,9 +51,14 @@ SANITIZE_FLAGS = ("-std=c++17", "-O1", "-g", "-fPIC", "-shared", "-fvisibility=h
 BACK_GUARD_UNIT = '#include "cudasim.h"\nnamespace cudasim { thread_local unsigned char shared_back_guard[SHARED_GUARD_BYTES]; }\n'
 
 # The detectors: only the kernel's unit is instrumented; -z defs turns a hook the runtime does
-# not define into a build error instead of a failed dlopen.
-DETECTOR_UNIT_FLAGS = ("-fsanitize=thread", "--param=tsan-instrument-func-entry-exit=0")
+# not define into a build error instead of a failed dlopen. DWARF 4 for the unit: in DWARF 5 g++
+# may give the included kernel source file number 1, which addr2line (binutils 2.40) then names
+# after the unit (unit.cpp:5 instead of line 5 of the source).
+DETECTOR_UNIT_FLAGS = ("-fsanitize=thread", "--param=tsan-instrument-func-entry-exit=0", "-gdwarf-4")
 DETECTOR_LINK_FLAGS = ("-DCUDASIM_DETECTORS=1", "-Wl,-z,defs")
+# The generated entry points read the argument values the launcher passes (memory of the
+# launcher, not of the kernel): they are not instrumented, so the detectors check the kernel only.
+GLUE = '__attribute__((no_sanitize("thread")))'
 
 # C type of a parameter (qualifiers removed) -> NumPy dtype name.
 C_TYPES = {
@@ -255,10 +260,10 @@ def translation_unit(name: str, kernels: dict[str, KernelSignature], shared: lis
               f"    for (int i = 0; i < {len(shared)}; ++i) bases[i] = arrays[i];",
               f"    return {len(shared)};", "}",
               "template <typename... A, size_t... I>",
-              "void call(void (*kernel)(A...), void** args, std::index_sequence<I...>) {",
+              f"{GLUE} void call(void (*kernel)(A...), void** args, std::index_sequence<I...>) {{",
               "    kernel(*static_cast<A*>(args[I])...);", "}", "}  // namespace cudasim"]
     for kernel in kernels:
-        lines.append(f'extern "C" __attribute__((visibility("default"))) void cudasim_kernel_{kernel}(void** args) '
+        lines.append(f'extern "C" __attribute__((visibility("default"))) {GLUE} void cudasim_kernel_{kernel}(void** args) '
                      f"{{ cudasim::call({kernel}, args, std::make_index_sequence<{len(kernels[kernel].params)}>{{}}); }}")
     return "\n".join(lines) + "\n"
 

@@ -18,8 +18,9 @@ race between two threads on shared or global memory raises a RaceError even when
 agree; a read of shared memory no thread of the block wrote, and an out-of-bounds or
 misaligned access, a KernelError; each names the kernel, the threads, the source lines, the
 address and the values (or the buffer, the offset and its size). For these launches the
-argument buffers are copied into memory with a guard before and after each, which is how an
-access past one is told from an access of its neighbour; it is stopped before it happens.
+argument buffers are copied into mappings of their own between guards of reserved address
+space, so an access even far past one is named after it; it is stopped before it happens, as is
+any access outside the memory a kernel may touch.
 Words that only float `atomicAdd`s wrote may differ between schedules by the rounding of the
 adds' order (as on a GPU, from run to run): they are compared within the bound that rounding
 allows (`_atomic_bound`), every other byte exactly.
@@ -30,6 +31,7 @@ from __future__ import annotations
 import ctypes
 import os
 import threading
+import weakref
 from contextlib import contextmanager, nullcontext
 
 import numpy as np
@@ -108,7 +110,8 @@ class Module:
             library = build(self.code, self.name, self.sanitize, detectors)
             dll = ctypes.CDLL(str(library.path))
             dll.cudasim_launch.restype = ctypes.c_int
-            dll.cudasim_memory_guard_bytes.restype = dll.cudasim_atomic_sums.restype = ctypes.c_size_t
+            dll.cudasim_atomic_sums.restype = ctypes.c_size_t
+            dll.cudasim_map_guarded.restype = ctypes.c_void_p
             self._builds[detectors] = library, dll
         return self._builds[detectors]
 
@@ -197,7 +200,7 @@ class Kernel:
         for the elements only float atomicAdds wrote (empty without detectors)."""
         detecting = self.module.detecting()
         library, dll = self.module.library_for(detecting)
-        with guarded_copies(arrays, dll.cudasim_memory_guard_bytes()) if detecting else nullcontext(arrays) as arrays:
+        with guarded_copies(arrays, dll) if detecting else nullcontext(arrays) as arrays:
             values = [ctypes.c_void_p(arrays[str(p)].ctypes.data) if p.pointer else v
                       for p, v in zip(self.signature.params, values)]
             self._launch(library, dll, values, arrays, grid, block, shared_mem, schedule)
@@ -239,8 +242,9 @@ class Kernel:
 
 
 @contextmanager
-def guarded_copies(arrays: dict[str, np.ndarray], guard: int):
-    """Copies of `arrays` in fresh memory with `guard` bytes before and after, written back at the end.
+def guarded_copies(arrays: dict[str, np.ndarray], dll: ctypes.CDLL):
+    """Copies of `arrays`, each span in a mapping of its own between two guards of reserved,
+    inaccessible address space (the runtime's `cudasim_map_guarded`), written back at the end.
 
     Arrays that share memory are copied as one span, so they still share it; each span keeps its
     address modulo PAGE_BYTES, so every alignment is as it was. Empty arrays stay as they are.
@@ -257,8 +261,8 @@ def guarded_copies(arrays: dict[str, np.ndarray], guard: int):
             spans.append([start, start + a.nbytes, [name]])
     copies, staged = dict(arrays), []
     for start, end, names in spans:
-        memory = np.empty(end - start + 2 * guard + PAGE_BYTES, np.uint8)
-        offset = guard + (start - memory.ctypes.data - guard) % PAGE_BYTES
+        offset = start % PAGE_BYTES
+        memory = _guarded_memory(dll, -(-(offset + end - start) // PAGE_BYTES) * PAGE_BYTES)
         ctypes.memmove(memory.ctypes.data + offset, start, end - start)
         staged.append((start, memory.ctypes.data + offset, end - start))
         for name in names:
@@ -269,6 +273,18 @@ def guarded_copies(arrays: dict[str, np.ndarray], guard: int):
     finally:
         for start, copy, size in staged:
             ctypes.memmove(start, copy, size)
+
+
+def _guarded_memory(dll, length: int) -> np.ndarray:
+    """`length` bytes (a multiple of PAGE_BYTES) between the runtime's guards, unmapped once no
+    array uses them: a traceback may keep a copy (and show it) after its launch."""
+    base = dll.cudasim_map_guarded(ctypes.c_size_t(length))
+    if not base:
+        raise KernelError(f"the detectors cannot reserve address space around a {length}-byte buffer; "
+                          "run without them (cudasim.detectors(False) or CUDASIM_DETECTORS=0)")
+    memory = np.ctypeslib.as_array((ctypes.c_uint8 * length).from_address(base))
+    weakref.finalize(memory, dll.cudasim_unmap_guarded, ctypes.c_void_p(base), ctypes.c_size_t(length))
+    return memory
 
 
 def _atomic_sums(dll, arrays: dict[str, np.ndarray]) -> dict[str, dict[int, tuple[int, float]]]:

@@ -28,6 +28,7 @@
 #include <cmath>
 #include <cstdarg>
 #include <cstdio>
+#include <limits>
 #include <random>
 #include <string>
 #include <unordered_map>
@@ -377,13 +378,13 @@ bool detecting = false;     // a launch of a build with detectors is running
 Region shared_region;       // mapped on the first launch, kept (the block's shared memory is fixed)
 std::vector<Region> global_regions;
 std::vector<Region> arguments;  // each argument buffer as passed (global_regions merges them): bounds and names
-uintptr_t guarded_low = 0, guarded_high = 0;  // the arguments' span with their guards: outside it nothing is checked
 // Thread-local addresses, looked up once per launch (each lookup is a call in a shared library).
 const unsigned char* shared_back = nullptr;
 void* dynamic_bases[16];
 int dynamic_arrays = 0;
 uint32_t next_stamp = 0;
 Fiber* acting = nullptr;    // a warp collective's accesses are those of this lane (else: the running fiber)
+const unsigned char* collective_frames = nullptr;  // while a warp collective completes: the top of its frames
 int atomic_depth = 0;       // inside an atomic function
 
 struct PendingWrite {  // a racing write, reported once its value is stored
@@ -563,12 +564,13 @@ void uninitialised_read(const Region& r, const Access& reader, const unsigned ch
 // Bounds and alignment
 //
 // A block's shared variables lie between two guards of SHARED_GUARD_BYTES; the launcher copies
-// the argument buffers of a launch with detectors into memory with MEMORY_GUARD_BYTES of its
-// own before and after each (cudasim/module.py). An access that touches a guard, or dynamic
-// shared memory past what the launch asked for, is out of bounds, as for compute-sanitizer's
-// memcheck; an access through a pointer of an aligned type (the hooks without "unaligned")
-// at an address that is not a multiple of its size is misaligned. Both are reported before
-// the access happens, and the thread goes no further: the host's memory is never touched.
+// the argument buffers of a launch with detectors into mappings of their own, between guards of
+// MEMORY_GUARD_BYTES of reserved address space (cudasim_map_guarded, cudasim/module.py). An
+// access in a guard, in dynamic shared memory past what the launch asked for, or anywhere else
+// the kernel has no business (permitted_elsewhere) is out of bounds, as for compute-sanitizer's
+// memcheck; an access through a pointer of an aligned type (the hooks without "unaligned") at an
+// address that is not a multiple of its size is misaligned. Both are reported before the access
+// happens, and the thread goes no further: the host's memory is never touched.
 
 // Of a thread-local block of `block_bytes`: less the dynamic arrays and the two guards.
 size_t static_shared_bytes(size_t block_bytes) {
@@ -576,10 +578,97 @@ size_t static_shared_bytes(size_t block_bytes) {
     return block_bytes - dynamic_shared_arrays(bases) * dynamic_shared_capacity - 2 * SHARED_GUARD_BYTES;
 }
 
+// Memory the kernel's code may touch besides shared memory (the library's thread-local block) and
+// the argument buffers, which the detectors shadow; everything else is out of bounds, however far
+// from a buffer it lies (heap, other libraries, other threads' stacks):
+// * the running thread's own fiber stack (its locals); while a warp collective completes, which
+//   happens on the scheduler's stack (resolve_collective), its frames there and the stacks of the
+//   warp's lanes, where their fragments and payloads are (mma.h);
+// * reading threadIdx: the running fiber's ThreadState, which the prelude reads through `current`;
+// * the library's PT_LOAD segments: __device__ globals, string literals, constant tables (mma.h's
+//   multipliers), and the runtime variables the prelude reads (`current`, blockIdx, blockDim,
+//   gridDim, fragment_layout); only reads in the read-only ones (code, constants, and the part
+//   the loader protects after relocation, PT_GNU_RELRO), where a store would fault.
+// The launch's glue reads the argument values it is given, uninstrumented (build.py); printf,
+// assert and libm are not compiled with the hooks, so what they touch is not checked.
+struct Span {
+    uintptr_t low = 0, high = 0;
+    bool writable = false;
+};
+
+bool within(uintptr_t low, uintptr_t high, const unsigned char* p, size_t size) {
+    const auto address = reinterpret_cast<uintptr_t>(p);
+    return address >= low && address + size <= high;
+}
+
+bool on_stack_of(const Fiber& f, const unsigned char* p, size_t size) {
+    const auto stack = reinterpret_cast<uintptr_t>(f.stack);
+    return within(stack, stack + STACK_BYTES, p, size);
+}
+
+// On the stack of a lane of the running thread's warp.
+bool on_warp_stack(const unsigned char* p, size_t size) {
+    if (p < reinterpret_cast<const unsigned char*>(stack_pool)) return false;
+    const size_t owner = (p - reinterpret_cast<const unsigned char*>(stack_pool)) / (STACK_BYTES + GUARD_BYTES);
+    const size_t first = running->linear & ~31;
+    return owner >= first && owner < std::min(first + 32, fibers.size()) && on_stack_of(fibers[owner], p, size);
+}
+
+// The PT_LOAD segments of the object `info` describes, the read-only part of a writable one (its
+// PT_GNU_RELRO) split off, if that object is this library.
+int find_static_segments(struct dl_phdr_info* info, size_t, void* out) {
+    std::vector<Span> loads;
+    Span relro;
+    for (int i = 0; i < info->dlpi_phnum; ++i) {
+        const ElfW(Phdr)& ph = info->dlpi_phdr[i];
+        const Span span{info->dlpi_addr + ph.p_vaddr, info->dlpi_addr + ph.p_vaddr + ph.p_memsz, (ph.p_flags & PF_W) != 0};
+        if (ph.p_type == PT_LOAD) loads.push_back(span);
+        if (ph.p_type == PT_GNU_RELRO) relro = span;
+    }
+    const auto here = reinterpret_cast<const unsigned char*>(&find_static_segments);
+    if (std::none_of(loads.begin(), loads.end(), [here](const Span& s) { return within(s.low, s.high, here, 1); })) return 0;
+    auto& segments = *static_cast<std::vector<Span>*>(out);
+    for (const Span& s : loads) {
+        const uintptr_t low = std::max(s.low, relro.low), high = std::min(s.high, relro.high);
+        if (!s.writable || low >= high) {
+            segments.push_back(s);
+            continue;
+        }
+        segments.insert(segments.end(), {{s.low, low, true}, {low, high, false}, {high, s.high, true}});
+    }
+    return 1;
+}
+
+// This library's PT_LOAD segments, found once.
+const std::vector<Span>& static_segments() {
+    static const std::vector<Span> segments = [] {
+        std::vector<Span> found;
+        dl_iterate_phdr(find_static_segments, &found);
+        return found;
+    }();
+    return segments;
+}
+
+bool permitted_elsewhere(const unsigned char* p, size_t size, bool write) {
+    if (collective_frames) {
+        // this function's frame lies below the collective's: its frames are those in between
+        const auto below = reinterpret_cast<uintptr_t>(__builtin_frame_address(0));
+        if (within(below, reinterpret_cast<uintptr_t>(collective_frames), p, size) || on_warp_stack(p, size)) return true;
+    } else if (on_stack_of(*running, p, size)) {
+        return true;
+    }
+    const auto thread_state = reinterpret_cast<uintptr_t>(static_cast<ThreadState*>(running));
+    if (!write && within(thread_state, thread_state + sizeof(ThreadState), p, size)) return true;
+    for (const Span& s : static_segments())
+        if ((s.writable || !write) && within(s.low, s.high, p, size)) return true;
+    return false;
+}
+
 // "float* out + 400 bytes, outside its 400 bytes" for bytes [p, p + size) that leave shared
-// memory or an argument buffer; "" for bytes in bounds or in memory the detectors do not watch.
-// `region` is the one p lies in (region_of); an access inside it is the common, quick case.
-std::string outside(const unsigned char* p, size_t size, const Region* region) {
+// memory or the argument buffers (naming the nearest buffer, however far away) and lie in no
+// other memory the kernel may touch (permitted_elsewhere); "" for bytes in bounds. `region` is the
+// one p lies in (region_of); an access inside it is the common, quick case.
+std::string outside(const unsigned char* p, size_t size, bool write, const Region* region) {
     char text[200];
     if (region && region->shared) {
         const unsigned char *front = shared_region.base, *back = shared_back;
@@ -600,32 +689,36 @@ std::string outside(const unsigned char* p, size_t size, const Region* region) {
         }
         return "";
     }
-    if (region && p + size <= region->base + region->size) return "";
-    const auto address = reinterpret_cast<uintptr_t>(p);
-    if (address + size <= guarded_low || address >= guarded_high) return "";  // the stack, the runtime's own data
+    if (region ? p + size <= region->base + region->size : permitted_elsewhere(p, size, write)) return "";
     const Region* nearest = nullptr;
-    long long nearest_distance = MEMORY_GUARD_BYTES + 1;
+    long long nearest_distance = std::numeric_limits<long long>::max();
     for (const Region& a : arguments) {
         const long long distance = std::max(a.base - p, p + size - (a.base + a.size));  // > 0: bytes outside it
         if (distance > 0 && distance < nearest_distance) nearest = &a, nearest_distance = distance;
     }
-    if (!nearest) return "";
+    if (!nearest) return "the launch passed no buffer";
     const long long offset = p - nearest->base;
     snprintf(text, sizeof text, "%s %c %lld bytes, outside its %zu bytes", nearest->name, offset < 0 ? '-' : '+',
              std::llabs(offset), nearest->size);
     return text;
 }
 
-// The launch fails with `message`; the running thread stops before its access happens.
+// Thrown out of a warp collective's completion, which runs on the scheduler's stack: it cannot
+// yield to the scheduler, so it unwinds to it (resolve_collective).
+struct CollectiveStopped {};
+
+// The launch fails with `message`; the running thread (or warp collective) stops before its
+// access happens.
 [[noreturn]] void stop_at(const std::string& message) {
     fail("%s", message.c_str());
+    if (collective_frames) throw CollectiveStopped();
     running->wait = Wait::EXITED;
     yield_to_scheduler();  // the launch has failed: nothing resumes this thread
     __builtin_unreachable();
 }
 
 void check_bounds(const unsigned char* p, size_t size, bool write, const void* pc, bool aligned, const Region* r) {
-    const std::string where = outside(p, size, r);
+    const std::string where = outside(p, size, write, r);
     const bool misaligned = aligned && r && (reinterpret_cast<uintptr_t>(p) & (size - 1));  // sizes 1 to 16, powers of 2
     if (where.empty() && !misaligned) return;
     const Access access = now(shared_region, pc);
@@ -698,12 +791,6 @@ void start_detecting(const TlsBlock& shared, const void* const* bases, const siz
     arguments = buffers;
     shared_back = shared_back_guard;
     dynamic_arrays = dynamic_shared_arrays(dynamic_bases);
-    guarded_low = guarded_high = 0;
-    for (const Region& r : buffers) {
-        const uintptr_t base = reinterpret_cast<uintptr_t>(r.base);
-        guarded_low = guarded_high ? std::min(guarded_low, base - MEMORY_GUARD_BYTES) : base - MEMORY_GUARD_BYTES;
-        guarded_high = std::max(guarded_high, base + r.size + MEMORY_GUARD_BYTES);
-    }
     atomic_sums.clear();
     const uint32_t launch_stamp = stamp();
     for (Region& r : buffers) {
@@ -779,7 +866,13 @@ void resolve_collective(const Fiber& f) {
     void* payloads[32] = {};
     for (int lane = 0; lane < 32; ++lane)
         if (f.mask >> lane & 1u) payloads[lane] = lane_fiber(f, lane).payload;
-    f.complete(payloads, f.line);
+    collective_frames = static_cast<const unsigned char*>(__builtin_frame_address(0));  // payloads lies below it
+    try {
+        f.complete(payloads, f.line);
+    } catch (const CollectiveStopped&) {
+        // an access out of bounds: the launch has failed, and the warp goes no further
+    }
+    collective_frames = nullptr;
 }
 
 // All lanes of `f`'s mask wait at the same shuffle or warp collective: complete it.
@@ -1070,8 +1163,21 @@ EXPORT size_t cudasim_static_shared_bytes() { return static_shared_bytes(shared_
 
 EXPORT size_t cudasim_dynamic_shared_capacity() { return dynamic_shared_capacity; }
 
-// The guard the launcher leaves before and after each argument buffer of a launch with detectors.
-EXPORT size_t cudasim_memory_guard_bytes() { return MEMORY_GUARD_BYTES; }
+// Memory for the launcher's copy of an argument buffer (`bytes`, a multiple of the page size):
+// readable and writable, between two guards of MEMORY_GUARD_BYTES reserved and inaccessible
+// (PROT_NONE costs no memory). nullptr if the address space is not there.
+EXPORT void* cudasim_map_guarded(size_t bytes) {
+    auto* reserved = static_cast<char*>(mmap(nullptr, bytes + 2 * MEMORY_GUARD_BYTES, PROT_NONE,
+                                             MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0));
+    if (reserved == MAP_FAILED) return nullptr;
+    if (mprotect(reserved + MEMORY_GUARD_BYTES, bytes, PROT_READ | PROT_WRITE) == 0) return reserved + MEMORY_GUARD_BYTES;
+    munmap(reserved, bytes + 2 * MEMORY_GUARD_BYTES);
+    return nullptr;
+}
+
+EXPORT void cudasim_unmap_guarded(void* memory, size_t bytes) {
+    munmap(static_cast<char*>(memory) - MEMORY_GUARD_BYTES, bytes + 2 * MEMORY_GUARD_BYTES);
+}
 
 // The words of the last launch with detectors that only float atomicAdds wrote: their
 // addresses, how many adds each had and the largest magnitude its sum reached (at most

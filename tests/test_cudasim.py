@@ -430,6 +430,11 @@ extern "C" __global__ void misaligned(const __half* a) {
     wmma::load_matrix_sync(fa, a + 8, 16);
 }
 
+extern "C" __global__ void next_tile(const __half* a) {
+    wmma::fragment<wmma::matrix_a, 16, 16, 16, __half, wmma::row_major> fa;
+    wmma::load_matrix_sync(fa, a + 256, 16);  // the tile after a's only one
+}
+
 extern "C" __global__ void divergent(const __half* a, float* d) {
     wmma::fragment<wmma::matrix_a, 16, 16, 16, __half, wmma::row_major> fa;
     wmma::fragment<wmma::matrix_b, 16, 16, 16, __half, wmma::col_major> fb;
@@ -491,6 +496,16 @@ def test_wmma_pointer_must_be_256_bit_aligned(wmma):
     with pytest.raises(KernelError, match=r"kernel misaligned, block \(0,0,0\): wmma::load_matrix_sync on line \d+: "
                                           r"the pointer 0x[0-9a-f]+ is not 256-bit aligned"):
         wmma.get_function("misaligned")((1,), (32,), (device_array(np.zeros(256 + 8, np.float16)),))
+
+
+def test_planted_wmma_load_past_the_end_of_its_input(wmma):
+    """A warp collective's accesses are checked too: lane 0 loads the first element past a's
+    16x16 tile that its (scrambled) fragment holds, and is stopped there."""
+    line = line_of(textwrap.dedent(WMMA), "a + 256")
+    with pytest.raises(KernelError, match=r"kernel next_tile, block \(0,0,0\): out-of-bounds global memory read: thread "
+                                          r"\(0,0,0\) reads 2 bytes at 0x[0-9a-f]+ \(const __half\* a \+ \d+ bytes, outside "
+                                          rf"its 512 bytes\) on line {line}"):
+        wmma.get_function("next_tile")((1,), (32,), (device_array(np.zeros(256, np.float16)),))
 
 
 def test_wmma_in_divergent_code(wmma):
@@ -901,6 +916,23 @@ extern "C" __global__ void shifted_copy(const float* x, float* out, int limit, i
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i < limit) out[i + shift] = x[i];
 }
+extern "C" __global__ void far_store(const float* x, float* out, int n) {
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) out[i + (1 << 18)] = x[i];  // 1 MiB past the start of out
+}
+extern "C" __global__ void far_left(const float* x, float* out) {
+    out[threadIdx.x] = x[(int)threadIdx.x - (1 << 20)];  // 4 MiB before the start of x
+}
+extern "C" __global__ void poke(long long address, int value) {
+    *reinterpret_cast<int*>(address) = value;  // memory the launch was not given
+}
+__device__ __attribute__((noinline)) void set(char* text, int i, char c) {
+    text[i] = c;  // not inlined: the compiler cannot drop the store as undefined
+}
+extern "C" __global__ void overwrite_literal(float* out) {
+    set(const_cast<char*>("cudasim"), threadIdx.x % 7, 'x');  // a string literal: read-only data
+    out[threadIdx.x] = 1.0f;
+}
 """
 
 
@@ -970,12 +1002,81 @@ def test_planted_misaligned_vector_load(bounds):
         bounds.get_function("copy_vectors")((1,), (8,), (np.ones(33, np.float32), np.zeros(32, np.float32)))
 
 
+def test_planted_store_a_mebibyte_past_the_output_leaves_the_host_intact(bounds):
+    """Far past every guard a memcheck-less run would write host memory it does not own; the
+    store is stopped before it happens, with the offset from the buffer, and the host's arrays
+    (a canary allocated before the launch, the bytes after out) keep their values."""
+    canary = np.full(1 << 20, 3.0, np.float32)
+    x, memory = np.ones(100, np.float32), np.full(2 * (1 << 18), -1.0, np.float32)
+    out = memory[:100]
+    with pytest.raises(KernelError, match=r"kernel far_store, block \(0,0,0\): " + report(
+            "out-of-bounds global memory write", "0", 4, "float* out + 1048576 bytes, outside its 400 bytes", "1 << 18")):
+        bounds.get_function("far_store")((4,), (32,), (x, out, np.int32(100)))
+    assert np.all(canary == 3.0) and np.all(memory == -1.0)
+
+
+def test_planted_read_far_before_the_start_of_an_input(bounds):
+    with pytest.raises(KernelError, match=r"kernel far_left, block \(0,0,0\): " + report(
+            "out-of-bounds global memory read", "0", 4, "const float* x - 4194304 bytes, outside its 128 bytes", "1 << 20")):
+        bounds.get_function("far_left")((1,), (32,), (np.ones(32, np.float32), np.zeros(32, np.float32)))
+
+
+def test_planted_store_into_host_memory_the_launch_was_not_given(bounds):
+    """A pointer the kernel makes up (here: the address of a host array, passed as an integer)
+    reaches no buffer of the launch: stopped, and the host array keeps its value."""
+    canary = np.zeros(4, np.int32)
+    with pytest.raises(KernelError, match=r"kernel poke, block \(0,0,0\): " + report(
+            "out-of-bounds global memory write", "0", 4, "the launch passed no buffer", "reinterpret_cast<int*>(address)")):
+        bounds.get_function("poke")((1,), (1,), (np.int64(canary.ctypes.data), np.int32(7)))
+    assert np.all(canary == 0)
+
+
+def test_planted_store_into_a_string_literal(bounds):
+    """The library's static data may be read, but its read-only part (code, constants, string
+    literals) not written: on a CPU the store would kill the process."""
+    line = line_of(textwrap.dedent(BOUNDS), "text[i] = c;")
+    with pytest.raises(KernelError, match=r"kernel overwrite_literal, block \(0,0,0\): out-of-bounds global memory write: "
+                                          r"thread \(0,0,0\) writes 1 bytes at 0x[0-9a-f]+ \(float\* out [+-] \d+ bytes, "
+                                          rf"outside its 128 bytes\) on line {line}"):
+        bounds.get_function("overwrite_literal")((1,), (32,), (np.zeros(32, np.float32),))
+
+
+PERMITTED = """
+__device__ float scale[4] = {1.0f, 2.0f, 4.0f, 8.0f};
+__device__ int started;
+__device__ __attribute__((noinline)) float pick(const float* values, int k) { return values[k]; }
+extern "C" __global__ void permitted(const float* x, float* out) {
+    static const float offsets[4] = {0.5f, 0.25f, 0.125f, 0.0625f};
+    float staged[8];  // the thread's locals: on its stack, read through a pointer (so checked)
+    for (int k = 0; k < 8; ++k) staged[k] = x[(threadIdx.x + k) % 32];
+    const char* digits = "0123";
+    out[threadIdx.x] = pick(staged, threadIdx.x % 8) * scale[threadIdx.x % 4] + offsets[blockIdx.x % 4] +
+                       (digits[threadIdx.x % 4] - '0');
+    if (threadIdx.x == 0) atomicAdd(&started, 1);
+}
+"""
+
+
+def test_locals_device_globals_constant_tables_and_string_literals_are_in_bounds():
+    """What a kernel may touch outside its buffers and shared memory: its own locals, __device__
+    globals, static constant tables and string literals (the library's static data). Exact:
+    small integers and powers of two."""
+    x = np.arange(32, dtype=np.float32)
+    out = np.zeros(32, np.float32)
+    with schedules():
+        module(PERMITTED).get_function("permitted")((1,), (32,), (x, out))
+    t = np.arange(32)
+    assert np.array_equal(out, ((t + t % 8) % 32) * 2.0 ** (t % 4) + 0.5 + t % 4)
+
+
 @settings(max_examples=25, deadline=None)
-@given(n=st.integers(1, 200), block=st.sampled_from([32, 64, 128]), extra=st.integers(-3, 2), shift=st.integers(-40, 40))
+@given(n=st.integers(1, 200), block=st.sampled_from([32, 64, 128]), extra=st.integers(-3, 2),
+       shift=st.one_of(st.integers(-40, 40), st.integers(-(1 << 24), 1 << 24)))
 def test_every_shifted_store_outside_the_output_is_caught_and_every_other_runs_clean(bounds, n, block, extra, shift):
     """out[i + shift] = x[i] for i < limit = n + extra, with out of n elements: out of bounds
     exactly when some such i + shift leaves [0, n), whatever the length, block size, limit and
-    shift (drawn by hypothesis, not chosen for the harness). In order, the first thread to fault
+    shift (drawn by hypothesis, not chosen for the harness: near the ends, or up to 64 MiB
+    away, within out's guard, so the report names out). In order, the first thread to fault
     is the lowest such i: it stores element `shift` (below 0) or max(n, shift) (at or past n)."""
     limit = max(0, n + extra)
     x, out = np.arange(n + 40, dtype=np.float32), np.zeros(n, np.float32)

@@ -72,9 +72,11 @@ void syncwarp(int line, unsigned mask);
 // Report a fault found inside a collective (printf-style); the launch fails with it.
 void fault(const char* format, ...);
 // The guards around a block's shared variables (runtime.cpp) and around each argument buffer of
-// a launch with detectors (module.py): an access into one is out of bounds.
+// a launch with detectors (module.py): an access into one is out of bounds. A buffer's guards are
+// address space reserved for it and never accessible, so nothing else lies within them: an access
+// up to MEMORY_GUARD_BYTES from a buffer is reported as that buffer's.
 constexpr size_t SHARED_GUARD_BYTES = 4096;
-constexpr size_t MEMORY_GUARD_BYTES = 4096;
+constexpr size_t MEMORY_GUARD_BYTES = size_t(256) << 20;
 // For the detectors: a collective's memory accesses count as those of `lane` of the warp
 // completing it (-1: the running thread's again); accesses inside an atomic_scope are atomic.
 void act_as_lane(int lane);
