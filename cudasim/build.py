@@ -134,8 +134,9 @@ def cache_key(source: str, name: str, flags) -> str:
     """The cache folder's name: everything the library is built from. The header folder's path is
     part of it because the debug info records it and `_frame_name` tells the runtime's frames
     from the kernel's by it: a library built by a checkout elsewhere (a shared CUDASIM_CACHE)
-    would blame its race reports on cudasim.h instead of the kernel's line."""
-    parts = [_prelude_text(), BACK_GUARD_UNIT, str(INCLUDE), name, source, *flags, compiler_version()]
+    would blame its race reports on cudasim.h instead of the kernel's line. This file's own text is
+    part of it too: it generates the launch glue and the guard unit compiled beside the kernel."""
+    parts = [_prelude_text(), Path(__file__).read_text(), str(INCLUDE), name, source, *flags, compiler_version()]
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:20]
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import errno
 import os
 import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -135,3 +136,13 @@ def test_a_cache_shared_with_a_checkout_elsewhere_still_blames_the_kernel_line(c
         assert "on line 4;" in race_report()
     assert "on line 4;" in race_report()
     assert len(list(cache.glob("*/kernels.so"))) == 2
+
+
+def test_a_change_to_the_generated_glue_builds_a_new_library(tmp_path, monkeypatch):
+    """build.py writes the launch glue compiled beside each kernel: a library built by an older
+    build.py must not be taken from the cache, so its text is part of the cache key."""
+    key = build.cache_key("__global__ void k() {}", "k.cu", [])
+    edited = tmp_path / "build.py"
+    edited.write_text(Path(build.__file__).read_text().replace(build.GLUE, build.GLUE + " /* changed */", 1))
+    monkeypatch.setattr(build, "__file__", str(edited))
+    assert build.cache_key("__global__ void k() {}", "k.cu", []) != key
