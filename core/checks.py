@@ -356,7 +356,11 @@ def _move_aside(path: Path) -> str | None:
         return None
     fd, aside = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".old", dir=path.parent)
     os.close(fd)
-    os.replace(path, aside)
+    try:
+        os.replace(path, aside)
+    except BaseException:
+        os.unlink(aside)  # a folder cannot replace the placeholder file: leave no litter behind
+        raise
     return aside
 
 

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import numpy as np
 from PIL import Image
 
-from .checks import check_output_file, user_path, write_temporary
+from .checks import check_output_file, user_path, write_together
 from .errors import MiniT2IError
 
 
@@ -32,27 +31,14 @@ def save_png(pixels: np.ndarray, path: str | Path) -> Path:
 
 
 def save_pngs(images: list[tuple[np.ndarray, str | Path]]) -> list[Path]:
-    """Write several PNGs all or nothing: each to a temporary file beside its target, then,
-    once every one is written, each renamed into place. A failure while writing (a full disk,
-    a folder removed meanwhile) removes the temporary files and leaves every target as it was.
-    Renaming within a folder needs no space, so the renames do not fail for the reasons writes do."""
+    """Write several PNGs all or nothing (`checks.write_together`): a failure while writing (a full
+    disk, a folder removed meanwhile) or Ctrl-C leaves every target as it was."""
     for pixels, _ in images:
         _check_pixels(pixels)
-    written: list[tuple[str, Path]] = []
-    try:
-        for pixels, path in images:
-            path = Path(path)
-            written.append((_write_temporary(pixels, path), path))
-        for tmp, path in written:
-            os.replace(tmp, path)
-    except OSError as err:
-        _remove([tmp for tmp, _ in written])
-        raise MiniT2IError(f"cannot write {err.filename or path}: {err.strerror or err}; free some space "
-                           "or choose another folder") from None
-    except BaseException:
-        _remove([tmp for tmp, _ in written])
-        raise
-    return [path for _, path in written]
+    paths = [Path(path) for _, path in images]
+    write_together({path: _png_writer(pixels) for (pixels, _), path in zip(images, paths)},
+                   "free some space or choose another folder")
+    return paths
 
 
 def _check_pixels(pixels) -> None:
@@ -65,19 +51,9 @@ def _check_pixels(pixels) -> None:
                            "convert images with to_pixels")
 
 
-def _write_temporary(pixels: np.ndarray, path: Path) -> str:
-    """The PNG in a new temporary file beside `path`; a failure names `path`, not the temporary file."""
-    try:
-        return write_temporary(path, lambda f: Image.fromarray(np.ascontiguousarray(pixels)).save(f, format="PNG"))
-    except OSError as err:
-        if not err.filename:
-            err.filename = str(path)
-        raise
-
-
-def _remove(paths: list[str]) -> None:
-    for p in paths:
-        Path(p).unlink(missing_ok=True)
+def _png_writer(pixels: np.ndarray):
+    """A function writing uint8 [H, W, 3] as a PNG into an open binary file."""
+    return lambda file: Image.fromarray(np.ascontiguousarray(pixels)).save(file, format="PNG")
 
 
 def grid(pixels: list[np.ndarray], columns: int) -> np.ndarray:

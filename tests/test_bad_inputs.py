@@ -698,6 +698,21 @@ def test_a_tilde_word_naming_no_user_is_a_path_as_typed(tiny, tmp_path, monkeypa
     assert_one_line_error(*run_cli("info", "~no-such-user-minit2i/model"), "~no-such-user-minit2i/model")
 
 
+def test_a_batch_whose_second_target_cannot_be_replaced_leaves_the_first_as_it_was(tmp_path):
+    """Several PNGs are committed together: when the second target cannot be replaced (a folder
+    holding the user's files), the first gets its old bytes back and nothing else is left behind."""
+    from minit2i.core.images import save_pngs
+
+    first, second = tmp_path / "a.png", tmp_path / "b.png"
+    first.write_bytes(OLD_BYTES)
+    second.mkdir()
+    (second / "photo.jpg").write_bytes(b"the user's")
+    with pytest.raises(OSError):
+        save_pngs([(np.zeros((4, 4, 3), np.uint8), first), (np.zeros((4, 4, 3), np.uint8), second)])
+    assert first.read_bytes() == OLD_BYTES and (second / "photo.jpg").read_bytes() == b"the user's"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.png", "b.png"]
+
+
 def test_fifo_devices_and_symlink_loops(tiny, tmp_path):
     os.mkfifo(tmp_path / "fifo")
     assert_one_line_error(*run_cli("info", tmp_path / "fifo"), "expected a file or folder, found a FIFO")
