@@ -232,7 +232,10 @@ def _unusable(p: Path, err: OSError) -> str:
 
 
 def file_kind(mode: int) -> str:
-    for test, name in ((stat.S_ISFIFO, "FIFO"), (stat.S_ISCHR, "character device"),
+    """What a directory entry of `mode` (from stat or lstat) is, for a message: "file", "folder",
+    "symbolic link", "FIFO", ..."""
+    for test, name in ((stat.S_ISREG, "file"), (stat.S_ISDIR, "folder"), (stat.S_ISLNK, "symbolic link"),
+                       (stat.S_ISFIFO, "FIFO"), (stat.S_ISCHR, "character device"),
                        (stat.S_ISBLK, "block device"), (stat.S_ISSOCK, "socket")):
         if test(mode):
             return name

@@ -483,8 +483,7 @@ def check_export_dir(folder: Path, run_folder: Path) -> None:
         return
     mode = folder.stat().st_mode
     if not stat.S_ISDIR(mode):
-        kind = "file" if stat.S_ISREG(mode) else file_kind(mode)
-        raise MiniT2IError(f"--export-dir {folder} is a {kind}, not a folder; {fix}")
+        raise MiniT2IError(f"--export-dir {folder} is a {file_kind(mode)}, not a folder; {fix}")
     if folder.resolve() == run_folder.resolve() or folder.resolve() in run_folder.resolve().parents:
         raise MiniT2IError(f"--export-dir {folder} holds the --run folder {run_folder}, which export would replace; "
                            f"{fix}")
@@ -514,17 +513,10 @@ def _foreign_entries(folder: Path, prefix: str = "") -> list[str]:
         if is_expected_kind is None:
             foreign.append(name)
         elif not is_expected_kind(mode):
-            foreign.append(f"{name} ({_kind(mode)})")
+            foreign.append(f"{name} (a {file_kind(mode)})")
         elif stat.S_ISDIR(mode):
             foreign += _foreign_entries(folder / entry, name + "/")
     return foreign
-
-
-def _kind(mode: int) -> str:
-    """What a directory entry is, for a message: "a file", "a folder", "a symbolic link", ..."""
-    if stat.S_ISLNK(mode):
-        return "a symbolic link"
-    return "a folder" if stat.S_ISDIR(mode) else "a file" if stat.S_ISREG(mode) else f"a {file_kind(mode)}"
 
 
 def replace_folder(new: Path, target: Path) -> None:
