@@ -7,8 +7,9 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from .checks import check_output_file, user_path, write_together
+from .checks import user_path
 from .errors import MiniT2IError
+from .files import check_output_file, write_together
 
 
 def to_pixels(images: np.ndarray) -> np.ndarray:

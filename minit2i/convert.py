@@ -16,9 +16,10 @@ from pathlib import Path
 
 import numpy as np
 
-from minit2i.core.checks import check_output_file, human_size, write_together
+from minit2i.core.checks import human_size
 from minit2i.core.config_fields import to_json
 from minit2i.core.errors import MiniT2IError
+from minit2i.core.files import check_output_file, write_together
 from minit2i.core.mean_flow_config import MeanFlowConfig
 from minit2i.core.mmjit_config import DIFFUSERS_PREFIX, mmjit_dead_shapes
 

@@ -46,8 +46,9 @@ from typing import Callable
 
 import numpy as np
 
-from minit2i.core.checks import human_size, open_checked, read_json_object, shown, writable_folder, write_atomically
+from minit2i.core.checks import human_size, open_checked, read_json_object, shown, writable_folder
 from minit2i.core.errors import MiniT2IError
+from minit2i.core.files import write_atomically
 from minit2i.core.images import to_pixels
 from minit2i.core.mean_flow_config import MEAN_FLOW_TINY, MeanFlowConfig
 from minit2i.core.mmjit_config import MMJIT_TINY, MMJiTConfig

@@ -43,8 +43,9 @@ from huggingface_hub.file_download import repo_folder_name
 from huggingface_hub.utils import get_session, validate_repo_id
 
 from minit2i.core.checkpoint import check_mmjit_header, check_orbax_tree, check_t5_header
-from minit2i.core.checks import human_size, write_atomically
+from minit2i.core.checks import human_size
 from minit2i.core.errors import MiniT2IError
+from minit2i.core.files import write_atomically
 from minit2i.core.mmjit_config import DEFAULT_VARIANT, VARIANT_ALIASES
 from minit2i.core.safetensors_file import IndexEntry
 

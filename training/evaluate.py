@@ -37,7 +37,8 @@ from pathlib import Path
 import numpy as np
 
 from minit2i.console import OneLineParser, emit, guarded, printable
-from minit2i.core.checks import Range, check_output_file, existing_path, write_atomically
+from minit2i.core.checks import Range, existing_path
+from minit2i.core.files import check_output_file, write_atomically
 from minit2i.core.images import check_writable, grid, save_png, to_pixels
 from minit2i.pipeline import REQUEST_RANGES
 from minit2i.reference.sampler import initial_noise

@@ -43,8 +43,9 @@ from tqdm import tqdm
 
 from minit2i.console import OneLineParser, emit, guarded, printable
 from minit2i.core.checks import (Range, existing_path, file_kind, parse_json, read_limited, short_list, shown,
-                                 writable_folder, write_atomically)
+                                 writable_folder)
 from minit2i.core.errors import MiniT2IError
+from minit2i.core.files import write_atomically
 from minit2i.core.mmjit_config import MMJiTConfig, mmjit_expected_shapes
 from minit2i.core.t5_config import T5Config, t5_expected_shapes
 from minit2i.core.tokenizer import PromptTokenizer, make_word_tokenizer
