@@ -14,7 +14,7 @@ import pytest
 # Top-level names of the modules a model must not load, and our own modules that wrap them.
 FILE_MACHINERY = ("safetensors", "tensorstore", "orbax", "tempfile", "tokenizers",
                   "minit2i.core.safetensors_file", "minit2i.core.orbax_file", "minit2i.core.checkpoint",
-                  "minit2i.core.tokenizer")
+                  "minit2i.core.tokenizer", "minit2i.core.files")
 
 
 def modules_loaded_by(module: str) -> set[str]:
@@ -43,3 +43,4 @@ def test_the_check_sees_a_file_reader_when_one_is_imported():
     assert {"safetensors", "minit2i.core.safetensors_file", "minit2i.core.orbax_file"} <= set(
         file_machinery(modules_loaded_by("minit2i.core.checkpoint")))
     assert "tokenizers" in file_machinery(modules_loaded_by("minit2i.core.tokenizer"))
+    assert {"tempfile", "minit2i.core.files"} <= set(file_machinery(modules_loaded_by("minit2i.core.files")))
