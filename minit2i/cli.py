@@ -1,4 +1,4 @@
-"""`minit2i` command line: generate, info (and the golden, trace and convert tools).
+"""`minit2i` command line: generate, info, explore (and the golden, trace and convert tools).
 
 Flag names follow stable-diffusion.cpp's CLI where it has one (-p, -o, -W, -H, -s, -b,
 --steps, --cfg-scale, --diffusion-model/--t5xxl as aliases of --model/--t5).
@@ -17,7 +17,7 @@ from minit2i.core.errors import MiniT2IError
 from minit2i.core.mmjit_config import DEFAULT_VARIANT
 
 # Every subcommand, named here: a module missing from an install fails the import loudly.
-from . import convert, golden, trace
+from . import convert, explore, golden, trace
 from .arguments import add_model_arguments, add_variant_arguments, checked_request, say
 from .console import LINE_LIMIT, OneLineFormatter, OneLineParser, emit, guarded, printable
 
@@ -55,7 +55,8 @@ def _show_notes(quiet: bool) -> None:
 def build_parser() -> argparse.ArgumentParser:
     parser = OneLineParser(prog="minit2i", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for add_parser in (add_generate_parser, add_info_parser, golden.add_parser, trace.add_parser, convert.add_parser):
+    for add_parser in (add_generate_parser, add_info_parser, explore.add_parser, golden.add_parser, trace.add_parser,
+                       convert.add_parser):
         add_parser(sub)
     return parser
 

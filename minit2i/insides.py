@@ -25,7 +25,7 @@ from minit2i.reference.mmjit import joint_qkv
 from minit2i.reference.pipeline import NumpyRunner
 from minit2i.reference.sampler import initial_noise
 
-from .pipeline import Model, Request, Result, generate, is_student, make_runner, sampling_defaults
+from .pipeline import Model, ModelFiles, Request, Result, generate, is_student, make_runner, sampling_defaults, validate
 
 # The student's forwards for the conditional and unconditional predictions: omega 1 is "no
 # guidance" (its conditional prediction, as the teacher's guided velocity with omega 1 is the
@@ -47,28 +47,28 @@ class Insides:
 
 
 def look_inside(model: Model, prompt: str, *, seed: int, steps: int, guidance_scale: float, width: int, height: int,
-                step: int, block: int, interval: tuple[float, float] | None = None, runner=None) -> Insides:
+                step: int, block: int, interval: tuple[float, float] | None = None, runner=None,
+                on_step=None) -> Insides:
     """Generate `prompt` with `runner` (default: the NumPy reference) and look at sampling step
     `step` (0-based) and double-stream block `block` (0-based) through the reference.
 
     `interval` is a Mean Flow student's guidance interval (default: the model's). Attention is
-    the conditional pass's, averaged over heads and summed over each word's tokens.
+    the conditional pass's, averaged over heads and summed over each word's tokens. `on_step(StepInfo)`
+    is called after every sampler step (a progress bar).
     """
-    given = {"steps": steps, "cfg_scale": guidance_scale, "width": width, "height": height, "seed": seed}
-    if interval is not None:
-        given["guidance_interval"] = interval
-    request = Request(prompt, **(sampling_defaults(model) | given))
-    check_position(step, steps, "step", "--steps")
-    check_position(block, model.mmjit.config.depth_double, "block", "the model's double blocks")
+    request = inside_request(model, prompt, seed=seed, steps=steps, guidance_scale=guidance_scale, width=width,
+                             height=height, step=step, block=block, interval=interval)
     runner = runner or make_runner(model)
     x0_steps, before = [], {}
 
-    def on_step(info):
+    def collect(info):
         x0_steps.append(to_pixels(runner.to_host(info.x0))[0])
         if info.index == step - 1:
             before["x"] = runner.to_host(info.x)
+        if on_step:
+            on_step(info)
 
-    result = generate(model, runner, request, on_step)
+    result = generate(model, runner, request, collect)
     config = model.mmjit.config
     x = before.get("x", initial_noise(seed, 1, config.in_channels, height, width))
     reference = runner if isinstance(runner, NumpyRunner) else make_runner(model)
@@ -78,6 +78,21 @@ def look_inside(model: Model, prompt: str, *, seed: int, steps: int, guidance_sc
     words = model.tokenizer.word_positions(prompt)
     return Insides(result.pixels[0], x0_steps, [word for word, _ in words],
                    word_attention(reference, stages, block, words, height, width), cond, uncond, result)
+
+
+def inside_request(model: Model | ModelFiles, prompt: str, *, seed: int, steps: int, guidance_scale: float,
+                   width: int, height: int, step: int, block: int,
+                   interval: tuple[float, float] | None = None) -> Request:
+    """The request `look_inside` runs, checked against the model's configs (a `ModelFiles` will do:
+    no tensor is needed), so that a bad one is refused before any model is loaded."""
+    given = {"steps": steps, "cfg_scale": guidance_scale, "width": width, "height": height, "seed": seed}
+    if interval is not None:
+        given["guidance_interval"] = interval
+    request = Request(prompt, **(sampling_defaults(model) | given))
+    validate(request, model, given)
+    check_position(step, steps, "step", "--steps")
+    check_position(block, model.mmjit.config.depth_double, "block", "the model's double blocks")
+    return request
 
 
 def check_position(index: int, count: int, name: str, limit: str) -> None:

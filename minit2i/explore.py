@@ -1,0 +1,248 @@
+"""`minit2i explore`: a local web page that shows the model's insides (docs/explore.md).
+
+For a prompt, seed, steps, guidance (and a Mean Flow student's guidance interval), model and
+backend, the page shows the picture and its timing table, the clean-image prediction of every
+step, the word-to-patch attention map of every prompt word at a chosen step and double block,
+and the conditional and unconditional predictions of that step side by side (`insides.look_inside`).
+
+The page is Gradio's, the convention for model demos: its queue runs the work off the request
+thread one request at a time (the others wait their turn) with a progress bar, and a bad input is
+one line on the page while the server goes on serving. Gradio is imported only here, when the
+subcommand runs (the optional extra `explore`).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+
+import numpy as np
+
+from minit2i.core.errors import MiniT2IError
+
+from .arguments import add_model_arguments, model_paths
+from .demo_models import DEMO_MODELS, demo_model
+from .pipeline import BACKENDS, check_backend, is_student, open_model, sampling_defaults
+
+DEFAULT_HOST = "127.0.0.1"  # this machine only: the page runs any prompt on it
+DEFAULT_PORT = 7860  # Gradio's
+PRECISION = "fp32"  # what every backend runs
+# The heat maps: each patch drawn as a square of this many pixels.
+MAP_PATCH_PIXELS = 8
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("explore", help="a local web page showing the model's insides",
+                       description="Serve a web page (Gradio) that generates a prompt and shows the clean-image "
+                                   "prediction of every step, each word's attention map and the conditional and "
+                                   "unconditional predictions. Without --model: the demo models. Needs the "
+                                   "`explore` extra: pip install -e \".[explore]\".")
+    p.add_argument("--host", default=DEFAULT_HOST, help=f"address to bind (default {DEFAULT_HOST}: this machine only)")
+    p.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"port to serve on (default {DEFAULT_PORT})")
+    add_model_arguments(p)
+    p.add_argument("-q", "--quiet", action="store_true", help="no notes on stderr")
+    p.set_defaults(run=run_explore)
+
+
+def run_explore(args) -> int:
+    """Check the model given (headers only), then serve the page until interrupted."""
+    gradio = import_gradio()
+    check_port(args.host, args.port)
+    models = Models(model_sources(args))
+    page = build_page(gradio, models, default=next(iter(models.sources)))
+    page.queue(default_concurrency_limit=1).launch(**launch_settings(gradio, args.host, args.port))
+    return 0
+
+
+def import_gradio():
+    """Gradio, with its usage analytics off (the page talks to this machine only)."""
+    os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
+    try:
+        import gradio
+    except ImportError:
+        raise MiniT2IError('minit2i explore needs Gradio; install the extra: pip install -e ".[explore]"') from None
+    return gradio
+
+
+def check_port(host: str, port: int) -> None:
+    """Refuse a port that is out of range or taken, or an address this machine cannot bind, in one line."""
+    if not 1 <= port <= 65535:
+        raise MiniT2IError(f"--port {port} is not a port; use one in 1..65535, e.g. --port {DEFAULT_PORT}")
+    try:
+        with socket.create_server((host, port)):
+            pass
+    except OSError as err:
+        reason = os.strerror(err.errno) if err.errno else err  # without the address, which the line names already
+        raise MiniT2IError(f"cannot serve on {host}:{port} ({reason}); pass another --port or --host") from None
+
+
+def launch_settings(gradio, host: str, port: int) -> dict:
+    """`Blocks.launch` arguments: no share link, no server-side rendering process, and the system's
+    fonts instead of the default theme's web fonts, so nothing is fetched from the internet."""
+    local_fonts = gradio.themes.Default(font=["ui-sans-serif", "system-ui", "sans-serif"],
+                                        font_mono=["ui-monospace", "monospace"])
+    return {"server_name": host, "server_port": port, "share": False, "ssr_mode": False, "quiet": True,
+            "theme": local_fonts}
+
+
+def model_sources(args) -> dict[str, dict]:
+    """{name shown on the page: `open_model` arguments}: the demo models, and the model given at
+    start-up (checked now, from its headers, so a bad path fails before the server starts)."""
+    sources = {name: {"model": transformer, "t5": t5} for name, (transformer, t5, _) in DEMO_MODELS.items()}
+    if args.model is None or demo_model(args.model) is not None:
+        return sources
+    transformer, t5 = model_paths(args)
+    given = {"model": transformer, "t5": t5, "tokenizer_path": args.tokenizer, "variant": args.variant,
+             "jax_tree": args.jax_tree}
+    open_model(**given)
+    return {str(args.model): given, **sources}
+
+
+class Models:
+    """The models the page offers, each opened once and loaded once per backend (the cache lives as
+    long as the server)."""
+
+    def __init__(self, sources: dict[str, dict]):
+        self.sources = sources
+        self._opened, self._loaded = {}, {}
+        self._lock = threading.Lock()  # the defaults of a model change can be asked during a run
+
+    def files(self, name: str):
+        """The model's `ModelFiles` (configs and headers, no tensor)."""
+        if name not in self.sources:
+            raise MiniT2IError(f"unknown model {name!r}; choose one of {', '.join(self.sources)} (another model: "
+                               "start minit2i explore --model PATH)")
+        with self._lock:
+            if name not in self._opened:
+                self._opened[name] = open_model(**self.sources[name])
+            return self._opened[name]
+
+    def loaded(self, name: str, backend: str):
+        """(Model, runner) for `backend`, read from disk and built on first use."""
+        from .pipeline import make_runner
+
+        files = self.files(name)
+        with self._lock:
+            if (name, backend) not in self._loaded:
+                model = files.load()
+                self._loaded[name, backend] = model, make_runner(model, backend, PRECISION)
+            return self._loaded[name, backend]
+
+
+def settings_for(models: Models, name: str) -> dict:
+    """The page's defaults for a model: its steps, guidance, size and (a student's) interval, the
+    middle step and the middle double block to look at."""
+    files = models.files(name)
+    defaults = sampling_defaults(files)
+    return defaults | {"step": defaults["steps"] // 2, "block": files.mmjit.config.depth_double // 2,
+                       "student": is_student(files)}
+
+
+def look(models: Models, name: str, backend: str, on_step, prompt: str, **settings):
+    """`look_inside` on the cached model, after the cheap checks (model, backend, request)."""
+    from .insides import inside_request, look_inside
+
+    files = models.files(name)
+    check_backend(backend, PRECISION)
+    inside_request(files, prompt, **settings)
+    model, runner = models.loaded(name, backend)
+    return look_inside(model, prompt, runner=runner, on_step=on_step, **settings)
+
+
+def heat_maps(attention: np.ndarray) -> list[np.ndarray]:
+    """float [n_words, grid_h, grid_w] -> one uint8 [grid_h*8, grid_w*8, 3] picture per word, all on
+    one scale (0 black, the largest weight of any word white), brightness rising with the weight
+    through red and yellow; each patch a square."""
+    scaled = attention / max(float(attention.max()), np.finfo(np.float32).tiny)
+    ramp = np.stack([np.clip(3 * scaled - offset, 0, 1) for offset in range(3)], axis=-1)  # black-red-yellow-white
+    pixels = np.round(255 * ramp).astype(np.uint8)
+    return [np.repeat(np.repeat(word, MAP_PATCH_PIXELS, axis=0), MAP_PATCH_PIXELS, axis=1) for word in pixels]
+
+
+def word_captions(words: list[str], attention: np.ndarray) -> list[str]:
+    """'red: 12%' per word: the share of the image patches' attention that goes to its tokens."""
+    return [f"{word}: {100 * share:.1f}%" for word, share in zip(words, attention.mean(axis=(1, 2)))]
+
+
+def build_page(gradio, models: Models, default: str):
+    """The page (a `gradio.Blocks`), not yet served; `default` is the model it opens with."""
+    from .cli import timing_table
+
+    gr = gradio
+    start = settings_for(models, default)
+    with gr.Blocks(title="minit2i explore") as page:
+        gr.Markdown("# minit2i explore\nGenerate a picture and look inside the model: the clean-image prediction "
+                    "of every step, which image patches attend to each word, and what guidance changes.")
+        with gr.Row():
+            with gr.Column(scale=1):
+                prompt = gr.Textbox(label="prompt", value="a large red circle at the left on a gray background",
+                                    elem_id="prompt")
+                with gr.Row():
+                    model = gr.Dropdown(list(models.sources), value=default, label="model", allow_custom_value=True,
+                                        elem_id="model")
+                    backend = gr.Dropdown(list(BACKENDS), value="numpy", label="backend", elem_id="backend")
+                with gr.Row():
+                    seed = gr.Number(1, label="seed", precision=0, elem_id="seed")
+                    steps = gr.Number(start["steps"], label="steps", precision=0, elem_id="steps")
+                    guidance = gr.Number(start["cfg_scale"], label="guidance", elem_id="guidance")
+                with gr.Row(visible=start["student"]) as interval_row:
+                    t_min = gr.Number(start.get("guidance_interval", (0, 1))[0], label="guidance interval: t_min")
+                    t_max = gr.Number(start.get("guidance_interval", (0, 1))[1], label="t_max")
+                with gr.Row():
+                    width = gr.Number(start["width"], label="width", precision=0, elem_id="width")
+                    height = gr.Number(start["height"], label="height", precision=0, elem_id="height")
+                with gr.Row():
+                    step = gr.Number(start["step"], label="look at step (0 = first)", precision=0, elem_id="step")
+                    block = gr.Number(start["block"], label="double block (0 = first)", precision=0, elem_id="block")
+                run = gr.Button("Generate", variant="primary", elem_id="generate")
+                status = gr.Markdown("", elem_id="status")
+            with gr.Column(scale=1):
+                image = gr.Image(label="image", format="png", interactive=False, elem_id="image")
+                timings = gr.Textbox(label="timings", lines=8, interactive=False, elem_id="timings")
+        gr.Markdown("## The clean-image prediction at every step\nWhat the network predicts the finished picture "
+                    "to be at each step (guided); the sampler moves a little towards it each time.")
+        x0_steps = gr.Gallery(label="x0 at every step", format="png", columns=10, elem_id="x0-steps")
+        gr.Markdown("## Which image patches look at each word\nAt the chosen step and double block: for every "
+                    "patch, the attention its query pays to the word's tokens (mean over heads; black 0, white "
+                    "the largest weight on the page). The caption is the word's share of all the patches' attention.")
+        attention = gr.Gallery(label="attention of the image patches to each word", format="png", columns=6,
+                               elem_id="attention")
+        gr.Markdown("## Guidance at the chosen step\nThe conditional prediction (with the prompt), the "
+                    "unconditional one (an all-zero text mask) and the guided one the sampler used. A Mean Flow "
+                    "student is guided inside the network: its two are made with guidance 1 (none).")
+        with gr.Row():
+            cond = gr.Image(label="conditional", format="png", interactive=False, elem_id="cond")
+            uncond = gr.Image(label="unconditional", format="png", interactive=False, elem_id="uncond")
+            guided = gr.Image(label="guided", format="png", interactive=False, elem_id="guided")
+
+        def generate(prompt, model_name, backend_name, seed, steps, guidance, t_min, t_max, width, height, step,
+                     block, progress=gr.Progress()):
+            try:
+                student = settings_for(models, model_name)["student"]
+                insides = look(models, model_name, backend_name,
+                               lambda info: progress((info.index + 1, steps), desc="sampling"), prompt,
+                               seed=seed, steps=steps, guidance_scale=guidance, width=width, height=height,
+                               step=step, block=block, interval=(t_min, t_max) if student else None)
+            except (MiniT2IError, OSError) as err:
+                return [f"**error:** {err}"] + [gr.skip()] * 7
+            return [f"{model_name}, seed {seed}: done", insides.image,
+                    timing_table(insides.result, backend_name, PRECISION),
+                    [(x0, f"step {i}") for i, x0 in enumerate(insides.x0_steps)],
+                    list(zip(heat_maps(insides.attention), word_captions(insides.words, insides.attention))),
+                    insides.cond_x0, insides.uncond_x0, insides.x0_steps[step]]
+
+        def choose_model(model_name):
+            try:
+                chosen = settings_for(models, model_name)
+            except MiniT2IError as err:
+                return [f"**error:** {err}"] + [gr.skip()] * 9
+            interval = chosen.get("guidance_interval", (0, 1))
+            return ["", chosen["steps"], chosen["cfg_scale"], gr.Row(visible=chosen["student"]), *interval,
+                    chosen["width"], chosen["height"], chosen["step"], chosen["block"]]
+
+        run.click(generate, [prompt, model, backend, seed, steps, guidance, t_min, t_max, width, height, step, block],
+                  [status, image, timings, x0_steps, attention, cond, uncond, guided], api_name="generate")
+        model.change(choose_model, [model], [status, steps, guidance, interval_row, t_min, t_max, width, height, step,
+                                             block], api_name=False)
+    return page
