@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from PIL import Image
+from explore_server import PROMPT, SEED, generated_pixels, shape_and_background
 
-from minit2i.cli import main
 from minit2i.core.errors import MiniT2IError
 from minit2i.demo_models import demo_model
 from minit2i.insides import block_attention, block_inputs, block_rope, look_inside, predictions
@@ -14,8 +13,6 @@ from minit2i.pipeline import Request, load_model, make_runner, sampling_defaults
 from minit2i.reference.mmjit import double_block
 from minit2i.reference.sampler import initial_noise
 
-PROMPT = "a large red circle at the left on a gray background"
-SEED = 1
 # (model, steps, guidance, the step looked at): few steps keep the file fast; block 2 is the demo
 # models' block whose image queries look at the colour word where the shape is drawn.
 CASES = {"demo": (8, 2.0, 4), "demo-mf": (4, 3.0, 2)}
@@ -32,33 +29,10 @@ def looked(request):
                                     height=64, step=step, block=BLOCK)
 
 
-def generated_png(tmp_path, capsys, name: str) -> np.ndarray:
-    """The pixels `minit2i generate` writes for the demo prompt with the model's CASES settings."""
-    steps, guidance, _ = CASES[name]
-    output = tmp_path / "generated.png"
-    code = main(["generate", "-p", PROMPT, "--model", name, "-s", str(SEED), "--steps", str(steps),
-                 "--cfg-scale", str(guidance), "-q", "-o", str(output)])
-    assert code == 0, capsys.readouterr().err
-    with Image.open(output) as image:
-        return np.asarray(image.convert("RGB"))
-
-
-def shape_and_background(image: np.ndarray, patch: int) -> tuple[np.ndarray, np.ndarray]:
-    """Boolean [grid_h, grid_w] masks of the patches wholly inside the drawn shape and wholly in the
-    background: a pixel belongs to the shape when a channel is more than 40 levels from the image's
-    median colour (the background fills most of the demo pictures; the shapes' colours differ from
-    it by 60 levels or more in some channel, docs/demo-model.md)."""
-    height, width, _ = image.shape
-    median = np.median(image.reshape(-1, 3), axis=0)
-    far = (np.abs(image.astype(np.int16) - median).max(axis=-1) > 40)
-    patches = far.reshape(height // patch, patch, width // patch, patch).transpose(0, 2, 1, 3)
-    patches = patches.reshape(height // patch, width // patch, -1)
-    return patches.all(axis=-1), ~patches.any(axis=-1)
-
-
-def test_final_image_is_the_generate_commands(looked, tmp_path, capsys):
+def test_final_image_is_the_generate_commands(looked, tmp_path):
     name, _, insides = looked
-    np.testing.assert_array_equal(insides.image, generated_png(tmp_path, capsys, name))
+    steps, guidance, _ = CASES[name]
+    np.testing.assert_array_equal(insides.image, generated_pixels(tmp_path, name, steps, guidance))
 
 
 def test_last_clean_image_prediction_is_the_picture(looked):

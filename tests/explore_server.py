@@ -1,0 +1,89 @@
+"""`minit2i explore` served from a subprocess on a free port, for the page's tests (test_explore*.py)."""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+
+import numpy as np
+from PIL import Image
+
+from minit2i.cli import main
+
+PROMPT = "a large red circle at the left on a gray background"
+# The page's requests: few steps keep them fast (each ~1 s on the demo model).
+STEPS, SEED = 6, 1
+# A hang guard only: the server imports Gradio and starts in ~10 s on a loaded 2-core machine.
+START_LIMIT_S = 180
+
+HAVE_GRADIO = importlib.util.find_spec("gradio") is not None
+NO_GRADIO = 'the explore page needs Gradio: pip install -e ".[explore]"'
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+@contextlib.contextmanager
+def serving(*args: str):
+    """The page's URL while `minit2i explore --port P ARGS` runs (stopped afterwards)."""
+    port = free_port()
+    env = os.environ | {"GRADIO_ANALYTICS_ENABLED": "False"}
+    server = subprocess.Popen([sys.executable, "-m", "minit2i.cli", "explore", "--port", str(port), *args],
+                              env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    url = f"http://127.0.0.1:{port}/"
+    try:
+        wait_until_served(server, url)
+        yield url
+    finally:
+        server.terminate()
+        server.communicate(timeout=60)
+
+
+def wait_until_served(server: subprocess.Popen, url: str) -> None:
+    deadline = time.monotonic() + START_LIMIT_S
+    while time.monotonic() < deadline:
+        if server.poll() is not None:
+            raise AssertionError(f"minit2i explore exited with {server.returncode}: {server.stderr.read()}")
+        try:
+            with urllib.request.urlopen(url, timeout=5) as reply:
+                if reply.status == 200:
+                    return
+        except OSError:
+            time.sleep(0.5)
+    raise AssertionError(f"minit2i explore did not serve {url} within {START_LIMIT_S} s")
+
+
+def generated_pixels(tmp_path, model: str, steps: int, guidance: float, seed: int = SEED) -> np.ndarray:
+    """uint8 [H, W, 3]: what `minit2i generate` writes for PROMPT."""
+    output = tmp_path / f"generated-{model}-{seed}.png"
+    assert main(["generate", "-p", PROMPT, "--model", model, "-s", str(seed), "--steps", str(steps),
+                 "--cfg-scale", str(guidance), "-q", "-o", str(output)]) == 0
+    return read_pixels(output)
+
+
+def read_pixels(source) -> np.ndarray:
+    """uint8 [H, W, 3] of a PNG file or file object."""
+    with Image.open(source) as image:
+        return np.asarray(image.convert("RGB"))
+
+
+def shape_and_background(image: np.ndarray, patch: int) -> tuple[np.ndarray, np.ndarray]:
+    """Boolean [grid_h, grid_w] masks of the patches wholly inside the drawn shape and wholly in the
+    background: a pixel belongs to the shape when a channel is more than 40 levels from the image's
+    median colour (the background fills most of the demo pictures; the shapes' colours differ from
+    it by 60 levels or more in some channel, docs/demo-model.md)."""
+    height, width, _ = image.shape
+    median = np.median(image.reshape(-1, 3), axis=0)
+    far = (np.abs(image.astype(np.int16) - median).max(axis=-1) > 40)
+    patches = far.reshape(height // patch, patch, width // patch, patch).transpose(0, 2, 1, 3)
+    patches = patches.reshape(height // patch, width // patch, -1)
+    return patches.all(axis=-1), ~patches.any(axis=-1)

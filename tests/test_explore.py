@@ -1,0 +1,125 @@
+"""`minit2i explore` without a browser: the command's refusals, the heat maps, and the served page
+driven through Gradio's own client (the queue, bad inputs, the same pixels as `minit2i generate`)."""
+
+from __future__ import annotations
+
+import socket
+import sys
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+from explore_server import (HAVE_GRADIO, NO_GRADIO, PROMPT, SEED, STEPS, free_port, generated_pixels, read_pixels,
+                            serving)
+
+from minit2i.cli import build_parser, main
+from minit2i.demo_models import demo_model
+from minit2i.explore import DEFAULT_HOST, MAP_PATCH_PIXELS, heat_maps
+from minit2i.pipeline import open_model, sampling_defaults
+
+# The page's other inputs, in the order of its generate endpoint; the demo model's guidance.
+REQUEST = {"prompt": PROMPT, "model": "demo", "backend": "numpy", "seed": SEED, "steps": STEPS, "guidance": 2.0,
+           "t_min": 0.2, "t_max": 0.8, "width": 64, "height": 64, "step": 3, "block": 2}
+# A hang guard per request: one takes ~1-3 s on the loaded 2-core machine, five queued ~15 s.
+REQUEST_LIMIT_S = 300
+
+needs_gradio = pytest.mark.skipif(not HAVE_GRADIO, reason=NO_GRADIO)
+
+
+def run(capsys, *args):
+    code = main(["explore", *args])
+    return code, capsys.readouterr().err
+
+
+def test_binds_this_machine_only_by_default():
+    args = build_parser().parse_args(["explore"])
+    assert (args.host, DEFAULT_HOST) == ("127.0.0.1", "127.0.0.1")
+
+
+def test_without_gradio_one_line_names_the_extra(capsys, monkeypatch):
+    monkeypatch.setitem(sys.modules, "gradio", None)  # `import gradio` raises ImportError
+    code, err = run(capsys)
+    assert code == 2
+    assert err == 'minit2i: error: minit2i explore needs Gradio; install the extra: pip install -e ".[explore]"\n'
+
+
+@needs_gradio
+def test_taken_port_is_one_line(capsys):
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        port = taken.getsockname()[1]
+        code, err = run(capsys, "--port", str(port))
+    assert code == 2
+    assert err == (f"minit2i: error: cannot serve on 127.0.0.1:{port} (Address already in use); "
+                   "pass another --port or --host\n")
+
+
+@needs_gradio
+def test_bad_start_model_is_refused_before_serving(capsys, tmp_path):
+    code, err = run(capsys, "--port", str(free_port()), "--model", str(tmp_path / "missing"))
+    assert code == 2
+    assert err.count("\n") == 1 and "missing: no such file or folder" in err
+
+
+def test_heat_maps_share_one_scale_and_brighten_with_the_weight():
+    attention = np.array([[[0.0, 0.1], [0.2, 0.3]], [[0.4, 0.5], [0.6, 0.6]]], dtype=np.float32)
+    maps = heat_maps(attention)
+    assert [m.shape for m in maps] == [(2 * MAP_PATCH_PIXELS, 2 * MAP_PATCH_PIXELS, 3)] * 2
+    brightness = np.concatenate([m[::MAP_PATCH_PIXELS, ::MAP_PATCH_PIXELS].astype(int).sum(-1).ravel()
+                                 for m in maps])
+    assert brightness[0] == 0 and brightness[-1] == 3 * 255  # 0 black, the page's largest weight white
+    assert (np.diff(brightness[:-1]) > 0).all()  # rising with the weight, across words
+
+
+@pytest.fixture(scope="module")
+def client():
+    pytest.importorskip("gradio", reason=NO_GRADIO)
+    from gradio_client import Client
+
+    with serving() as url:
+        yield Client(url, verbose=False)
+
+
+def ask(client, **changes):
+    """The page's outputs for REQUEST with `changes`: (status, image path, timings, x0 gallery,
+    attention gallery, cond, uncond, guided)."""
+    job = client.submit(*(REQUEST | changes).values(), api_name="/generate")
+    return job.result(timeout=REQUEST_LIMIT_S)
+
+
+def test_five_requests_at_once_queue_and_all_complete(client, tmp_path):
+    seeds = range(SEED, SEED + 5)
+    with ThreadPoolExecutor(5) as pool:
+        replies = list(pool.map(lambda seed: ask(client, seed=seed), seeds))
+    for seed, reply in zip(seeds, replies):
+        assert reply[0] == f"demo, seed {seed}: done"
+        np.testing.assert_array_equal(read_pixels(reply[1]), generated_pixels(tmp_path, "demo", STEPS, 2.0, seed))
+
+
+def test_page_shows_every_panel(client):
+    status, image, timings, x0_steps, attention, cond, uncond, guided = ask(client)
+    assert status == f"demo, seed {SEED}: done"
+    assert timings.startswith("timings (numpy, fp32):") and f"step {STEPS}" in timings
+    assert [item["caption"] for item in x0_steps] == [f"step {i}" for i in range(STEPS)]
+    assert [item["caption"].split(":")[0] for item in attention] == PROMPT.split()
+    np.testing.assert_array_equal(read_pixels(guided), read_pixels(x0_steps[REQUEST["step"]]["image"]))
+    assert read_pixels(cond).shape == read_pixels(uncond).shape == (64, 64, 3)
+
+
+def test_student_with_its_interval_draws_generates_pixels(client, tmp_path):
+    t_min, t_max = sampling_defaults(open_model(*demo_model("demo-mf")[:2]))["guidance_interval"]
+    status, image, *_ = ask(client, model="demo-mf", steps=4, guidance=3.0, t_min=t_min, t_max=t_max, step=1)
+    assert status == f"demo-mf, seed {SEED}: done"
+    np.testing.assert_array_equal(read_pixels(image), generated_pixels(tmp_path, "demo-mf", 4, 3.0))
+
+
+@pytest.mark.parametrize(("changes", "message"), [
+    ({"prompt": ""}, "the prompt is empty"),
+    ({"steps": 0}, "--steps must be"),
+    ({"width": 62}, "--width 62 is not a positive multiple of the patch size 4"),
+    ({"model": "nope"}, "unknown model 'nope'; choose one of demo, demo-mf"),
+    ({"step": STEPS}, f"step {STEPS} is outside 0..{STEPS - 1}"),
+])
+def test_bad_input_is_one_message_and_the_next_request_works(client, changes, message):
+    status, *panels = ask(client, **changes)
+    assert status.startswith("**error:** ") and message in status and "\n" not in status
+    assert ask(client)[0] == f"demo, seed {SEED}: done"
