@@ -30,6 +30,13 @@ DEFAULT_PORT = 7860  # Gradio's
 PRECISION = "fp32"  # what every backend runs
 # The heat maps: each patch drawn as a square of this many pixels.
 MAP_PATCH_PIXELS = 8
+# Pictures of 64 x 64 pixels are shown larger, as squares of pixels (not blurred), and the galleries
+# as tall as their pictures.
+SHOWN_SIZE = 256
+PAGE_CSS = ("img { image-rendering: pixelated; } "
+            ".picture img { width: 100%; height: 100%; object-fit: contain; } "
+            ".gallery .grid-wrap.fixed-height { height: auto !important; min-height: 0 !important; "
+            "max-height: none !important; }")
 
 
 def add_parser(sub) -> None:
@@ -83,7 +90,7 @@ def launch_settings(gradio, host: str, port: int) -> dict:
     local_fonts = gradio.themes.Default(font=["ui-sans-serif", "system-ui", "sans-serif"],
                                         font_mono=["ui-monospace", "monospace"])
     return {"server_name": host, "server_port": port, "share": False, "ssr_mode": False, "quiet": True,
-            "theme": local_fonts}
+            "theme": local_fonts, "css": PAGE_CSS}
 
 
 def model_sources(args) -> dict[str, dict]:
@@ -198,23 +205,28 @@ def build_page(gradio, models: Models, default: str):
                 run = gr.Button("Generate", variant="primary", elem_id="generate")
                 status = gr.Markdown("", elem_id="status")
             with gr.Column(scale=1):
-                image = gr.Image(label="image", format="png", interactive=False, elem_id="image")
+                image = gr.Image(label="image", format="png", interactive=False, height=SHOWN_SIZE,
+                                 elem_id="image", elem_classes="picture")
                 timings = gr.Textbox(label="timings", lines=8, interactive=False, elem_id="timings")
         gr.Markdown("## The clean-image prediction at every step\nWhat the network predicts the finished picture "
                     "to be at each step (guided); the sampler moves a little towards it each time.")
-        x0_steps = gr.Gallery(label="x0 at every step", format="png", columns=10, elem_id="x0-steps")
+        x0_steps = gr.Gallery(label="x0 at every step", format="png", columns=10, elem_id="x0-steps",
+                              elem_classes="gallery")
         gr.Markdown("## Which image patches look at each word\nAt the chosen step and double block: for every "
                     "patch, the attention its query pays to the word's tokens (mean over heads; black 0, white "
                     "the largest weight on the page). The caption is the word's share of all the patches' attention.")
         attention = gr.Gallery(label="attention of the image patches to each word", format="png", columns=6,
-                               elem_id="attention")
+                               elem_id="attention", elem_classes="gallery")
         gr.Markdown("## Guidance at the chosen step\nThe conditional prediction (with the prompt), the "
                     "unconditional one (an all-zero text mask) and the guided one the sampler used. A Mean Flow "
                     "student is guided inside the network: its two are made with guidance 1 (none).")
         with gr.Row():
-            cond = gr.Image(label="conditional", format="png", interactive=False, elem_id="cond")
-            uncond = gr.Image(label="unconditional", format="png", interactive=False, elem_id="uncond")
-            guided = gr.Image(label="guided", format="png", interactive=False, elem_id="guided")
+            cond = gr.Image(label="conditional", format="png", interactive=False, height=SHOWN_SIZE,
+                             elem_id="cond", elem_classes="picture")
+            uncond = gr.Image(label="unconditional", format="png", interactive=False, height=SHOWN_SIZE,
+                             elem_id="uncond", elem_classes="picture")
+            guided = gr.Image(label="guided", format="png", interactive=False, height=SHOWN_SIZE,
+                             elem_id="guided", elem_classes="picture")
 
         def generate(prompt, model_name, backend_name, seed, steps, guidance, t_min, t_max, width, height, step,
                      block, progress=gr.Progress()):

@@ -1,15 +1,20 @@
-"""`minit2i explore` served from a subprocess on a free port, for the page's tests (test_explore*.py)."""
+"""`minit2i explore` served from a subprocess on a free port, and a headless Chromium that drives it,
+for the page's tests (test_explore*.py) and its screenshot (scripts/explore_screenshot.py)."""
 
 from __future__ import annotations
 
 import contextlib
 import importlib.util
+import io
 import os
+import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
+from pathlib import Path
 
 import numpy as np
 from PIL import Image
@@ -19,8 +24,17 @@ from minit2i.cli import main
 PROMPT = "a large red circle at the left on a gray background"
 # The page's requests: few steps keep them fast (each ~1 s on the demo model).
 STEPS, SEED = 6, 1
-# A hang guard only: the server imports Gradio and starts in ~10 s on a loaded 2-core machine.
+# Hang guards only: the server imports Gradio and starts in ~10 s on a loaded 2-core machine, the
+# page loads in ~5 s, and a 6-step request takes ~3 s.
 START_LIMIT_S = 180
+PAGE_LIMIT_S = 120
+REQUEST_LIMIT_S = 300
+
+CHROMIUM, CHROMEDRIVER = Path("/usr/bin/chromium"), Path("/usr/bin/chromedriver")
+# No network: no background requests, updates, sync or QUIC probes; a fresh profile each run.
+CHROMIUM_FLAGS = ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                  "--disable-component-update", "--no-first-run", "--disable-sync", "--disable-quic",
+                  "--window-size=1400,2000"]
 
 HAVE_GRADIO = importlib.util.find_spec("gradio") is not None
 NO_GRADIO = 'the explore page needs Gradio: pip install -e ".[explore]"'
@@ -60,6 +74,66 @@ def wait_until_served(server: subprocess.Popen, url: str) -> None:
         except OSError:
             time.sleep(0.5)
     raise AssertionError(f"minit2i explore did not serve {url} within {START_LIMIT_S} s")
+
+
+@contextlib.contextmanager
+def chromium(url: str):
+    """A headless Chromium (Selenium's driver) showing the page at `url`, its Generate button drawn."""
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    profile = tempfile.mkdtemp(prefix="chromium-profile-")
+    options = webdriver.ChromeOptions()
+    options.binary_location = str(CHROMIUM)
+    for flag in [*CHROMIUM_FLAGS, f"--user-data-dir={profile}"]:
+        options.add_argument(flag)
+    driver = webdriver.Chrome(service=Service(str(CHROMEDRIVER)), options=options)
+    try:
+        driver.get(url)
+        WebDriverWait(driver, PAGE_LIMIT_S).until(lambda d: d.find_elements(By.ID, "generate"))
+        yield driver
+    finally:
+        driver.quit()
+        shutil.rmtree(profile, ignore_errors=True)
+
+
+def fill(driver, elem_id: str, value) -> None:
+    """Type `value` into the page's field `elem_id`, replacing what it held."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.common.keys import Keys
+
+    field = driver.find_element(By.CSS_SELECTOR, f"#{elem_id} input, #{elem_id} textarea")
+    field.send_keys(Keys.CONTROL, "a")
+    field.send_keys(Keys.DELETE, str(value), Keys.TAB)
+
+
+def generate(driver, expected: str, **fields) -> str:
+    """Fill `fields`, press Generate and wait for a status line other than the last; it must start
+    with `expected`. -> the status line."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    def status():  # the message itself, not the progress bar drawn over it during a run
+        return driver.find_element(By.CSS_SELECTOR, '#status [data-testid="markdown"]').text.strip()
+
+    before = status()
+    for elem_id, value in fields.items():
+        fill(driver, elem_id, value)
+    driver.find_element(By.ID, "generate").click()
+    WebDriverWait(driver, REQUEST_LIMIT_S).until(lambda d: status() not in ("", before))
+    assert status().startswith(expected), status()
+    return status()
+
+
+def shown_pixels(driver, selector: str) -> np.ndarray:
+    """uint8 [H, W, 3] of the PNG file an <img> of the page shows (fetched, not a screenshot)."""
+    from selenium.webdriver.common.by import By
+
+    source = driver.find_element(By.CSS_SELECTOR, selector).get_attribute("src")
+    with urllib.request.urlopen(source, timeout=60) as reply:
+        return read_pixels(io.BytesIO(reply.read()))
 
 
 def generated_pixels(tmp_path, model: str, steps: int, guidance: float, seed: int = SEED) -> np.ndarray:

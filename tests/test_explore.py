@@ -9,8 +9,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
-from explore_server import (HAVE_GRADIO, NO_GRADIO, PROMPT, SEED, STEPS, free_port, generated_pixels, read_pixels,
-                            serving)
+from explore_server import (HAVE_GRADIO, NO_GRADIO, PROMPT, REQUEST_LIMIT_S, SEED, STEPS, free_port, generated_pixels,
+                            read_pixels, serving)
 
 from minit2i.cli import build_parser, main
 from minit2i.demo_models import demo_model
@@ -20,8 +20,6 @@ from minit2i.pipeline import open_model, sampling_defaults
 # The page's other inputs, in the order of its generate endpoint; the demo model's guidance.
 REQUEST = {"prompt": PROMPT, "model": "demo", "backend": "numpy", "seed": SEED, "steps": STEPS, "guidance": 2.0,
            "t_min": 0.2, "t_max": 0.8, "width": 64, "height": 64, "step": 3, "block": 2}
-# A hang guard per request: one takes ~1-3 s on the loaded 2-core machine, five queued ~15 s.
-REQUEST_LIMIT_S = 300
 
 needs_gradio = pytest.mark.skipif(not HAVE_GRADIO, reason=NO_GRADIO)
 

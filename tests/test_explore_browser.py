@@ -4,27 +4,15 @@ driven by Selenium, types a prompt, generates, and reads the files the page show
 from __future__ import annotations
 
 import importlib.util
-import io
-import shutil
-import tempfile
-import urllib.request
-from pathlib import Path
 
 import numpy as np
 import pytest
-from explore_server import HAVE_GRADIO, NO_GRADIO, PROMPT, read_pixels, serving, shape_and_background
+from explore_server import (CHROMEDRIVER, CHROMIUM, HAVE_GRADIO, NO_GRADIO, PROMPT, chromium, generate, serving,
+                            shape_and_background, shown_pixels)
 from explore_server import generated_pixels as generate_command_pixels
 
 from minit2i.explore import MAP_PATCH_PIXELS
 
-CHROMIUM, CHROMEDRIVER = Path("/usr/bin/chromium"), Path("/usr/bin/chromedriver")
-# No network: no background requests, updates, sync or QUIC probes; a fresh profile each run.
-CHROMIUM_FLAGS = ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                  "--disable-component-update", "--no-first-run", "--disable-sync", "--disable-quic",
-                  "--window-size=1400,2000"]
-# Hang guards only: the page loads in ~5 s and a 6-step request takes ~3 s on the loaded 2-core machine.
-PAGE_LIMIT_S = 120
-REQUEST_LIMIT_S = 300
 STEPS, STEP, BLOCK, GUIDANCE = 6, 3, 2, 2.0
 
 pytestmark = [
@@ -40,62 +28,8 @@ pytestmark = [
 @pytest.fixture(scope="module")
 def page():
     """A Chromium showing a freshly started `minit2i explore`."""
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-    from selenium.webdriver.common.by import By
-    from selenium.webdriver.support.ui import WebDriverWait
-
-    profile = tempfile.mkdtemp(prefix="chromium-profile-")
-    options = webdriver.ChromeOptions()
-    options.binary_location = str(CHROMIUM)
-    for flag in [*CHROMIUM_FLAGS, f"--user-data-dir={profile}"]:
-        options.add_argument(flag)
-    with serving() as url:
-        driver = webdriver.Chrome(service=Service(str(CHROMEDRIVER)), options=options)
-        try:
-            driver.get(url)
-            WebDriverWait(driver, PAGE_LIMIT_S).until(lambda d: d.find_elements(By.ID, "generate"))
-            yield driver
-        finally:
-            driver.quit()
-            shutil.rmtree(profile, ignore_errors=True)
-
-
-def fill(driver, elem_id: str, value) -> None:
-    """Type `value` into the page's field `elem_id`, replacing what it held."""
-    from selenium.webdriver.common.by import By
-    from selenium.webdriver.common.keys import Keys
-
-    field = driver.find_element(By.CSS_SELECTOR, f"#{elem_id} input, #{elem_id} textarea")
-    field.send_keys(Keys.CONTROL, "a")
-    field.send_keys(Keys.DELETE, str(value), Keys.TAB)
-
-
-def generate(driver, expected: str, **fields) -> str:
-    """Fill `fields`, press Generate and wait for a status line other than the last; it must start
-    with `expected`. -> the status line."""
-    from selenium.webdriver.common.by import By
-    from selenium.webdriver.support.ui import WebDriverWait
-
-    def status():  # the message itself, not the progress bar drawn over it during a run
-        return driver.find_element(By.CSS_SELECTOR, '#status [data-testid="markdown"]').text.strip()
-
-    before = status()
-    for elem_id, value in fields.items():
-        fill(driver, elem_id, value)
-    driver.find_element(By.ID, "generate").click()
-    WebDriverWait(driver, REQUEST_LIMIT_S).until(lambda d: status() not in ("", before))
-    assert status().startswith(expected), status()
-    return status()
-
-
-def shown_pixels(driver, selector: str) -> np.ndarray:
-    """uint8 [H, W, 3] of the PNG file an <img> of the page shows (fetched, not a screenshot)."""
-    from selenium.webdriver.common.by import By
-
-    source = driver.find_element(By.CSS_SELECTOR, selector).get_attribute("src")
-    with urllib.request.urlopen(source, timeout=60) as reply:
-        return read_pixels(io.BytesIO(reply.read()))
+    with serving() as url, chromium(url) as driver:
+        yield driver
 
 
 @pytest.fixture(scope="module")
