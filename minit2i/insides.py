@@ -1,6 +1,6 @@
 """What the model does inside one generation: the clean-image prediction at every step, which image
 patches attend to each prompt word, and the conditional and unconditional predictions of one step
-(`minit2i explore`, the figures of docs/concepts.md).
+(`minit2i explore`, and the documentation's figures of attention and guidance).
 
 All of it comes from the reference's own functions. `generate` runs the sampling, so the picture
 is the one `minit2i generate` writes for the seed; one more forward at the chosen step hands the
