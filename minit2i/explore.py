@@ -22,6 +22,7 @@ import numpy as np
 from minit2i.core.errors import MiniT2IError
 
 from .arguments import add_model_arguments, model_paths
+from .console import emit
 from .demo_models import DEMO_MODELS, demo_model
 from .pipeline import BACKENDS, check_backend, is_student, open_model, sampling_defaults
 
@@ -58,6 +59,7 @@ def run_explore(args) -> int:
     check_port(args.host, args.port)
     models = Models(model_sources(args))
     page = build_page(gradio, models, default=next(iter(models.sources)))
+    emit(f"minit2i explore: http://{args.host}:{args.port}/ (Ctrl-C stops the server)")
     page.queue(default_concurrency_limit=1).launch(**launch_settings(gradio, args.host, args.port))
     return 0
 

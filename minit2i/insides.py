@@ -25,7 +25,18 @@ from minit2i.reference.mmjit import joint_qkv
 from minit2i.reference.pipeline import NumpyRunner
 from minit2i.reference.sampler import initial_noise
 
-from .pipeline import Model, ModelFiles, Request, Result, generate, is_student, make_runner, sampling_defaults, validate
+from .pipeline import (
+    Model,
+    ModelFiles,
+    Request,
+    Result,
+    check_memory,
+    generate,
+    is_student,
+    make_runner,
+    sampling_defaults,
+    validate,
+)
 
 # The student's forwards for the conditional and unconditional predictions: omega 1 is "no
 # guidance" (its conditional prediction, as the teacher's guided velocity with omega 1 is the
@@ -90,6 +101,7 @@ def inside_request(model: Model | ModelFiles, prompt: str, *, seed: int, steps: 
         given["guidance_interval"] = interval
     request = Request(prompt, **(sampling_defaults(model) | given))
     validate(request, model, given)
+    check_memory(request, model)
     check_position(step, steps, "step", "--steps")
     check_position(block, model.mmjit.config.depth_double, "block", "the model's double blocks")
     return request

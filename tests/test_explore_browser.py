@@ -7,8 +7,8 @@ import importlib.util
 
 import numpy as np
 import pytest
-from explore_server import (CHROMEDRIVER, CHROMIUM, HAVE_GRADIO, NO_GRADIO, PROMPT, chromium, generate, serving,
-                            shape_and_background, shown_pixels)
+from explore_server import (CHROMEDRIVER, CHROMIUM, HAVE_GRADIO, NO_GRADIO, PROMPT, REQUEST_LIMIT_S, chromium, fill,
+                            generate, serving, shape_and_background, shown_pixels)
 from explore_server import generated_pixels as generate_command_pixels
 
 from minit2i.explore import MAP_PATCH_PIXELS
@@ -62,3 +62,20 @@ def test_bad_input_is_one_message_then_the_next_request_works(shown):
     message = generate(driver, "error: ", steps=0)
     assert "--steps must be" in message and "found 0" in message and "\n" not in message
     generate(driver, "demo, seed 2: done", seed=2, steps=STEPS)
+
+
+def test_a_run_shows_its_progress(shown):
+    """The status line carries Gradio's progress bar while the sampler runs: "k/20 steps" appears
+    after the first step and stays until the last (~1 s or more of 20 steps, polled every 50 ms)."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    driver, _ = shown
+    for elem_id, value in {"steps": 20, "step": 10, "seed": 3}.items():
+        fill(driver, elem_id, value)
+    driver.find_element(By.ID, "generate").click()
+    tracker = '#status [data-testid="status-tracker"]'
+    WebDriverWait(driver, REQUEST_LIMIT_S, poll_frequency=0.05).until(
+        lambda d: "/20 steps" in d.find_element(By.CSS_SELECTOR, tracker).text)
+    WebDriverWait(driver, REQUEST_LIMIT_S).until(
+        lambda d: d.find_element(By.CSS_SELECTOR, '#status [data-testid="markdown"]').text == "demo, seed 3: done")
