@@ -77,8 +77,8 @@ class PromptTokenizer:
 
     def word_positions(self, prompt: str) -> list[tuple[str, list[int]]]:
         """The prompt's words in order, each with the positions of its pieces in the ids that
-        `self([prompt])` gives; a word cut off by the length limit is left out, and `</s>` and the
-        padding belong to no word."""
+        `self([prompt])` gives; of a word the length limit cuts, the text of the pieces that remain
+        (a word cut whole is left out), and `</s>` and the padding belong to no word."""
         check_prompt(prompt)
         encoding = self._encode(self.tokenizer.encode, prompt)
         positions: dict[int, list[int]] = {}

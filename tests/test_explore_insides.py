@@ -7,6 +7,7 @@ import pytest
 from explore_server import PROMPT, SEED, generated_pixels, shape_and_background
 
 from minit2i.core.errors import MiniT2IError
+from minit2i.core.tokenizer import PromptTokenizer, make_t5_style_tokenizer
 from minit2i.demo_models import demo_model
 from minit2i.insides import block_attention, block_inputs, block_rope, look_inside, predictions
 from minit2i.pipeline import Request, load_model, make_runner, sampling_defaults
@@ -126,3 +127,16 @@ def test_step_or_block_outside_the_run_is_one_line(where, message):
     chosen = {"step": 0, "block": 0} | where
     with pytest.raises(MiniT2IError, match=message):
         look_inside(model, PROMPT, seed=SEED, steps=4, guidance_scale=2.0, width=64, height=64, **chosen)
+
+
+@pytest.mark.parametrize(("max_length", "expected"), [
+    (16, [("a", [0]), ("red", [1]), ("circle", [2, 3]), ("a", [4])]),
+    (4, [("a", [0]), ("red", [1]), ("ci", [2])]),  # cut to 3 pieces + </s>: what the model reads
+])
+def test_word_positions_gather_each_words_pieces(max_length, expected):
+    """A word of several pieces (T5's unigram splits "circle" here) is all its positions; a word
+    the length limit cuts is the text of its pieces that remain, and `</s>` and padding belong to
+    no word."""
+    pieces = [("\u2581a", -1.0), ("\u2581red", -1.0), ("\u2581ci", -2.0), ("rcle", -2.0)]
+    tokenizer = PromptTokenizer(make_t5_style_tokenizer(pieces), max_length)
+    assert tokenizer.word_positions("a red  circle a") == expected
