@@ -14,7 +14,7 @@ from explore_server import (HAVE_GRADIO, NO_GRADIO, PROMPT, REQUEST_LIMIT_S, SEE
 
 from minit2i.cli import build_parser, main
 from minit2i.demo_models import demo_model
-from minit2i.explore import DEFAULT_HOST, MAP_PATCH_PIXELS, heat_maps
+from minit2i.explore import DEFAULT_HOST, MAP_PATCH_PIXELS, Models, heat_maps, look, model_sources
 from minit2i.pipeline import open_model, sampling_defaults
 
 # The page's other inputs, in the order of its generate endpoint; the demo model's guidance.
@@ -56,6 +56,16 @@ def test_bad_start_model_is_refused_before_serving(capsys, tmp_path):
     code, err = run(capsys, "--port", str(free_port()), "--model", str(tmp_path / "missing"))
     assert code == 2
     assert err.count("\n") == 1 and "missing: no such file or folder" in err
+
+
+def test_model_given_at_start_up_is_offered_first_and_loaded_once(tiny_model):
+    transformer, t5 = map(str, tiny_model)
+    models = Models(model_sources(build_parser().parse_args(["explore", "--model", transformer, "--t5", t5])))
+    assert list(models.sources) == [transformer, "demo", "demo-mf"]
+    insides = look(models, transformer, "numpy", None, "a red cat", seed=0, steps=2, guidance_scale=3.0, width=64,
+                   height=32, step=1, block=1)
+    assert insides.image.shape == (32, 64, 3) and insides.words == ["a", "red", "cat"]
+    assert models.loaded(transformer, "numpy") is models.loaded(transformer, "numpy")
 
 
 def test_heat_maps_share_one_scale_and_brighten_with_the_weight():
