@@ -231,7 +231,7 @@ def build_page(gradio, models: Models, default: str):
                              elem_id="guided", elem_classes="picture")
 
         def generate(prompt, model_name, backend_name, seed, steps, guidance, t_min, t_max, width, height, step,
-                     block, progress=gr.Progress()):
+                     block, progress=gr.Progress()):  # noqa: B008 (Gradio finds its progress bar by this default)
             try:
                 student = settings_for(models, model_name)["student"]
                 insides = look(models, model_name, backend_name,

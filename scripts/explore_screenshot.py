@@ -17,7 +17,7 @@ from PIL import Image
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))  # the page's test driver: the server, Chromium and its form filling
 
-from explore_server import PROMPT, chromium, generate, serving  # noqa: E402
+from explore_server import PROMPT, chromium, generate, serving
 
 OUTPUT = ROOT / "docs" / "figures" / "explore.png"
 SHOWN_WIDTH = 1000  # the figure's, small enough for the repository

@@ -9,8 +9,18 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
-from explore_server import (HAVE_GRADIO, NO_GRADIO, PROMPT, REQUEST_LIMIT_S, SEED, STEPS, free_port, generated_pixels,
-                            read_pixels, serving)
+from explore_server import (
+    HAVE_GRADIO,
+    NO_GRADIO,
+    PROMPT,
+    REQUEST_LIMIT_S,
+    SEED,
+    STEPS,
+    free_port,
+    generated_pixels,
+    read_pixels,
+    serving,
+)
 
 from minit2i.cli import build_parser, main
 from minit2i.demo_models import demo_model
@@ -110,7 +120,7 @@ def test_page_shows_every_panel(client):
     assert [item["caption"] for item in x0_steps] == [f"step {i}" for i in range(STEPS)]
     assert [item["caption"].split(":")[0] for item in attention] == PROMPT.split()
     np.testing.assert_array_equal(read_pixels(guided), read_pixels(x0_steps[REQUEST["step"]]["image"]))
-    assert read_pixels(cond).shape == read_pixels(uncond).shape == (64, 64, 3)
+    assert read_pixels(image).shape == read_pixels(cond).shape == read_pixels(uncond).shape == (64, 64, 3)
 
 
 def test_student_with_its_interval_draws_generates_pixels(client, tmp_path):
@@ -128,6 +138,6 @@ def test_student_with_its_interval_draws_generates_pixels(client, tmp_path):
     ({"step": STEPS}, f"step {STEPS} is outside 0..{STEPS - 1}"),
 ])
 def test_bad_input_is_one_message_and_the_next_request_works(client, changes, message):
-    status, *panels = ask(client, **changes)
+    status = ask(client, **changes)[0]
     assert status.startswith("**error:** ") and message in status and "\n" not in status
     assert ask(client)[0] == f"demo, seed {SEED}: done"

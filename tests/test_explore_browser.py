@@ -7,8 +7,20 @@ import importlib.util
 
 import numpy as np
 import pytest
-from explore_server import (CHROMEDRIVER, CHROMIUM, HAVE_GRADIO, NO_GRADIO, PROMPT, REQUEST_LIMIT_S, chromium, fill,
-                            generate, serving, shape_and_background, shown_pixels)
+from explore_server import (
+    CHROMEDRIVER,
+    CHROMIUM,
+    HAVE_GRADIO,
+    NO_GRADIO,
+    PROMPT,
+    REQUEST_LIMIT_S,
+    chromium,
+    fill,
+    generate,
+    serving,
+    shape_and_background,
+    shown_pixels,
+)
 from explore_server import generated_pixels as generate_command_pixels
 
 from minit2i.explore import MAP_PATCH_PIXELS
