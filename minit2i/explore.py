@@ -59,9 +59,13 @@ def run_explore(args) -> int:
     check_port(args.host, args.port)
     models = Models(model_sources(args))
     page = build_page(gradio, models, default=next(iter(models.sources)))
+    page.queue(default_concurrency_limit=1).launch(prevent_thread_lock=True,
+                                                    **launch_settings(gradio, args.host, args.port))
     emit(f"minit2i explore: http://{args.host}:{args.port}/ (Ctrl-C stops the server)")
-    page.queue(default_concurrency_limit=1).launch(**launch_settings(gradio, args.host, args.port))
-    return 0
+    try:  # serve until Ctrl-C or SIGTERM, which `console.guarded` reports (Gradio's own wait would swallow them)
+        threading.Event().wait()
+    finally:
+        page.close()
 
 
 def import_gradio():

@@ -49,6 +49,14 @@ def free_port() -> int:
 @contextlib.contextmanager
 def serving(*args: str):
     """The page's URL while `minit2i explore --port P ARGS` runs (stopped afterwards)."""
+    with started(*args) as (_, url):
+        yield url
+
+
+@contextlib.contextmanager
+def started(*args: str):
+    """(the server process, the page's URL) once `minit2i explore --port P ARGS` serves; the process
+    is stopped afterwards if it still runs."""
     port = free_port()
     env = os.environ | {"GRADIO_ANALYTICS_ENABLED": "False"}
     server = subprocess.Popen([sys.executable, "-m", "minit2i.cli", "explore", "--port", str(port), *args],
@@ -56,10 +64,11 @@ def serving(*args: str):
     url = f"http://127.0.0.1:{port}/"
     try:
         wait_until_served(server, url)
-        yield url
+        yield server, url
     finally:
-        server.terminate()
-        server.communicate(timeout=60)
+        if server.poll() is None:
+            server.terminate()
+            server.communicate(timeout=60)
 
 
 def wait_until_served(server: subprocess.Popen, url: str) -> None:

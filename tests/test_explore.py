@@ -20,6 +20,7 @@ from explore_server import (
     generated_pixels,
     read_pixels,
     serving,
+    started,
 )
 
 from minit2i.cli import build_parser, main
@@ -66,6 +67,16 @@ def test_bad_start_model_is_refused_before_serving(capsys, tmp_path):
     code, err = run(capsys, "--port", str(free_port()), "--model", str(tmp_path / "missing"))
     assert code == 2
     assert err.count("\n") == 1 and "missing: no such file or folder" in err
+
+
+@needs_gradio
+def test_sigterm_stops_the_server_with_one_line():
+    """As every command: SIGTERM is `minit2i: terminated` and status 143 (Gradio's own wait would
+    swallow it and exit 0)."""
+    with started() as (server, _):
+        server.terminate()
+        _, err = server.communicate(timeout=60)
+    assert server.returncode == 143 and err.endswith("minit2i: terminated\n")
 
 
 def test_model_given_at_start_up_is_offered_first_and_loaded_once(tiny_model):
