@@ -24,7 +24,7 @@ from minit2i.core.errors import MiniT2IError
 from .arguments import add_model_arguments, model_paths
 from .console import emit
 from .demo_models import DEMO_MODELS, demo_model
-from .pipeline import BACKENDS, check_backend, is_student, open_model, sampling_defaults
+from .pipeline import BACKENDS, check_backend, is_student, make_runner, open_model, sampling_defaults
 
 DEFAULT_HOST = "127.0.0.1"  # this machine only: the page runs any prompt on it
 DEFAULT_PORT = 7860  # Gradio's
@@ -113,12 +113,12 @@ def model_sources(args) -> dict[str, dict]:
 
 
 class Models:
-    """The models the page offers, each opened once and loaded once per backend (the cache lives as
-    long as the server)."""
+    """The models the page offers, each opened and read from disk once, with one runner per backend
+    (kept as long as the server runs)."""
 
     def __init__(self, sources: dict[str, dict]):
         self.sources = sources
-        self._opened, self._loaded = {}, {}
+        self._opened, self._loaded, self._runners = {}, {}, {}
         self._lock = threading.Lock()  # the defaults of a model change can be asked during a run
 
     def files(self, name: str):
@@ -132,15 +132,15 @@ class Models:
             return self._opened[name]
 
     def loaded(self, name: str, backend: str):
-        """(Model, runner) for `backend`, read from disk and built on first use."""
-        from .pipeline import make_runner
-
+        """(Model, runner) for `backend`, read and built on first use."""
         files = self.files(name)
         with self._lock:
-            if (name, backend) not in self._loaded:
-                model = files.load()
-                self._loaded[name, backend] = model, make_runner(model, backend, PRECISION)
-            return self._loaded[name, backend]
+            if name not in self._loaded:
+                self._loaded[name] = files.load()
+            model = self._loaded[name]
+            if (name, backend) not in self._runners:
+                self._runners[name, backend] = make_runner(model, backend, PRECISION)
+            return model, self._runners[name, backend]
 
 
 def settings_for(models: Models, name: str) -> dict:
