@@ -29,6 +29,8 @@ from .pipeline import BACKENDS, check_backend, is_student, make_runner, open_mod
 DEFAULT_HOST = "127.0.0.1"  # this machine only: the page runs any prompt on it
 DEFAULT_PORT = 7860  # Gradio's
 PRECISION = "fp32"  # what every backend runs
+# The interval fields of a model that has none (hidden on the page).
+UNUSED_INTERVAL = (0.0, 1.0)
 # The heat maps: each patch drawn as a square of this many pixels.
 MAP_PATCH_PIXELS = 8
 # Pictures of 64 x 64 pixels are shown larger, as squares of pixels (not blurred), and the galleries
@@ -148,8 +150,8 @@ def settings_for(models: Models, name: str) -> dict:
     middle step and the middle double block to look at."""
     files = models.files(name)
     defaults = sampling_defaults(files)
-    return defaults | {"step": defaults["steps"] // 2, "block": files.mmjit.config.depth_double // 2,
-                       "student": is_student(files)}
+    return {"guidance_interval": UNUSED_INTERVAL, **defaults, "step": defaults["steps"] // 2,
+            "block": files.mmjit.config.depth_double // 2, "student": is_student(files)}
 
 
 def look(models: Models, name: str, backend: str, on_step, prompt: str, **settings):
@@ -164,9 +166,9 @@ def look(models: Models, name: str, backend: str, on_step, prompt: str, **settin
 
 
 def heat_maps(attention: np.ndarray) -> list[np.ndarray]:
-    """float [n_words, grid_h, grid_w] -> one uint8 [grid_h*8, grid_w*8, 3] picture per word, all on
-    one scale (0 black, the largest weight of any word white), brightness rising with the weight
-    through red and yellow; each patch a square."""
+    """float [n_words, grid_h, grid_w] -> one uint8 [grid_h * p, grid_w * p, 3] picture per word, each
+    patch a square of p = MAP_PATCH_PIXELS, all on one scale (0 black, the largest weight of any word
+    white), brightness rising with the weight through red and yellow."""
     scaled = attention / max(float(attention.max()), np.finfo(np.float32).tiny)
     ramp = np.stack([np.clip(3 * scaled - offset, 0, 1) for offset in range(3)], axis=-1)  # black-red-yellow-white
     pixels = np.round(255 * ramp).astype(np.uint8)
@@ -200,8 +202,8 @@ def build_page(gradio, models: Models, default: str):
                     steps = gr.Number(start["steps"], label="steps", precision=0, elem_id="steps")
                     guidance = gr.Number(start["cfg_scale"], label="guidance", elem_id="guidance")
                 with gr.Row(visible=start["student"]) as interval_row:
-                    t_min = gr.Number(start.get("guidance_interval", (0, 1))[0], label="guidance interval: t_min")
-                    t_max = gr.Number(start.get("guidance_interval", (0, 1))[1], label="t_max")
+                    t_min = gr.Number(start["guidance_interval"][0], label="guidance interval: t_min")
+                    t_max = gr.Number(start["guidance_interval"][1], label="t_max")
                 with gr.Row():
                     width = gr.Number(start["width"], label="width", precision=0, elem_id="width")
                     height = gr.Number(start["height"], label="height", precision=0, elem_id="height")
@@ -255,12 +257,11 @@ def build_page(gradio, models: Models, default: str):
                 chosen = settings_for(models, model_name)
             except MiniT2IError as err:
                 return [f"**error:** {err}"] + [gr.skip()] * 9
-            interval = chosen.get("guidance_interval", (0, 1))
-            return ["", chosen["steps"], chosen["cfg_scale"], gr.Row(visible=chosen["student"]), *interval,
-                    chosen["width"], chosen["height"], chosen["step"], chosen["block"]]
+            return ["", chosen["steps"], chosen["cfg_scale"], gr.Row(visible=chosen["student"]),
+                    *chosen["guidance_interval"], chosen["width"], chosen["height"], chosen["step"], chosen["block"]]
 
         run.click(generate, [prompt, model, backend, seed, steps, guidance, t_min, t_max, width, height, step, block],
                   [status, image, timings, x0_steps, attention, cond, uncond, guided], api_name="generate")
         model.change(choose_model, [model], [status, steps, guidance, interval_row, t_min, t_max, width, height, step,
-                                             block], api_name=False)
+                                             block], api_name="defaults")
     return page

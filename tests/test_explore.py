@@ -144,6 +144,15 @@ def test_student_with_its_interval_draws_generates_pixels(client, tmp_path):
     np.testing.assert_array_equal(read_pixels(image), generated_pixels(tmp_path, "demo-mf", 4, 3.0))
 
 
+def test_choosing_a_model_fills_in_its_settings(client):
+    """The student's steps, guidance and interval, its size, and the middle step and block."""
+    defaults = sampling_defaults(open_model(*demo_model("demo-mf")[:2]))
+    expected = ["", defaults["steps"], defaults["cfg_scale"], *defaults["guidance_interval"], 64, 64,
+                defaults["steps"] // 2, 2]
+    assert list(client.predict("demo-mf", api_name="/defaults")) == expected
+    assert client.predict("nope", api_name="/defaults")[0].startswith("**error:** unknown model 'nope'")
+
+
 @pytest.mark.parametrize(("changes", "message"), [
     ({"prompt": ""}, "the prompt is empty"),
     ({"steps": 0}, "--steps must be"),
