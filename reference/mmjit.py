@@ -65,8 +65,9 @@ def mask_text(context, mask, mask_token):
 def project_qkv(h, qkv, q_norm, k_norm, num_heads: int):
     r"""h [B, L, D] -> q, k, v each [B, H, L, Dh]; q and k RMS-normed per head (before RoPE).
 
-    $$[q\,|\,k\,|\,v] = h\,W_{qkv}^\top + b_{qkv}, \qquad q \leftarrow \mathrm{RMSNorm}(q), \quad
-    k \leftarrow \mathrm{RMSNorm}(k)$$
+    $$[q\,|\,k\,|\,v] = h\,W_{qkv}^\top + b_{qkv}$$
+
+    $$q \leftarrow \mathrm{RMSNorm}(q), \qquad k \leftarrow \mathrm{RMSNorm}(k)$$
     """
     q, k, v = np.split(linear(h, **qkv), 3, axis=-1)
     q = rms_norm(split_heads(q, num_heads), **q_norm)
@@ -95,8 +96,9 @@ def double_block(img, txt, block, rope, config: MMJiTConfig):
     projection and MLP; one q_norm/k_norm pair is shared by both streams. The two streams meet
     only in one attention over the joint sequence, text first (model.md 3.7):
 
-    $$[o_t ; o_i] = \mathrm{softmax}\!\left(\frac{q\,k^\top}{\sqrt{D_h}}\right) v, \qquad
-    q = \mathrm{RoPE}([q_t ; q_i]),\; k = \mathrm{RoPE}([k_t ; k_i]),\; v = [v_t ; v_i]$$
+    $$[o_t ; o_i] = \mathrm{softmax}\!\left(\frac{q\,k^\top}{\sqrt{D_h}}\right) v$$
+
+    $$q = \mathrm{RoPE}([q_t ; q_i]),\; k = \mathrm{RoPE}([k_t ; k_i]),\; v = [v_t ; v_i]$$
     """
     cos, sin = rope
     length = txt.shape[1]

@@ -4,8 +4,9 @@ t runs from 0 (noise) to 1 (data) on a uniform grid. At every step the network p
 the conditional and the unconditional branch in ONE batched forward ([cond ; uncond], the
 uncond half with an all-zero mask), guidance mixes the two, and
 
-$$v = \frac{x_0^{\mathrm{cfg}} - x}{\max(1 - t,\ a_{\min})}, \qquad x \leftarrow x + (t_{\mathrm{next}} - t)\,v,
-\qquad x_0^{\mathrm{cfg}} = x_0^{u} + s\,(x_0^{c} - x_0^{u})$$
+$$v = \frac{x_0^{\mathrm{cfg}} - x}{\max(1 - t,\ a_{\min})}, \qquad x \leftarrow x + (t_{\mathrm{next}} - t)\,v$$
+
+$$x_0^{\mathrm{cfg}} = x_0^{u} + s\,(x_0^{c} - x_0^{u})$$
 
 Because cond and uncond share x and the denominator, guidance on x0 equals guidance on v.
 """
