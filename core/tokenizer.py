@@ -75,6 +75,19 @@ class PromptTokenizer:
         mask = np.array([e.attention_mask for e in encodings], dtype=np.float32)
         return ids, mask
 
+    def word_positions(self, prompt: str) -> list[tuple[str, list[int]]]:
+        """The prompt's words in order, each with the positions of its pieces in the ids that
+        `self([prompt])` gives; a word cut off by the length limit is left out, and `</s>` and the
+        padding belong to no word."""
+        check_prompt(prompt)
+        encoding = self._encode(self.tokenizer.encode, prompt)
+        positions: dict[int, list[int]] = {}
+        for position, word in enumerate(encoding.word_ids):
+            if word is not None:
+                positions.setdefault(word, []).append(position)
+        return [(prompt[encoding.offsets[found[0]][0]:encoding.offsets[found[-1]][1]].strip(), found)
+                for found in positions.values()]
+
     def unknown_words(self, prompt: str) -> list[str]:
         """The words of `prompt` that the vocabulary lacks (they become `<unk>`), in order, once each."""
         unk_id = self.tokenizer.token_to_id(UNK)

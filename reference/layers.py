@@ -96,10 +96,20 @@ def attention(q, k, v, scale: float, bias=None):
 
     q [B, H, Lq, Dh], k/v [B, H, Lk, Dh], bias broadcastable to [B, H, Lq, Lk] -> [B, H, Lq, Dh].
     """
+    return attention_weights(q, k, scale, bias) @ v
+
+
+def attention_weights(q, k, scale: float, bias=None):
+    r"""The weights of `attention`, each query's row summing to 1 over the keys.
+
+    $$P = \mathrm{softmax}\big(s\,q\,k^\top + \mathrm{bias}\big)$$
+
+    q [B, H, Lq, Dh], k [B, H, Lk, Dh], bias broadcastable to [B, H, Lq, Lk] -> [B, H, Lq, Lk].
+    """
     scores = (q * q.dtype.type(scale)) @ np.swapaxes(k, -1, -2)  # scale q: Lk/Dh times fewer multiplies
     if bias is not None:
         scores += bias
-    return softmax(scores) @ v
+    return softmax(scores)
 
 
 def apply_rope(x, cos, sin):

@@ -89,6 +89,19 @@ def preamble_block(txt, block, rope, config: MMJiTConfig):
     return txt + swiglu(rms_norm(txt, **block["norm2"]), **block["mlp"])
 
 
+def joint_qkv(img, txt, block, rope, config: MMJiTConfig):
+    """The joint sequence's q, k, v of a double block, each [B, H, L + N, Dh], text first, q and k
+    rotated: img [B, N, D], txt [B, L, D], rope tables (cos, sin) [L + N, Dh/2] (model.md 3.7)."""
+    cos, sin = rope
+    qi, ki, vi = project_qkv(rms_norm(img, **block["img_norm1"]), block["img_qkv"], block["q_norm"],
+                             block["k_norm"], config.num_heads)
+    qt, kt, vt = project_qkv(rms_norm(txt, **block["txt_norm1"]), block["txt_qkv"], block["q_norm"],
+                             block["k_norm"], config.num_heads)
+    q = apply_rope(np.concatenate([qt, qi], axis=2), cos, sin)
+    k = apply_rope(np.concatenate([kt, ki], axis=2), cos, sin)
+    return q, k, np.concatenate([vt, vi], axis=2)
+
+
 def double_block(img, txt, block, rope, config: MMJiTConfig):
     r"""Double-stream block with joint attention over [txt ; img] (model.md 3.10).
 
@@ -100,15 +113,8 @@ def double_block(img, txt, block, rope, config: MMJiTConfig):
 
     $$q = \mathrm{RoPE}([q_t ; q_i]),\; k = \mathrm{RoPE}([k_t ; k_i]),\; v = [v_t ; v_i]$$
     """
-    cos, sin = rope
     length = txt.shape[1]
-    qi, ki, vi = project_qkv(rms_norm(img, **block["img_norm1"]), block["img_qkv"], block["q_norm"],
-                             block["k_norm"], config.num_heads)
-    qt, kt, vt = project_qkv(rms_norm(txt, **block["txt_norm1"]), block["txt_qkv"], block["q_norm"],
-                             block["k_norm"], config.num_heads)
-    q = apply_rope(np.concatenate([qt, qi], axis=2), cos, sin)
-    k = apply_rope(np.concatenate([kt, ki], axis=2), cos, sin)
-    out = merge_heads(attention(q, k, np.concatenate([vt, vi], axis=2), scale=config.head_dim**-0.5))
+    out = merge_heads(attention(*joint_qkv(img, txt, block, rope, config), scale=config.head_dim**-0.5))
     img = img + linear(out[:, length:], **block["img_attn_proj"])
     txt = txt + linear(out[:, :length], **block["txt_attn_proj"])
     img = img + swiglu(rms_norm(img, **block["img_norm2"]), **block["img_mlp"])
