@@ -325,14 +325,21 @@ def positions_figure(grid: int = 16, head_dim: int = 32, dim: int = 128, queries
 # Inside one step (minit2i.insides)
 
 
-def attention_figure(prompts=(PROMPT, "a small blue square at the top on a white background"), step=10, block=2):
+def inside_demo(prompt: str, step: int, block: int):
+    """`look_inside` the demo model's generation of `prompt` (seed SEED, its own settings) at
+    sampling step `step` and double block `block` (both 0-based)."""
+    model, _ = load_demo("demo")
+    settings = sampling_defaults(model)
+    return look_inside(model, prompt, seed=SEED, steps=settings["steps"], guidance_scale=settings["cfg_scale"],
+                       width=settings["width"], height=settings["height"], step=step, block=block)
+
+
+def attention_figure(prompts=GUIDANCE_PROMPTS, step=10, block=2):
     """Per word of each prompt: how much attention the image patches pay to it (demo model,
     conditional pass), beside the final image."""
-    model, _ = load_demo("demo")
-    insides = [look_inside(model, prompt, seed=SEED, step=step, block=block, **sampling_defaults(model))
-               for prompt in prompts]
+    insides = [inside_demo(prompt, step, block) for prompt in prompts]
     columns = 1 + max(len(inside.words) for inside in insides)
-    figure, axes = plt.subplots(len(prompts), columns, figsize=(1.6 * columns, 1.9 * len(prompts)))
+    figure, axes = plt.subplots(len(prompts), columns, figsize=(1.5 * columns, 1.9 * len(prompts)))
     for row, inside in enumerate(insides):
         picture(axes[row, 0], inside.image, "image")
         for column in range(1, columns):
@@ -347,13 +354,11 @@ def attention_figure(prompts=(PROMPT, "a small blue square at the top on a white
 def cond_uncond_figure(steps_shown=(1, 4, 10)):
     """At a few steps of one run: the conditional and unconditional x0 predictions and the guided
     x0 the step moves towards."""
-    model, _ = load_demo("demo")
-    settings = sampling_defaults(model)
     figure, axes = plt.subplots(3, len(steps_shown), figsize=(2.3 * len(steps_shown), 7))
     for column, number in enumerate(steps_shown):
-        inside = look_inside(model, PROMPT, seed=SEED, step=number - 1, block=0, **settings)
+        inside = inside_demo(PROMPT, number - 1, 0)
         for row, (image, name) in enumerate(((inside.cond_x0, "conditional x0"), (inside.uncond_x0, "unconditional x0"),
-                                             (inside.x0_steps[number - 1], f"guided x0 (s = {settings['cfg_scale']:g})"))):
+                                             (inside.x0_steps[number - 1], "guided x0"))):
             picture(axes[row, column], image, f"step {number}" if row == 0 else "")
             axes[row, 0].set_ylabel(name, fontsize=9)
     return figure
