@@ -19,6 +19,7 @@ import tempfile
 from pathlib import Path
 
 import jupytext
+from sidebyside import FULL_WIDTH
 
 from minit2i.core.files import write_atomically
 
@@ -46,7 +47,8 @@ def figure_names(path: str) -> list[str]:
 def page_markdown(path: str) -> str:
     """The page of the notebook at repository path `path`: Markdown cells as written, code cells
     fenced, and after each code cell the figures it draws. Figure links are written from the
-    notebook's folder, as its own links are."""
+    notebook's folder, as its own links are. The page takes the whole window, as the code pages
+    do, so that 120 columns of code fit."""
     notebook = jupytext.read(ROOT / path)
     names = iter(figure_names(path))
     figure_folder = Path("..", FIGURES.relative_to(ROOT)).as_posix()
@@ -57,7 +59,7 @@ def page_markdown(path: str) -> str:
         elif cell.source.strip():
             parts.append(f"```python\n{cell.source}\n```")
         parts += [f"![figure {name}]({figure_folder}/{name})" for name in (next(names) for _ in range(count))]
-    return "\n\n".join(parts) + "\n"
+    return FULL_WIDTH + "\n\n".join(parts) + "\n"
 
 
 def drawn_figures(path: str) -> list[bytes]:

@@ -12,7 +12,7 @@
 # # One prompt through MiniT2I, stage by stage
 #
 # This notebook follows one prompt through the demo model that ships with the package (64 x 64
-# pixels, 4 x 4 patches, a two-block T5, four double blocks, 20 sampler steps, guidance 3.0) on a
+# pixels, 4 x 4 patches, a two-block T5, four double blocks, 20 sampler steps, guidance 2.0) on a
 # CPU, calling the NumPy reference's own functions at every stage. Every figure is computed here,
 # from the model. Read it beside the spec, [docs/model.md](../docs/model.md), and the
 # [reading guide](../docs/reading-guide.md), which gives the shapes of the released B/16 model
@@ -222,13 +222,12 @@ plt.show()
 # %% [markdown]
 # ## 7. Joint attention inside one double block (model.md 3.7, 3.10)
 #
-# A double block attends over the joint sequence [16 text tokens ; 256 image tokens]. The
-# reference's [`attention`](../reference/layers.py) returns only the weighted values, so the
-# probabilities are recomputed here from the block's own pieces: its norms and projections
-# ([`project_qkv`](../reference/mmjit.py)), the joint RoPE tables and
-# [`apply_rope`](../reference/layers.py), then the softmax. That keeps the oracle free of a
-# notebook-only hook (and of 1280 x 1280 score tables it would have to hand out); the check below
-# proves the recomputed probabilities are the ones `attention` used.
+# A double block attends over the joint sequence [16 text tokens ; 256 image tokens]. Its
+# attention is built from two reference functions we can call ourselves:
+# [`joint_qkv`](../reference/mmjit.py) (the block's norms and projections, the joint RoPE applied)
+# and [`attention_weights`](../reference/layers.py) (the softmax of the scores), whose weights
+# [`attention`](../reference/layers.py) then applies to v. The check below proves the weights we
+# look at are the ones the block used.
 #
 # The block's inputs come from [`mmjit_forward`](../reference/mmjit.py)'s `on_layer` hook: the
 # input of double block 2 is the output of double block 1. We look at the conditional half at the
@@ -239,24 +238,10 @@ BLOCK, STEP = 2, 10
 stages = {}
 mmjit.mmjit_forward(mmjit_params, config, states[STEP], context, mask, on_layer=stages.__setitem__)
 block_img, block_txt = stages[f"double.{BLOCK - 1}.img"], stages[f"double.{BLOCK - 1}.txt"]
-block = mmjit_params["double_blocks"][BLOCK]
 rope = layers.joint_rope(config.prompt_length, grid, grid, config.head_dim)
-
-
-def joint_qkv(img, txt, block, rope):
-    """q, k, v [B, H, L + N, Dh] of a double block, RoPE applied, as `double_block` builds them."""
-    qi, ki, vi = mmjit.project_qkv(layers.rms_norm(img, **block["img_norm1"]), block["img_qkv"], block["q_norm"],
-                                   block["k_norm"], config.num_heads)
-    qt, kt, vt = mmjit.project_qkv(layers.rms_norm(txt, **block["txt_norm1"]), block["txt_qkv"], block["q_norm"],
-                                   block["k_norm"], config.num_heads)
-    q = layers.apply_rope(np.concatenate([qt, qi], axis=2), *rope)
-    k = layers.apply_rope(np.concatenate([kt, ki], axis=2), *rope)
-    return q, k, np.concatenate([vt, vi], axis=2)
-
-
-q, k, v = joint_qkv(block_img, block_txt, block, rope)
+q, k, v = mmjit.joint_qkv(block_img, block_txt, mmjit_params["double_blocks"][BLOCK], rope, config)
 scale = config.head_dim**-0.5
-probabilities = layers.softmax((q * scale) @ np.swapaxes(k, -1, -2))  # [B, H, 272, 272]
+probabilities = layers.attention_weights(q, k, scale)  # [B, H, 272, 272]
 np.testing.assert_allclose(probabilities.sum(axis=-1), 1.0, rtol=1e-5)
 np.testing.assert_allclose(probabilities @ v, layers.attention(q, k, v, scale=scale), atol=1e-5)
 print("probabilities", probabilities.shape)
@@ -323,7 +308,7 @@ plt.show()
 #
 # Same seed, same prompt, three guidance scales. s = 0 is the unconditional prediction alone, made
 # with an all-zero mask (every text token replaced by `mask_token`): the model draws some shape
-# that ignores the prompt. The demo model's 3.0 follows the prompt; a strong 7.0 overshoots
+# that ignores the prompt. The demo model's own 2.0 follows the prompt; a strong 7.0 overshoots
 # (saturated colours, a halo at the edge). Guidance pushes each step away from the unconditional
 # prediction: x0_u + s (x0_c - x0_u).
 

@@ -78,8 +78,9 @@ def project_qkv(h, qkv, q_norm, k_norm, num_heads: int):
 def preamble_block(txt, block, rope, config: MMJiTConfig):
     r"""Text-only pre-norm block with 1-D RoPE (model.md 3.8): [B, L, D] -> [B, L, D].
 
-    $$t \leftarrow t + \mathrm{Attn}\big(\mathrm{RMSNorm}(t)\big)\,W_o^\top + b_o, \qquad
-    t \leftarrow t + \mathrm{SwiGLU}\big(\mathrm{RMSNorm}(t)\big)$$
+    $$t \leftarrow t + \mathrm{Attn}\big(\mathrm{RMSNorm}(t)\big)\,W_o^\top + b_o$$
+
+    $$t \leftarrow t + \mathrm{SwiGLU}\big(\mathrm{RMSNorm}(t)\big)$$
     """
     cos, sin = rope
     q, k, v = project_qkv(rms_norm(txt, **block["norm1"]), block["qkv"], block["q_norm"], block["k_norm"],

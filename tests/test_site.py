@@ -197,14 +197,15 @@ def test_the_nav_lists_every_reference_file():
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 WINDOW_WIDTH = 1280
-# Runs in the page once it has loaded: the page's own width and every code block, display equation
-# and table (Material wraps each in a scrolling box) whose content is wider than its box.
+# Runs in the page once it has loaded: the page's own width and every code block (its <code> is the
+# box that scrolls), display equation and table (Material wraps it in a scrolling box) whose
+# content is wider than its box.
 OVERFLOW_PROBE = """<script>
 addEventListener("load", () => {
-  const wide = [...document.querySelectorAll("pre, math[display=block], .md-typeset__scrollwrap")]
+  const wide = [...document.querySelectorAll("pre > code, math[display=block], .md-typeset__scrollwrap")]
     .filter(e => e.scrollWidth > e.clientWidth + 1 || e.getBoundingClientRect().right > innerWidth);
   document.body.dataset.overflow = JSON.stringify({page: document.documentElement.scrollWidth, window: innerWidth,
-    checked: document.querySelectorAll("pre, math[display=block]").length,
+    checked: document.querySelectorAll("pre > code, math[display=block]").length,
     wide: wide.map(e => e.textContent.trim().slice(0, 80))});
 });
 </script>"""
