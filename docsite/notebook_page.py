@@ -3,7 +3,7 @@ that draws it. Run it to draw the figures again (from the repository root, the `
 
     python docsite/notebook_page.py            # runs notebooks/walkthrough.py, writes its figures
 
-The figures are committed (docs/figures/walkthrough-NN.png) and the page is made from the
+The figures are committed (walkthrough-01.png and on, in docs/figures/) and the page is made from the
 notebook's source on every build, so the site builds in seconds and its prose and code cannot
 drift from the notebook; only the pictures are as new as the last run of this script.
 tests/test_walkthrough.py runs the notebook itself in CI, and tests/test_site.py checks that the
