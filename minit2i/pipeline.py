@@ -176,7 +176,8 @@ def open_model(model, t5=None, tokenizer_path=None, variant: str = DEFAULT_VARIA
     must fit the T5 embedding), reading configs and headers only.
 
     `model` and `t5` are paths or Hub repo ids (`minit2i.hub`: cached, else downloaded, a wrong T5
-    refused from its header first); `model` may also name a demo model (`demo`, `demo-mf`). Without `t5`, the encoder the transformer's config.json names
+    refused from its header first); `model` may also name a demo model (`demo`, `demo-mf`: its
+    T5 unless `t5` is given). Without `t5`, the encoder the transformer's config.json names
     (`llm`, google/flan-t5-large) is used. `jax_tree` chooses the parameter tree of a JAX (Orbax)
     checkpoint (`--jax-tree`; by default the official one).
     """
@@ -307,7 +308,8 @@ def validate(request: Request, model: Model | ModelFiles, given=("width", "heigh
         raise MiniT2IError("--guidance-interval is an input of Mean Flow students (MiniT2I-B-16-MF); this model "
                            "guides at every step; drop --guidance-interval")
     if student:
-        STUDENT_CFG_SCALE.check(f"{option('cfg_scale')} for a Mean Flow student (omega, 1 = no guidance)", request.cfg_scale)
+        STUDENT_CFG_SCALE.check(f"{option('cfg_scale')} for a Mean Flow student (omega, 1 = no guidance)",
+                                request.cfg_scale)
     patch = model.mmjit.config.patch_size
     for name, size in (("width", request.width), ("height", request.height)):
         if size < patch or size % patch:
@@ -335,7 +337,8 @@ def estimate_memory(request: Request, model: Model | ModelFiles, itemsize: int =
     attention = 3 * rows * m.num_heads * tokens * tokens
     activations = 4 * rows * tokens * (3 * m.hidden_size + 2 * m.mlp_hidden)
     t5 = 3 * request.count * t.num_heads * m.prompt_length ** 2
-    weights = 0 if isinstance(model, Model) else 4 * (model.mmjit.num_parameters + model.t5.num_parameters)
+    loaded = isinstance(model, Model)  # its weights are in memory already
+    weights = 0 if loaded else 4 * (model.mmjit.num_parameters + model.t5.num_parameters)
     return weights + itemsize * (max(attention + activations, t5))
 
 
