@@ -4,6 +4,9 @@ A backend is a runner class with `encode(ids, mask)`, `sample(noise, context, ma
 cfg_scale, a_min, callback)` and `to_host(array)`; `reference.pipeline.NumpyRunner` and
 `accelerated.pipeline.CupyRunner` are the two; `CudasimRunner` is the CuPy one on cudasim (no GPU).
 
+`MiniT2IPipeline` (api.py) is the way in from Python and from `minit2i generate`; it calls
+`open_model`, `make_request`, `check_memory` and `generate` below.
+
 Cheap checks come first, so a bad request fails in milliseconds: `Request` checks its own
 fields, `open_model` resolves Hub repo ids (cached, else downloaded) and reads configs and
 safetensors headers (no tensors), `validate` and `check_memory` judge the request against
