@@ -334,20 +334,21 @@ def inside_demo(prompt: str, step: int, block: int):
                        width=settings["width"], height=settings["height"], step=step, block=block)
 
 
-def attention_figure(prompts=GUIDANCE_PROMPTS, step=10, block=2):
+def attention_figure(prompts=GUIDANCE_PROMPTS, step=10, block=2, columns=6):
     """Per word of each prompt: how much attention the image patches pay to it (demo model,
-    conditional pass), beside the final image."""
+    conditional pass), after the final image, `columns` panels a row."""
     insides = [inside_demo(prompt, step, block) for prompt in prompts]
-    columns = 1 + max(len(inside.words) for inside in insides)
-    figure, axes = plt.subplots(len(prompts), columns, figsize=(1.5 * columns, 1.9 * len(prompts)))
-    for row, inside in enumerate(insides):
-        picture(axes[row, 0], inside.image, "image")
-        for column in range(1, columns):
-            axis = axes[row, column]
-            axis.axis("off")
-            if column <= len(inside.words):
-                axis.imshow(inside.attention[column - 1], cmap="magma", vmin=0, vmax=inside.attention.max())
-                axis.set_title(inside.words[column - 1], fontsize=9)
+    rows = [-(-(1 + len(inside.words)) // columns) for inside in insides]
+    figure, axes = plt.subplots(sum(rows), columns, figsize=(1.7 * columns, 1.9 * sum(rows)))
+    for axis in axes.flat:
+        axis.axis("off")
+    for first_row, inside in zip(np.cumsum([0] + rows), insides):
+        panels = axes[first_row:].flat
+        picture(next(panels), inside.image, "image")
+        for word, attention in zip(inside.words, inside.attention):
+            axis = next(panels)
+            axis.imshow(attention, cmap="magma", vmin=0, vmax=inside.attention.max())
+            axis.set_title(word, fontsize=10)
     return figure
 
 
