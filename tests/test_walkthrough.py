@@ -4,6 +4,8 @@ benchmark's question (docs/benchmarks.md), not a test's."""
 
 from __future__ import annotations
 
+import importlib
+import sys
 from pathlib import Path
 
 import pytest
@@ -16,15 +18,8 @@ pytest.importorskip("matplotlib", reason=REASON)
 
 ROOT = Path(__file__).resolve().parent.parent
 SOURCE = ROOT / "notebooks" / "walkthrough.py"
-# A hang guard, not a budget: the whole notebook runs in under a minute on an idle 2-core machine
-# (docs/benchmarks.md), so no cell expects more than 60 s; ten times that.
-CELL_TIMEOUT_S = 600
-
-
-def execute(notebook, folder: Path) -> None:
-    """Run every cell in a fresh kernel started in `folder` (errors raise)."""
-    nbclient.NotebookClient(notebook, timeout=CELL_TIMEOUT_S, kernel_name="python3",
-                            resources={"metadata": {"path": str(folder)}}).execute()
+sys.path.insert(0, str(ROOT / "docsite"))  # the site's notebook runner, as when docsite/notebook_page.py runs
+execute = importlib.import_module("notebook_page").execute
 
 
 @pytest.fixture(scope="module")
