@@ -33,6 +33,11 @@ SHOW = re.compile(r"^\s*plt\.show\(\)", re.MULTILINE)
 CELL_TIMEOUT_S = 600
 
 
+# Under the notebook's first cell: where the page's pictures come from.
+RUN_NOTE = ("\n\n!!! note \"This page\"\n    The notebook `{path}`, its cells in order, each figure under the cell that "
+            "draws it, from its last run by `python docsite/notebook_page.py`.")
+
+
 def figures_per_cell(notebook) -> list[int]:
     """How many figures each cell draws (0 for prose)."""
     return [len(SHOW.findall(cell.source)) if cell.cell_type == "code" else 0 for cell in notebook.cells]
@@ -54,9 +59,9 @@ def page_markdown(path: str) -> str:
     names = iter(figure_names(path))
     figure_folder = Path("..", FIGURES.relative_to(ROOT)).as_posix()
     parts = []
-    for cell, count in zip(notebook.cells, figures_per_cell(notebook)):
+    for index, (cell, count) in enumerate(zip(notebook.cells, figures_per_cell(notebook))):
         if cell.cell_type == "markdown":
-            parts.append(cell.source)
+            parts.append(cell.source + (RUN_NOTE.format(path=path) if index == 0 else ""))
         elif cell.source.strip():
             parts.append(f"```python\n{cell.source}\n```")
         parts += [f"![figure {name}]({figure_folder}/{name})" for name in (next(names) for _ in range(count))]
