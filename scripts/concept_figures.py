@@ -112,9 +112,8 @@ def flow_toy_figure():
     velocity = (exact_x0(grid, t) - grid) / (1.0 - t)
     toy_axes(axes[1], "the velocity field at t = 0.5:\nv = (x0 - x_t) / (1 - t), x0 the best guess")
     axes[1].quiver(*grid.T, *velocity.T, color=PATH_COLOUR, angles="xy", scale_units="xy", scale=4, width=0.004)
-    for axis, steps in zip(axes[2:], (3, 50)):
-        toy_axes(axis, f"Euler sampler, {steps} steps:\n" + ("lands on averages of the data" if steps < 10 else
-                                                            "lands on the data"))
+    for axis, steps, verdict in ((axes[2], 3, "lands on averages of the data"), (axes[3], 50, "lands on the data")):
+        toy_axes(axis, f"Euler sampler, {steps} steps:\n{verdict}")
         draw_paths(axis, toy_trajectories(steps))
     return figure
 
@@ -135,13 +134,13 @@ def mean_flow_toy_figure():
     turn = np.linalg.norm(tangents / np.linalg.norm(tangents, axis=1, keepdims=True)
                           - secants / np.linalg.norm(secants, axis=1, keepdims=True), axis=1)
     shown = (np.abs(fine[start]).max(axis=1) < 4) & (np.linalg.norm(fine[end] - fine[start], axis=1) > 2)
-    path = fine[:, np.argmax(np.where(shown, turn, -1.0))]
+    chosen = np.argmax(np.where(shown, turn, -1.0))
+    path = fine[:, chosen]
     toy_axes(axes[0], f"student time: t = 1 noise, t = 0 data;\none step from t = {t:g} to r = {r:g}")
     axes[0].plot(*path[:end + 1].T, color=PATH_COLOUR, linewidth=1.2)
-    axes[0].plot(*path[end:].T, color=PATH_COLOUR, linewidth=1.2, linestyle=":")
     z_t, z_r = path[start], path[end]
-    tangent = (path[start + 1] - path[start]) * FINE_STEPS
-    for finish, colour, label in ((z_t + (t - r) * tangent, "#ff7f0e", "a step along the instantaneous velocity at t"),
+    for finish, colour, label in ((z_t + (t - r) * tangents[chosen], "#ff7f0e",
+                                   "a step along the instantaneous velocity at t"),
                                   (z_r, "#2ca02c", "a step along the average velocity over [r, t]")):
         axes[0].annotate("", finish, z_t, arrowprops={"arrowstyle": "->", "color": colour, "linewidth": 2})
         axes[0].plot([], [], color=colour, linewidth=2, label=label)
@@ -287,7 +286,8 @@ def student_guidance_figure(omegas=(1.0, 2.0, 3.0), intervals=((0.0, 1.0), (0.2,
     plot.set_yticks([1.0, 2.0], ["1 (none)", "omega"])
     plot.legend(fontsize=7)
     plot.set_title("omega applies inside the interval only", fontsize=9)
-    cases = [(omega, intervals[0]) for omega in omegas] + [(2.0, interval) for interval in intervals[1:]]
+    default = sampling_defaults(load_demo("demo-mf")[0])["cfg_scale"]
+    cases = [(omega, intervals[0]) for omega in omegas] + [(default, interval) for interval in intervals[1:]]
     for i, (omega, interval) in enumerate(cases):
         axis = figure.add_axes([0.3 + i * 0.14, 0.08, 0.13, 0.8])
         picture(axis, run_demo("demo-mf", cfg_scale=omega, guidance_interval=interval)[1],
@@ -299,20 +299,23 @@ def student_guidance_figure(omegas=(1.0, 2.0, 3.0), intervals=((0.0, 1.0), (0.2,
 # Positions
 
 
-def positions_figure(grid: int = 16, head_dim: int = 32, dim: int = 128, queries=((8, 8), (3, 12))):
-    """For a query patch: how alike its sin/cos row is to every patch's (cosine similarity), and the
-    RoPE score of the same vector rotated to the query's position against it rotated to every
-    patch's: it depends on the offset only, so the map moves with the query unchanged."""
-    table = layers.sincos_2d_table(grid, grid, dim)
+def positions_figure(queries=((8, 8), (3, 12))):
+    """For a query patch of the demo model's grid: how alike its sin/cos row is to every patch's
+    (cosine similarity), and the RoPE score of the same vector rotated to the query's position
+    against it rotated to every patch's: it depends on the offset only, so the map moves with the
+    query unchanged."""
+    config = load_demo("demo")[0].mmjit.config
+    grid = config.image_size // config.patch_size
+    table = layers.sincos_2d_table(grid, grid, config.hidden_size)
     unit = table / np.linalg.norm(table, axis=1, keepdims=True)
-    angles = layers.image_rope_angles(grid, grid, head_dim)
-    ones = np.ones((1, 1, grid * grid, head_dim))
+    angles = layers.image_rope_angles(grid, grid, config.head_dim)
+    ones = np.ones((1, 1, grid * grid, config.head_dim))
     rotated = layers.apply_rope(ones, np.cos(angles), np.sin(angles))[0, 0]
     figure, axes = plt.subplots(1, 2 * len(queries), figsize=(13, 3.4))
     for i, (row, col) in enumerate(queries):
         n = row * grid + col
         for axis, values, name in ((axes[i], unit @ unit[n], "sin/cos table: similarity"),
-                                   (axes[len(queries) + i], rotated @ rotated[n] / head_dim, "RoPE: q . k")):
+                                   (axes[len(queries) + i], rotated @ rotated[n] / config.head_dim, "RoPE: q . k")):
             axis.imshow(values.reshape(grid, grid), cmap="viridis")
             axis.plot(col, row, "r+", markersize=12, markeredgewidth=2)
             axis.set_xticks([])
