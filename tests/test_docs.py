@@ -87,11 +87,16 @@ def test_readme_is_short_and_opens_on_the_reading_path():
     assert "## Read the model" in lines[:40], "the reading section starts within the README's first 40 lines"
 
 
+# The walkthrough page's figures are drawn from the notebook by docsite/notebook_page.py, which
+# links them; tests/test_site.py checks that they are exactly the ones the notebook draws.
+NOTEBOOK_FIGURE = re.compile(r"walkthrough-\d+\.png")
+
+
 def test_every_figure_is_used_and_tracked():
     figures = sorted((ROOT / "docs" / "figures").glob("*.png"))
-    assert {f.name for f in figures} == {"dataflow.png", "x0-steps.png", "demo-grid.png", "demo-loss.png"}
+    assert {"dataflow.png", "x0-steps.png", "demo-grid.png", "demo-loss.png"} <= {f.name for f in figures}
     used = {(doc.parent / target).resolve() for doc in DOCS for _, target in links(doc)}
-    assert set(figures) <= used
+    assert [f.name for f in figures if f not in used and not NOTEBOOK_FIGURE.fullmatch(f.name)] == []
     if shutil.which("git") and (ROOT / ".git").exists():
         ignored = subprocess.run(["git", "check-ignore", *map(str, figures)], cwd=ROOT, capture_output=True, text=True)
         assert ignored.stdout == "", f".gitignore hides {ignored.stdout}"

@@ -30,6 +30,8 @@ PAGES = sorted([ROOT / "README.md", *(ROOT / "docs").glob("*.md"), *(ROOT / "not
 
 NUMBER_WORDS = {"one": 1, "two": 2, "three": 3, "four": 4, "five": 5, "six": 6, "eight": 8, "ten": 10,
                 "sixteen": 16, "twenty": 20, "hundred": 100}
+# A number in digits (D), or also in words where a count is written so ("four double blocks").
+D = r"(\d+(?:,\d{3})*(?:\.\d+)?)"
 N = r"(\d+(?:,\d{3})*(?:\.\d+)?|%s)" % "|".join(NUMBER_WORDS)
 # A sentence ends at a full stop before a space and a capital, a backtick or a bracket, at a
 # semicolon, at a blank line, at a table cell's edge, and before a heading, a list item or a fence.
@@ -46,27 +48,28 @@ SUBJECTS = {
     "B/16-MF": (r"B/16-MF|B-16-MF", r"demo|L/16|\bB/16\b(?!-MF)|100 steps"),
 }
 # What a sentence may quote: (pattern, the quantity each of its groups is). A table cell is read
-# after its row's label ("parameters: MMJiT 2,012,976").
+# as its row's label, the cell and its column's heading ("parameters: MMJiT 2,012,976",
+# "demo model: 4 steps (column: Mean Flow student)").
 QUANTITIES = [
     (rf"\b{N} (?:sampler |Euler |Mean Flow )?steps\b", ("steps",)),
     (rf"\b{N}-step\b", ("steps",)),
-    (rf"\bguidance(?: scale)?:? (?:= )?{N}", ("guidance",)),
-    (rf"\bomega (?:= )?{N}", ("guidance",)),
-    (rf": {N}, {N}, {N} x \3\b", ("steps", "guidance", "image size")),
-    (rf"\b{N} x \1\b(?! patches| =| grid| tokens)", ("image size",)),
+    (rf"\bguidance(?: scale)?:? (?:= )?{D}", ("guidance",)),
+    (rf"\bomega (?:= )?{D}", ("guidance",)),
+    (rf": {D}, {D}, {D} x \3\b", ("steps", "guidance", "image size")),
+    (rf"\b{D} x \1\b(?! patches| =| grid| tokens)", ("image size",)),
     (rf"\b{N} x \1 patches\b", ("patch",)),
     (rf"\bpatch(?: size)?:? \**{N}\b", ("patch",)),
     (rf"\b{N} double(?:-stream)? blocks\b", ("double blocks",)),
     (rf"\b{N}-(?:block|layer) T5\b", ("T5 layers",)),
     (rf"^T5: {N} layers\b", ("T5 layers",)),
-    (rf"\bknows {N} words\b", ("words",)),
-    (rf"\bvocabulary (?:is|of) {N} words\b", ("words",)),
-    (rf"\bvocabulary {N}\b", ("vocabulary",)),
-    (rf"\btext length:? {N} tokens\b", ("text length",)),
+    (rf"\bknows {D} words\b", ("words",)),
+    (rf"\bvocabulary (?:is|of) {D} words\b", ("words",)),
+    (rf"\bvocabulary {D}\b", ("vocabulary",)),
+    (rf"\btext length:? {D} tokens\b", ("text length",)),
     (rf"\bprefix of {N} tokens\b", ("prefix tokens",)),
-    (rf"\b{N} ?(?:M|million)?(?: learned numbers|[- ]parameters?)\b", ("parameters",)),
-    (rf"^parameters: (?:MMJiT|T5) {N}\b", ("parameters",)),
-    (rf"\b{N} MB\b", ("file size in MB",)),
+    (rf"\b{D} ?(?:M|million)?(?: learned numbers|[- ]parameters?)\b", ("parameters",)),
+    (rf"^parameters: (?:MMJiT|T5) {D}\b", ("parameters",)),
+    (rf"\b{D} MB\b", ("file size in MB",)),
 ]
 # The labels of the rows of a table of a model's settings.
 SETTING_ROWS = r"sampling|parameters|storage|patch|T5|MMJiT|text length|image size|steps|guidance"
@@ -131,17 +134,32 @@ def page_text(page: Path) -> str:
     return re.sub(r"^# ?", "", text, flags=re.M) if page.suffix == ".py" else text
 
 
+def table_context(lines: list[str], line: int, column: int) -> tuple[str, str]:
+    """The row label and the column heading of a table cell (column counted from 1), or ("", "")
+    for a line that is no table row."""
+    row = lines[line - 1].strip()
+    if not row.startswith("|") or row.count("|") <= 2:
+        return "", ""
+    first = line - 1
+    while first > 0 and lines[first - 1].lstrip().startswith("|"):
+        first -= 1
+    header = lines[first].split("|")
+    heading = header[column].strip() if 1 < column < len(header) else ""
+    return row.split("|")[1].strip(), heading
+
+
 def sentences(text: str) -> list[tuple[int, str, bool, str]]:
     """(first line, text, whether it opens a paragraph or a table cell, its table row's label or
-    "") of each sentence, as SENTENCE_END cuts it; a table cell's text starts with the label."""
+    "") of each sentence, as SENTENCE_END cuts it; a table cell is read in its row and column."""
     lines = text.split("\n")
     found, start, opens = [], 0, True
     for end in [*SENTENCE_END.finditer(text), None]:
         stop = end.start() if end else len(text)
         line = text.count("\n", 0, start) + 1
-        sentence, row = text[start:stop], lines[line - 1].strip()
-        label = row.split("|")[1].strip() if row.startswith("|") and row.count("|") > 2 else ""
-        cell = f"{label}: {sentence.strip()}" if label and sentence.strip() != label else sentence
+        sentence = text[start:stop]
+        label, heading = table_context(lines, line, text[text.rfind("\n", 0, start) + 1:start].count("|"))
+        column = f" (column: {heading})" if heading else ""
+        cell = f"{label}: {sentence.strip()}{column}" if label and sentence.strip() != label else sentence
         found.append((line, cell, opens, label))
         start = end.end() if end else stop
         opens = end is None or not re.fullmatch(r"\.[ \t]*\n?[ \t]*|;", end.group(0))
@@ -215,7 +233,9 @@ def test_the_pages_quote_each_shipped_setting(all_quotes):
      "4.7 MB", "4.2 MB", "page.md:5: the demo model's file size in MB: quoted 4.2, shipped 4.7"),
     ("`generate` takes its recipe (4 steps, guidance 12.0) from MiniT2I-B-16-MF-jax.", "12.0", "6.0",
      "page.md:1: the B/16-MF model's guidance: quoted 6, shipped 12"),
-], ids=["sentence", "guidance", "table row", "real student"])
+    ("| | base sampler | Mean Flow student |\n| --- | --- | --- |\n| demo model | 20 steps | 4 steps |",
+     "| 20 steps", "| 25 steps", "page.md:3: the demo model's steps: quoted 25, shipped 20"),
+], ids=["sentence", "guidance", "table row", "real student", "table column"])
 def test_a_changed_number_is_caught(page, old, new, message):
     """The quote is read and passes as written; with one number changed it fails, named."""
     assert quotes(page) and wrong_quotes(page, "page.md") == []
