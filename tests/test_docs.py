@@ -87,7 +87,7 @@ def test_readme_is_short_and_opens_on_the_reading_path():
     assert "## Read the model" in lines[:40], "the reading section starts within the README's first 40 lines"
 
 
-# The walkthrough page's figures are drawn from the notebook by docsite/notebook_page.py, which
+# The walkthrough page's figures are drawn from the notebook by the site's own script (docsite/), which
 # links them; tests/test_site.py checks that they are exactly the ones the notebook draws.
 NOTEBOOK_FIGURE = re.compile(r"walkthrough-\d+\.png")
 
