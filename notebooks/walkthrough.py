@@ -12,7 +12,7 @@
 # # One prompt through MiniT2I, stage by stage
 #
 # This notebook follows one prompt through the demo model that ships with the package (64 x 64
-# pixels, 4 x 4 patches, a two-block T5, four double blocks, 20 sampler steps, guidance 3.0) on a
+# pixels, 4 x 4 patches, a two-block T5, four double blocks, 20 sampler steps, guidance 2.0) on a
 # CPU, calling the NumPy reference's own functions at every stage. Every figure is computed here,
 # from the model. Read it beside the spec, [docs/model.md](../docs/model.md), and the
 # [reading guide](../docs/reading-guide.md), which gives the shapes of the released B/16 model
@@ -330,7 +330,7 @@ plt.show()
 #
 # Same seed, same prompt, three guidance scales. s = 0 is the unconditional prediction alone, made
 # with an all-zero mask (every text token replaced by `mask_token`): the model draws some shape
-# that ignores the prompt. The demo model's 3.0 follows the prompt; a strong 7.0 overshoots
+# that ignores the prompt. The demo model's 2.0 follows the prompt; a strong 7.0 overshoots
 # (saturated colours, a halo at the edge). Guidance pushes each step away from the unconditional
 # prediction: x0_u + s (x0_c - x0_u).
 
