@@ -76,7 +76,8 @@ def test_a_short_run_writes_the_samples_the_loss_curve_and_the_scores(learnt):
     rows = [np.asarray(Image.open(folder / "samples" / f"step-{s:07d}.png")) for s in steps]
     assert all(row.shape == (32, 32 * len(learn.SHEET_SCENES), 3) for row in rows)
     sheet = np.asarray(Image.open(folder / "samples.png"))
-    np.testing.assert_array_equal(sheet, learn.sample_sheet(rows, steps))
+    np.testing.assert_array_equal(sheet, learn.sample_sheet([learn.data_row(32), *rows],
+                                                            ["the data", *(f"step {s}" for s in steps)]))
     assert np.asarray(Image.open(folder / "loss.png")).shape == (360, 640, 3)
     evaluations = [json.loads(line) for line in (folder / "log.jsonl").read_text().splitlines()]
     assert sorted(r["step"] for r in evaluations if "eval" in r) == steps
@@ -86,6 +87,16 @@ def test_a_short_run_writes_the_samples_the_loss_curve_and_the_scores(learnt):
     assert [int(line.split()[0]) for line in lines[1:5]] == steps
     assert lines[5].startswith("the checker read the final model's 3 images right by colour on ")
     assert "by position on" in lines[5] and lines[6].startswith(f"wrote {folder / 'samples.png'}")
+    assert lines[7].startswith(f"exported the final model: minit2i generate --model {folder / 'export' / 'transformer'}")
+
+
+def test_the_exported_model_is_the_run_in_the_real_layout(learnt):
+    """The export loads with the ordinary loader as the run's architecture at 32 x 32."""
+    from minit2i.pipeline import load_model
+
+    model = load_model(learnt[0] / "export" / "transformer", learnt[0] / "export" / "t5")
+    assert model.mmjit.config == learn.LEARN_MMJIT and model.mmjit.config.image_size == 32
+    assert model.t5.config == learn.LEARN_T5
 
 
 def test_the_sheet_shows_each_row_enlarged_under_its_column(learnt):
@@ -93,7 +104,7 @@ def test_the_sheet_shows_each_row_enlarged_under_its_column(learnt):
     same place for the same column in every row."""
     folder, _ = learnt
     row = np.asarray(Image.open(folder / "samples" / "step-0000004.png"))
-    sheet = learn.sample_sheet([row, row], [4, 4])
+    sheet = learn.sample_sheet([row, row], ["step 4", "again"])
     cell, gap, margin, header = 96, 4, 90, 52
     for r in range(2):
         top = header + r * (cell + gap)

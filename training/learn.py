@@ -11,9 +11,12 @@ over the run (SNAPSHOT_FRACTIONS of it), the EMA weights draw a fixed row of pro
 seeds, and the checker (evaluate.py) reads back the same EVAL_PROMPTS prompts. The --out folder
 ends up holding
 
-    samples.png   rows: training step; columns: the prompts of SHEET_SCENES, each with its own seed
+    samples.png   columns: the prompts of SHEET_SCENES, each with its own seed; rows: the data set's
+                  image of each, then the samples at each snapshot step
     loss.png      the training loss, 10-step means, log scale, the snapshot steps marked
     samples/      one row per snapshot (the rows of samples.png; a resumed run keeps them)
+    export/       the final model (EMA weights) as train.py exports it: `minit2i generate --model
+                  OUT/export/transformer --t5 OUT/export/t5 -p ...` draws with it
     checkpoint.safetensors, log.jsonl   train.py's run: the same command resumes an interrupted run
 
 and it prints, per snapshot, the loss and how many images the checker read right per attribute,
@@ -40,8 +43,8 @@ from minit2i.core.images import grid, save_png
 
 from . import shapes
 from .evaluate import ATTRIBUTES, draw_scenes, evaluation_scenes
-from .train import (CHECKPOINT, DEMO_MMJIT, DEMO_T5, Recipe, Run, check_writable_parent, compact_log, learning_rate,
-                    read_log, torch_encoder)
+from .train import (CHECKPOINT, DEFAULT_EXPORT, DEMO_MMJIT, DEMO_T5, Recipe, Run, check_export_dir,
+                    check_writable_parent, compact_log, learning_rate, read_log, torch_encoder)
 
 LEARN_MMJIT = dataclasses.replace(DEMO_MMJIT, image_size=32, txt_input_size=64, hidden_size=64, depth_double=2,
                                   txt_preamble_depth=1, num_heads=2, pca_channels=16, cond_vec_size=64)
@@ -124,9 +127,16 @@ def font(size: int):
     return ImageFont.load_default(size)
 
 
-def sample_sheet(rows: list[np.ndarray], steps: list[int]) -> np.ndarray:
-    """One [32, 32 * n, 3] row per snapshot -> uint8 image: the rows enlarged SHEET_SCALE times,
-    framed by gaps, each labelled with its step, under a header naming each column's scene."""
+def data_row(image_size: int) -> np.ndarray:
+    """uint8 [S, S * n, 3]: the data set's own image of each of the n SHEET_SCENES, what the samples
+    should become."""
+    return grid([shapes.render(scene, image_size) for scene in SHEET_SCENES], len(SHEET_SCENES))
+
+
+def sample_sheet(rows: list[np.ndarray], labels: list[str]) -> np.ndarray:
+    """Rows of n [32, 32, 3] samples ([32, 32 * n, 3] each) -> uint8 image: the rows enlarged
+    SHEET_SCALE times, framed by gaps, each with its label on the left, under a header naming
+    each column's scene."""
     cell, gap, margin, header = LEARN_MMJIT.image_size * SHEET_SCALE, 4, 90, 52
     columns = len(SHEET_SCENES)
     width = margin + columns * (cell + gap)
@@ -136,9 +146,9 @@ def sample_sheet(rows: list[np.ndarray], steps: list[int]) -> np.ndarray:
     for c, scene in enumerate(SHEET_SCENES):
         label = f"{scene.size} {scene.colour}\n{scene.shape}, {scene.position}\non {scene.background}"
         draw.multiline_text((margin + c * (cell + gap), 4), label, fill=(0, 0, 0), font=font(12), spacing=2)
-    for r, (row, step) in enumerate(zip(rows, steps)):
+    for r, (row, label) in enumerate(zip(rows, labels)):
         top = header + r * (cell + gap)
-        draw.text((6, top + cell // 2 - 8), f"step {step}", fill=(0, 0, 0), font=font(14))
+        draw.text((6, top + cell // 2 - 8), label, fill=(0, 0, 0), font=font(14))
         enlarged = row.repeat(SHEET_SCALE, axis=0).repeat(SHEET_SCALE, axis=1)
         for c in range(columns):
             tile = enlarged[:, c * cell:(c + 1) * cell]
@@ -229,7 +239,8 @@ def write_results(run: Run) -> None:
     curve = [r for r in compact_log(records, run.step) if "loss" in r]
     losses = {r["step"]: r["loss"] for r in curve}
     rows = [read_row(row_path(run.folder, step), len(SHEET_SCENES), run.mmjit.image_size) for step in steps]
-    save_png(sample_sheet(rows, steps), run.folder / "samples.png")
+    sheet = sample_sheet([data_row(run.mmjit.image_size), *rows], ["the data", *(f"step {s}" for s in steps)])
+    save_png(sheet, run.folder / "samples.png")
     if curve:
         chart = loss_chart(np.array([r["step"] for r in curve]), np.array([r["loss"] for r in curve]), steps)
         save_png(chart, run.folder / "loss.png")
@@ -269,6 +280,7 @@ def check_arguments(args) -> None:
         raise MiniT2IError(f"--out {out} holds files but no {CHECKPOINT} of an earlier run; choose a new or empty "
                            "folder")
     writable_folder(out, "--out")
+    check_export_dir(out / DEFAULT_EXPORT, out)
 
 
 def main(argv=None) -> int:
@@ -283,6 +295,10 @@ def main(argv=None) -> int:
                                f"--steps {run.step} or more, or choose a new folder")
         learn(run, args.eval_prompts)
         write_results(run)
+        export = args.out / DEFAULT_EXPORT
+        run.export(export, SAMPLE_STEPS, CFG_SCALE)
+        emit(f"exported the final model: minit2i generate --model {printable(str(export / 'transformer'), None)} "
+             f"--t5 {printable(str(export / 't5'), None)} -p \"{SHEET_SCENES[0].caption()}\" -o circle.png")
         return 0
 
     return guarded("learn", command)
