@@ -84,7 +84,8 @@ def test_readme_starts_with_the_exact_commands():
 
 def test_every_figure_is_used_and_tracked():
     figures = sorted((ROOT / "docs" / "figures").glob("*.png"))
-    assert {f.name for f in figures} == {"dataflow.png", "x0-steps.png", "demo-grid.png", "demo-loss.png"}
+    assert {f.name for f in figures} == {"dataflow.png", "x0-steps.png", "demo-grid.png", "demo-loss.png",
+                                        "learn-samples.png", "learn-loss.png"}  # the last two: training.learn
     used = {(doc.parent / target).resolve() for doc in DOCS for _, target in links(doc)}
     assert set(figures) <= used
     if shutil.which("git") and (ROOT / ".git").exists():
