@@ -1,5 +1,4 @@
-"""Watch it learn: train a small MiniT2I from scratch on a laptop CPU in minutes and see its
-samples go from noise to shapes.
+"""Watch it learn: a small MiniT2I trained from scratch on a laptop CPU in minutes, from gray to shapes.
 
     python -m minit2i.training.learn --out runs/learn      # train (or resume), then draw and score
     python -m minit2i.training.learn --out runs/quick --steps 500
