@@ -29,8 +29,12 @@ def initial_noise(seed: int, batch: int, channels: int, height: int, width: int)
 
     Both backends start from this host array, so a seed means the same image everywhere.
     """
-    rng = np.random.default_rng(seed)
-    return (NOISE_SCALE * rng.standard_normal((batch, channels, height, width), dtype=np.float32))
+    return noise_from(np.random.default_rng(seed), batch, channels, height, width)
+
+
+def noise_from(rng: np.random.Generator, batch: int, channels: int, height: int, width: int) -> np.ndarray:
+    """x_0 = 2 * N(0, I) drawn from `rng` -> float32 [B, C, H, W] (`rng` moves on)."""
+    return NOISE_SCALE * rng.standard_normal((batch, channels, height, width), dtype=np.float32)
 
 
 def time_grid(steps: int) -> np.ndarray:

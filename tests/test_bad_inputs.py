@@ -510,8 +510,8 @@ def test_overflow_during_sampling_names_the_step(tiny, tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize("args, words", [
-    (["--seed", "-1"], ["--seed must be an integer in [0, 9223372036854775807], found -1"]),
-    (["--steps", str(2**63 - 1)], ["--steps must be an integer in [1, 10000]"]),
+    (["--seed", "-1"], ["--seed (generator) must be an integer in [0, 9223372036854775807], found -1"]),
+    (["--steps", str(2**63 - 1)], ["--steps (num_inference_steps) must be an integer in [1, 10000]"]),
     (["--steps", str(10**9)], ["--steps", "found 1000000000"]),
     (["-W", "100000"], ["--width must be an integer in [1, 16384], found 100000"]),
     (["-b", str(10**6)], ["--batch-count", "found 1000000"]),
@@ -808,7 +808,7 @@ def test_library_inputs(tmp_path):
     tokenizer = PromptTokenizer(make_t5_style_tokenizer([("\u2581cat", -1.0)]), 8)
     with pytest.raises(MiniT2IError, match="expected a list of prompts, found str"):
         tokenizer("a cat")
-    with pytest.raises(MiniT2IError, match='--steps must be an integer in \\[1, 10000\\], found "3" \\(a string\\)'):
+    with pytest.raises(MiniT2IError, match='--steps \\(num_inference_steps\\) must be an integer in \\[1, 10000\\], found "3" \\(a string\\)'):
         Request("a cat", steps="3")
     with pytest.raises(MiniT2IError, match="expected uint8 pixels \\[H, W, 3\\].*found uint8 \\[3, 8, 8\\]"):
         save_png(np.zeros((3, 8, 8), np.uint8), tmp_path / "never.png")
