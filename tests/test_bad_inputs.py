@@ -1315,3 +1315,19 @@ def test_generated_convert_destinations(tiny, destination, force):
         else:
             assert_one_line_error(code, out, err)
             assert written == [] and all((Path(root) / name).read_bytes() == data for name, data in old.items())
+
+
+@pytest.mark.parametrize("command", ["train", "distill", "learn"])
+def test_a_training_command_without_torch_names_the_train_extra(command, tmp_path):
+    """Without PyTorch (hidden here by a None entry in sys.modules, as if the `train` extra were not
+    installed), each training command prints one line naming the extra and exits 2: no
+    ImportError traceback, nothing written."""
+    run = subprocess.run(
+        [sys.executable, "-c", "import runpy, sys; sys.modules['torch'] = None; "
+         f"sys.argv = ['{command}', '--out', {str(tmp_path / 'run')!r}]; "
+         f"runpy.run_module('minit2i.training.{command}', run_name='__main__')"],
+        capture_output=True, text=True, timeout=60)
+    assert run.returncode == 2
+    assert run.stderr.strip() == (f'{command}: error: training needs PyTorch, the train extra; install it with: '
+                                  '.venv/bin/pip install -e ".[train]"')
+    assert list(tmp_path.iterdir()) == []

@@ -24,6 +24,9 @@ then the final model's colour and position counts.
 
 from __future__ import annotations
 
+from . import require_torch
+
+require_torch("learn")
 import dataclasses
 import os
 import re

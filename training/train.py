@@ -20,6 +20,9 @@ non-determinism of multi-threaded float32 reductions in torch).
 
 from __future__ import annotations
 
+from . import require_torch
+
+require_torch("train")
 import argparse
 import dataclasses
 import errno
