@@ -1,7 +1,8 @@
 """MkDocs hooks that turn the repository into one site (mkdocs.yml names this file).
 
 * `on_files`: the README becomes the home page, every folder README a folder page, every source
-  file of the project a side-by-side page (`sidebyside.py`) and every folder a listing; all are
+  file of the project a side-by-side page (`sidebyside.py`), the walkthrough notebook a page of its
+  cells with their committed figures (`notebook_page.py`) and every folder a listing; all are
   made from the files on each build.
 * `on_page_markdown`: a link to a repository file, written relative to where the Markdown lives
   in the repository (`../reference/mmjit.py` in docs/), becomes a link to that file's page, and
@@ -21,6 +22,7 @@ from pathlib import Path
 from latex2mathml.converter import convert
 from markdown.extensions.toc import slugify
 from mkdocs.structure.files import File
+from notebook_page import NOTEBOOKS, page_markdown as notebook_markdown
 from sidebyside import (
     LANGUAGES,
     function_section,
@@ -143,6 +145,8 @@ def on_files(files, config):
         full = ROOT / path
         if path == "README.md":
             content = full.read_text()
+        elif path in NOTEBOOKS:
+            content = notebook_markdown(path)
         elif full.is_dir():
             content = folder_page(full)
         else:

@@ -27,6 +27,8 @@ HEADING = re.compile(r"^#{2,3} (\d+(?:\.\d+)?)\.? .*$", re.MULTILINE)
 # jupytext "percent" cells: the marker lines are notebook structure, not prose.
 CELL_MARKER = re.compile(r"^%%( \[markdown\])?$")
 TWIN = re.compile(r"NumPy twin: (.+)")
+# Front matter of a page that needs the whole window (Material hides both sidebars): code pages.
+FULL_WIDTH = "---\nhide:\n  - navigation\n  - toc\n---\n\n"
 
 
 @dataclass
@@ -262,5 +264,5 @@ def function_section(source: str, name: str, prose: list[str]) -> Section:
 
 def page_markdown(path: str, rows: list[str]) -> str:
     """The side-by-side page of the repository file `path` from its rows (`section_markdown`)."""
-    return f"---\nhide:\n  - navigation\n  - toc\n---\n\n# `{path}`\n\n<div class=\"sbs\" markdown>\n\n" + \
+    return f"{FULL_WIDTH}# `{path}`\n\n<div class=\"sbs\" markdown>\n\n" + \
         "\n".join(rows) + "\n</div>\n"

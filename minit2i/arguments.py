@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import sys
 
-from minit2i.core.checks import check_prompt
 from minit2i.core.errors import MiniT2IError
 from minit2i.core.mmjit_config import DEFAULT_VARIANT
 
@@ -45,17 +44,12 @@ def say(args, message: str) -> None:
 
 
 def model_paths(args) -> tuple:
-    """(model, t5) as paths or Hub repo ids; t5 None means the one the model's config.json names."""
-    from .demo_models import demo_model
-
+    """(model, t5) as `open_model` takes them (paths, Hub repo ids or a demo model's name); t5 None
+    means the one the model names (its config.json's, a demo model's own)."""
     if args.model is None and args.t5 is None:
-        transformer, t5, _ = demo_model("demo")
         say(args, "no --model/--t5 given: using the demo model, a tiny MiniT2I trained on "
                   "coloured shapes (docs/demo-model.md)")
-        return transformer, t5
-    demo = demo_model(args.model)
-    if demo is not None:
-        return demo[0], args.t5 or demo[1]
+        return "demo", None
     if args.model is None:
         raise MiniT2IError("--model is missing: pass --model (e.g. MiniT2I/MiniT2I) with --t5, or neither "
                            "for the demo model")
@@ -70,28 +64,15 @@ def checked_request(args, given: dict, sides, check_outputs=lambda: None, memory
     (`open_model`: no tensor is read), the request against them, and, unless `memory_itemsize`
     is None (a GPU backend's activations live in device memory), the host memory a NumPy run of
     that float size needs. `args` names the model (`add_model_arguments`) and holds the prompt."""
-    from .pipeline import (
-        Request,
-        check_backend,
-        check_guidance_interval,
-        check_memory,
-        check_ranges,
-        open_model,
-        sampling_defaults,
-        validate,
-    )
+    from .pipeline import check_arguments, check_backend, check_memory, make_request, open_model
 
-    check_prompt(args.prompt)
-    check_ranges(**{name: value for name, value in given.items() if name != "guidance_interval"})
-    if "guidance_interval" in given:
-        given = given | {"guidance_interval": check_guidance_interval(given["guidance_interval"])}
+    given = check_arguments(args.prompt, given)
     for backend, precision in sides:  # a precision the backend lacks, or no GPU: before any model work
         check_backend(backend, precision)
     outputs = check_outputs()
     model, t5 = model_paths(args)
     files = open_model(model, t5, args.tokenizer, args.variant, args.jax_tree)
-    request = Request(args.prompt, **(sampling_defaults(files) | given))
-    validate(request, files, given)
+    request = make_request(files, args.prompt, given)
     if memory_itemsize is not None:
         check_memory(request, files, memory_itemsize)
     return files, request, outputs

@@ -18,7 +18,7 @@ from minit2i.core.mmjit_config import DEFAULT_VARIANT
 
 # Every subcommand, named here: a module missing from an install fails the import loudly.
 from . import convert, explore, golden, trace
-from .arguments import add_model_arguments, add_variant_arguments, checked_request, say
+from .arguments import add_model_arguments, add_variant_arguments, model_paths
 from .console import LINE_LIMIT, OneLineFormatter, OneLineParser, emit, guarded, printable
 
 
@@ -70,6 +70,7 @@ def add_generate_parser(sub) -> None:
     from minit2i.core.mmjit_config import BASE_RECIPE
     from minit2i.reference.sampler import DEFAULT_A_MIN
 
+    from .api import DEFAULT_SEED
     from .pipeline import BACKENDS
 
     p = sub.add_parser("generate", help="text to PNG",
@@ -93,85 +94,54 @@ def add_generate_parser(sub) -> None:
                         "applies guidance (default {} {}, as official)".format(*MEAN_FLOW_RECIPE["guidance_interval"]))
     p.add_argument("-W", "--width", type=int, default=None, help="default: the model's training size (512; demo 64)")
     p.add_argument("-H", "--height", type=int, default=None, help="default: the model's training size (512; demo 64)")
-    p.add_argument("-s", "--seed", type=int, default=42, help="image i of a batch uses seed + i")
+    p.add_argument("-s", "--seed", type=int, default=DEFAULT_SEED, help="image i of a batch uses seed + i")
     p.add_argument("-b", "--batch-count", type=int, default=1)
     p.add_argument("--a-min", type=float, default=None,
                    help=f"floor of 1 - t in x0 -> v (default {DEFAULT_A_MIN}, the HF hub pipeline; "
                         "0.05 = JAX B/16 eval config); not for Mean Flow students")
     p.add_argument("--preview-dir", default=None, help="save the guided x0 of every step here as PNGs")
-    p.add_argument("--backend", choices=list(BACKENDS), default="numpy",
+    # No argparse choices: an unknown backend or precision gets the message the Python API gives.
+    p.add_argument("--backend", default="numpy", metavar="|".join(BACKENDS),
                    help="numpy (reference), cupy (NVIDIA GPU), cudasim (the CuPy twin with its CUDA kernels run "
                         "on the CPU: slow, no GPU needed)")
-    p.add_argument("--precision", choices=["fp32", "fp16", "bf16"], default="fp32")
+    p.add_argument("--precision", default="fp32", metavar="fp32|fp16|bf16",
+                   help="fp32 (default); fp16 and bf16 on cupy and cudasim; fp64 on numpy")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar or timing table")
     p.set_defaults(run=run_generate)
 
 
 def run_generate(args) -> int:
-    """Checks from cheapest to dearest (arguments, paths, headers, memory), then the work."""
-    from tqdm import tqdm
+    """The flags as `MiniT2IPipeline` keywords, checked from cheapest to dearest (arguments,
+    backend, outputs, model headers; the call itself then the request against the model and the
+    memory), then the call, and the PNGs written."""
+    from minit2i.core.images import check_writable, save_pngs
 
-    from minit2i.core.images import check_writable, save_pngs, to_pixels
+    from .api import MiniT2IPipeline, check_call
+    from .pipeline import check_backend, output_paths
 
-    from .pipeline import generate, make_runner, output_paths
+    call = {"prompt": args.prompt, "negative_prompt": args.negative_prompt, "num_inference_steps": args.steps,
+            "guidance_scale": args.cfg_scale, "height": args.height, "width": args.width,
+            "num_images_per_prompt": args.batch_count, "generator": args.seed, "a_min": args.a_min,
+            "guidance_interval": args.guidance_interval}
+    check_call(**call)
+    check_backend(args.backend, args.precision)
+    outputs = [check_writable(p) for p in output_paths(Path(args.output), args.batch_count)]
+    preview_dir = _preview_dir(args.preview_dir)
+    model, t5 = model_paths(args)
+    pipe = MiniT2IPipeline.open(model, t5, variant=args.variant, backend=args.backend, precision=args.precision,
+                                tokenizer=args.tokenizer, jax_tree=args.jax_tree)
+    pipe.set_progress_bar_config(disable=args.quiet, file=sys.stderr)
 
-    if args.negative_prompt:
-        raise MiniT2IError(
-            "MiniT2I has no negative prompt: its unconditional branch is the prompt with an all-zero "
-            "text mask; drop --negative-prompt"
-        )
-    optional = {"steps": args.steps, "cfg_scale": args.cfg_scale, "width": args.width, "height": args.height,
-                "a_min": args.a_min, "guidance_interval": args.guidance_interval}
-    given = {k: v for k, v in optional.items() if v is not None}  # the model's defaults fill the rest
+    def save_preview(pipe, step_index, timestep, tensors):
+        save_pngs([(pipe.to_pixels(tensors["x0"])[0], preview_dir / f"step_{step_index + 1:03d}.png")])
 
-    def check_outputs():
-        return ([check_writable(p) for p in output_paths(Path(args.output), args.batch_count)],
-                _preview_dir(args.preview_dir))
-
-    files, request, (outputs, preview_dir) = checked_request(
-        args, given | {"seed": args.seed, "batch_count": args.batch_count}, [(args.backend, args.precision)],
-        check_outputs, memory_itemsize=4 if args.backend == "numpy" else None)  # GPU activations: device memory
-    model = files.load()
-    runner = make_runner(model, args.backend, args.precision)
-    # Only now, past every refusal, so that a refused run says its one error line and nothing else.
-    _warn_unknown_words(files.tokenizer, args.prompt)
-    pieces = files.tokenizer.count_pieces(args.prompt)
-    if pieces > files.tokenizer.max_length - 1:
-        say(args, f"note: the prompt has {pieces} tokens; it is cut to {files.tokenizer.max_length - 1} + </s>")
-
-    bar = tqdm(total=request.steps, desc="sampling", unit="step", disable=args.quiet, file=sys.stderr)
-
-    def on_step(info):
-        bar.update(1)
-        if preview_dir is not None:
-            pixels = to_pixels(runner.to_host(info.x0))
-            save_pngs([(pixels[0], preview_dir / f"step_{info.index + 1:03d}.png")])
-
-    try:
-        result = generate(model, runner, request, on_step)
-    finally:
-        bar.close()
-    save_pngs(list(zip(result.pixels, outputs)))
+    output = pipe(**call, output_type="np", callback_on_step_end=save_preview if preview_dir else None)
+    save_pngs(list(zip(output.images, outputs)))
     if not args.quiet:
-        emit(timing_table(result, args.backend, args.precision))
+        emit(output.timing_table())
     for path in outputs:
         emit(printable(str(path), None))
     return 0
-
-
-# A vocabulary this small is worth listing when a word is missing from it (the demo model's).
-LISTED_VOCABULARY = 200
-
-
-def _warn_unknown_words(tokenizer, prompt: str) -> None:
-    """One warning line (kept with -q) when the model has never seen some words of the prompt."""
-    unknown = tokenizer.unknown_words(prompt)
-    if not unknown:
-        return
-    message = f"warning: the model does not know {', '.join(map(repr, unknown))}"
-    if tokenizer.vocab_size <= LISTED_VOCABULARY:
-        message += f"; it knows: {' '.join(tokenizer.known_words())}"
-    logging.getLogger("minit2i").warning(message)
 
 
 def _preview_dir(path) -> Path | None:
@@ -185,22 +155,6 @@ def _preview_dir(path) -> Path | None:
         except OSError as err:
             raise MiniT2IError(f"cannot create --preview-dir {folder}: {err.strerror}; choose another folder") from None
     return writable_folder(folder, "--preview-dir")
-
-
-def timing_table(result, backend: str, precision: str) -> str:
-    """Tokenize, T5, each step's forward, total: one aligned table."""
-    rows = [("tokenize", result.timings["tokenize"]), ("T5 encoder", result.timings["t5"])]
-    steps = result.step_times
-    if len(steps) <= 12:
-        rows += [(f"step {i + 1}", t) for i, t in enumerate(steps)]
-    else:
-        rows += [(f"step {i + 1}", t) for i, t in enumerate(steps[:3])]
-        rows += [(f"steps 4-{len(steps)} (mean)", sum(steps[3:]) / len(steps[3:]))]
-    rows += [("sampling", result.timings["sampling"]), ("total", result.timings["total"])]
-    width = max(len(name) for name, _ in rows)
-    lines = [f"timings ({backend}, {precision}):"]
-    lines += [f"  {name:<{width}}  {seconds * 1000:10.1f} ms" for name, seconds in rows]
-    return "\n".join(lines)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -119,7 +119,7 @@ def save_model(transformer_dir: Path, t5_dir: Path, mmjit: MMJiTConfig, t5: T5Co
                dtype=np.float32, prefix: str = DIFFUSERS_PREFIX, sampling: dict | None = None) -> None:
     """Write a diffusers transformer folder and a T5 folder (with tokenizer.json), tensors in `dtype`.
 
-    `sampling` (e.g. {"steps": 20, "cfg_scale": 3.0}) is stored in the transformer's config.json.
+    `sampling` (e.g. {"steps": 20, "cfg_scale": 2.0}) is stored in the transformer's config.json.
     """
     t5_tensors = _stored(t5_weights, dtype)
     save_transformer(transformer_dir, mmjit, mmjit_weights, dtype, prefix, sampling)

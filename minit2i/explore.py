@@ -182,7 +182,7 @@ def word_captions(words: list[str], attention: np.ndarray) -> list[str]:
 
 def build_page(gradio, models: Models, default: str):
     """The page (a `gradio.Blocks`), not yet served; `default` is the model it opens with."""
-    from .cli import timing_table
+    from .api import MiniT2IPipelineOutput
 
     gr = gradio
     start = settings_for(models, default)
@@ -247,7 +247,8 @@ def build_page(gradio, models: Models, default: str):
             except (MiniT2IError, OSError) as err:
                 return [f"**error:** {err}"] + [gr.skip()] * 7
             return [f"{model_name}, seed {seed}: done", insides.image,
-                    timing_table(insides.result, backend_name, PRECISION),
+                    MiniT2IPipelineOutput([insides.image], insides.result.timings, insides.result.step_times,
+                                          backend_name, PRECISION).timing_table(),
                     [(x0, f"step {i}") for i, x0 in enumerate(insides.x0_steps)],
                     list(zip(heat_maps(insides.attention), word_captions(insides.words, insides.attention))),
                     insides.cond_x0, insides.uncond_x0, insides.x0_steps[step]]

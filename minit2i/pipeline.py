@@ -4,6 +4,9 @@ A backend is a runner class with `encode(ids, mask)`, `sample(noise, context, ma
 cfg_scale, a_min, callback)` and `to_host(array)`; `reference.pipeline.NumpyRunner` and
 `accelerated.pipeline.CupyRunner` are the two; `CudasimRunner` is the CuPy one on cudasim (no GPU).
 
+`MiniT2IPipeline` (api.py) is the way in from Python and from `minit2i generate`; it calls
+`open_model`, `make_request`, `check_memory` and `generate` below.
+
 Cheap checks come first, so a bad request fails in milliseconds: `Request` checks its own
 fields, `open_model` resolves Hub repo ids (cached, else downloaded) and reads configs and
 safetensors headers (no tensors), `validate` and `check_memory` judge the request against
@@ -49,6 +52,10 @@ REQUEST_RANGES = {
     "batch_count": ("--batch-count", Range(1, 10_000)),
     "a_min": ("--a-min", Range(0, 1, integer=False, low_open=True)),
 }
+# The Python keyword of `MiniT2IPipeline.__call__` (minit2i/api.py) for each request field whose
+# flag has another name: one message then serves both, "--steps (num_inference_steps) must be ...".
+KEYWORDS = {"steps": "num_inference_steps", "cfg_scale": "guidance_scale", "seed": "generator",
+            "batch_count": "num_images_per_prompt"}
 # A guidance interval end is a time of the student's sampler, in [0, 1] (model.md 9.4).
 INTERVAL_END = Range(0, 1, integer=False)
 # omega enters the student as 1 - 1/omega: 1 is "no guidance", and below 1 the input leaves the
@@ -67,19 +74,44 @@ def check_guidance_interval(interval, name: str = "--guidance-interval") -> tupl
     return t_min, t_max
 
 
+def option(name: str) -> str:
+    """How a message names request field `name`: its flag, and its Python keyword where that differs."""
+    flag = REQUEST_RANGES[name][0]
+    return f"{flag} ({KEYWORDS[name]})" if name in KEYWORDS else flag
+
+
 def check_ranges(**fields) -> None:
     """Range-check request fields by name; the CLI calls it with the arguments given, so that a
     bad one is refused before any model is opened (the model supplies the others' defaults)."""
     for name, value in fields.items():
-        flag, allowed = REQUEST_RANGES[name]
-        allowed.check(flag, value)
+        REQUEST_RANGES[name][1].check(option(name), value)
+
+
+def check_prompts(prompt) -> list[str]:
+    """One prompt (a string) or a non-empty list of them, each checked -> the list."""
+    if isinstance(prompt, (list, tuple)):
+        if not prompt:
+            raise MiniT2IError("the list of prompts is empty; pass a prompt or a list of them")
+        return [check_prompt(text) for text in prompt]
+    return [check_prompt(prompt)]
+
+
+def check_arguments(prompt, given: dict) -> dict:
+    """The cheap checks of a request before any model is opened: the prompt(s) and the request
+    fields the user set (`given`, by field name; the model supplies the others) -> `given`, with
+    a guidance interval as a tuple."""
+    check_prompts(prompt)
+    check_ranges(**{name: value for name, value in given.items() if name != "guidance_interval"})
+    if "guidance_interval" in given:
+        return given | {"guidance_interval": check_guidance_interval(given["guidance_interval"])}
+    return given
 
 
 @dataclass
 class Request:
-    """One generation: `batch_count` images, image i from seed + i."""
+    """One generation: `batch_count` images of each prompt, image i of them all from seed + i."""
 
-    prompt: str
+    prompt: str | list[str]  # a list: its prompts in order, `batch_count` images each
     steps: int = BASE_RECIPE["steps"]
     cfg_scale: float = BASE_RECIPE["cfg_scale"]
     width: int = 512
@@ -90,12 +122,23 @@ class Request:
     guidance_interval: tuple[float, float] | None = None  # (t_min, t_max): Mean Flow students only
 
     def __post_init__(self):
-        check_prompt(self.prompt)
+        check_prompts(self.prompt)
         check_ranges(**{name: getattr(self, name) for name in REQUEST_RANGES})
         if self.guidance_interval is not None:
             check_guidance_interval(self.guidance_interval)
         # image i uses seed + i, which must stay a valid seed too
-        REQUEST_RANGES["seed"][1].check("--seed + --batch-count - 1", self.seed + self.batch_count - 1)
+        REQUEST_RANGES["seed"][1].check(f"the last image's seed, {option('seed')} + images - 1",
+                                        self.seed + self.count - 1)
+
+    @property
+    def prompts(self) -> list[str]:
+        """The prompt of each image, in order."""
+        return [text for text in check_prompts(self.prompt) for _ in range(self.batch_count)]
+
+    @property
+    def count(self) -> int:
+        """How many images the request makes."""
+        return len(self.prompts)
 
 
 @dataclass
@@ -136,14 +179,19 @@ def open_model(model, t5=None, tokenizer_path=None, variant: str = DEFAULT_VARIA
     must fit the T5 embedding), reading configs and headers only.
 
     `model` and `t5` are paths or Hub repo ids (`minit2i.hub`: cached, else downloaded, a wrong T5
-    refused from its header first). Without `t5`, the encoder the transformer's config.json names
+    refused from its header first); `model` may also name a demo model (`demo`, `demo-mf`: its
+    T5 unless `t5` is given). Without `t5`, the encoder the transformer's config.json names
     (`llm`, google/flan-t5-large) is used. `jax_tree` chooses the parameter tree of a JAX (Orbax)
     checkpoint (`--jax-tree`; by default the official one).
     """
     # Imported here: the GPU parity run (scripts/gpu-check) uses this module on machines whose
     # huggingface_hub predates the 2.x line hub.py needs, and only repo ids need the Hub.
+    from .demo_models import demo_model
     from .hub import resolve_model, resolve_t5
 
+    demo = demo_model(model)
+    if demo is not None:  # "demo", "demo-mf": the folders shipped in the package
+        model, t5 = demo[0], t5 if t5 is not None else demo[1]
     mmjit = inspect_mmjit(resolve_model(model, variant, jax_tree), variant, jax_tree)
     t5 = t5 if t5 is not None else mmjit.text_encoder
     if t5 is None:
@@ -168,6 +216,14 @@ def load_model(model, t5=None, tokenizer_path=None, variant: str = DEFAULT_VARIA
                jax_tree: str | None = None) -> Model:
     """`open_model`, then read the tensors."""
     return open_model(model, t5, tokenizer_path, variant, jax_tree).load()
+
+
+def make_request(model: Model | ModelFiles, prompt, given: dict) -> Request:
+    """The request for `prompt` with the fields the user set (`given`, checked by `check_arguments`)
+    and the model's defaults for the others, judged against the model (`validate`)."""
+    request = Request(prompt, **(sampling_defaults(model) | given))
+    validate(request, model, given)
+    return request
 
 
 def read_sampling(config_source: str) -> dict:
@@ -255,7 +311,8 @@ def validate(request: Request, model: Model | ModelFiles, given=("width", "heigh
         raise MiniT2IError("--guidance-interval is an input of Mean Flow students (MiniT2I-B-16-MF); this model "
                            "guides at every step; drop --guidance-interval")
     if student:
-        STUDENT_CFG_SCALE.check("--cfg-scale for a Mean Flow student (omega, 1 = no guidance)", request.cfg_scale)
+        STUDENT_CFG_SCALE.check(f"{option('cfg_scale')} for a Mean Flow student (omega, 1 = no guidance)",
+                                request.cfg_scale)
     patch = model.mmjit.config.patch_size
     for name, size in (("width", request.width), ("height", request.height)):
         if size < patch or size % patch:
@@ -266,7 +323,8 @@ def validate(request: Request, model: Model | ModelFiles, given=("width", "heigh
 
 
 def estimate_memory(request: Request, model: Model | ModelFiles, itemsize: int = 4) -> int:
-    """Bytes of host memory a NumPy run needs: float32 weights plus the largest MMJiT forward.
+    """Bytes of host memory a NumPy run needs: float32 weights (unless `model` holds them already,
+    a loaded `Model`) plus the largest MMJiT forward.
 
     The forward runs [cond ; uncond] for the whole batch at once over N image + text tokens (a
     Mean Flow student: B rows, its auxiliary prefix among the text tokens); its peak is the
@@ -276,13 +334,14 @@ def estimate_memory(request: Request, model: Model | ModelFiles, itemsize: int =
     """
     m, t = model.mmjit.config, model.t5.config
     student = is_student(model)
-    rows = request.batch_count if student else 2 * request.batch_count
+    rows = request.count if student else 2 * request.count
     text = m.prompt_length + (m.num_aux_tokens if student else 0)
     tokens = (request.width // m.patch_size) * (request.height // m.patch_size) + text
     attention = 3 * rows * m.num_heads * tokens * tokens
     activations = 4 * rows * tokens * (3 * m.hidden_size + 2 * m.mlp_hidden)
-    t5 = 3 * request.batch_count * t.num_heads * m.prompt_length ** 2
-    weights = 4 * (model.mmjit.num_parameters + model.t5.num_parameters)
+    t5 = 3 * request.count * t.num_heads * m.prompt_length ** 2
+    loaded = isinstance(model, Model)  # its weights are in memory already
+    weights = 0 if loaded else 4 * (model.mmjit.num_parameters + model.t5.num_parameters)
     return weights + itemsize * (max(attention + activations, t5))
 
 
@@ -306,9 +365,9 @@ def check_memory(request: Request, model: Model | ModelFiles, itemsize: int = 4)
     need, have = estimate_memory(request, model, itemsize), available_memory()
     if have is not None and need > have:
         raise MiniT2IError(
-            f"this run needs about {human_size(need, binary=True)} of memory ({request.batch_count} image(s) "
+            f"this run needs about {human_size(need, binary=True)} of memory ({request.count} image(s) "
             f"of {request.width}x{request.height}) but {human_size(have, binary=True)} is available; use a smaller "
-            "--width/--height or --batch-count"
+            f"--width/--height or {option('batch_count')}"
         )
 
 
@@ -319,31 +378,38 @@ def all_finite(array) -> bool:
     return bool((abs(array) < np.inf).all())
 
 
-def generate(model: Model, runner, request: Request, on_step=None) -> Result:
+def generate(model: Model, runner, request: Request, on_step=None, noise: np.ndarray | None = None) -> Result:
     """Run one request end to end; `on_step(StepInfo)` is called after every sampler step.
+    `noise` float32 [request.count, C, H, W] is the starting state; by default `seeded_noise`.
 
     A state with NaN or Inf values stops the run at the step that produced it. NumPy's overflow
     warnings are silenced meanwhile: that one error says it better than a screen of warnings.
     """
     validate(request, model)
+    if noise is None:
+        noise = seeded_noise(request, model.mmjit.config.in_channels)
     with np.errstate(over="ignore", invalid="ignore", divide="ignore", under="ignore"):
-        return _generate(model, runner, request, on_step)
+        return _generate(model, runner, request, on_step, noise)
 
 
-def _generate(model: Model, runner, request: Request, on_step) -> Result:
+def seeded_noise(request: Request, channels: int) -> np.ndarray:
+    """float32 [request.count, C, H, W]: image i's noise from seed + i, so that an image does not
+    depend on the batch it is part of."""
+    return np.concatenate([initial_noise(request.seed + i, 1, channels, request.height, request.width)
+                           for i in range(request.count)])
+
+
+def _generate(model: Model, runner, request: Request, on_step, noise: np.ndarray) -> Result:
     timings: dict[str, float] = {}
     step_times: list[float] = []
     start = time.perf_counter()
-    ids, mask = model.tokenizer([request.prompt] * request.batch_count)
+    ids, mask = model.tokenizer(request.prompts)
     timings["tokenize"] = time.perf_counter() - start
 
     mark = time.perf_counter()
     context = runner.encode(ids, mask)
     timings["t5"] = time.perf_counter() - mark
 
-    channels = model.mmjit.config.in_channels
-    noise = np.concatenate([initial_noise(request.seed + i, 1, channels, request.height, request.width)
-                            for i in range(request.batch_count)])
     last = [time.perf_counter()]
 
     def callback(info):

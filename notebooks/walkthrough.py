@@ -12,7 +12,7 @@
 # # One prompt through MiniT2I, stage by stage
 #
 # This notebook follows one prompt through the demo model that ships with the package (64 x 64
-# pixels, 4 x 4 patches, a two-block T5, four double blocks, 20 sampler steps, guidance 3.0) on a
+# pixels, 4 x 4 patches, a two-block T5, four double blocks, 20 sampler steps, guidance 2.0) on a
 # CPU, calling the NumPy reference's own functions at every stage. Every figure is computed here,
 # from the model. Read it beside the spec, [docs/model.md](../docs/model.md), and the
 # [reading guide](../docs/reading-guide.md), which gives the shapes of the released B/16 model
@@ -124,22 +124,29 @@ plt.show()
 # %% [markdown]
 # ## 3. Where we are going: the sampler (model.md 4)
 #
-# Before opening the denoiser, run the whole sampler once with the reference's
-# [`sample`](../reference/sampler.py), keeping the state x before every step and the guided x0
-# each step aimed at (the per-step `callback`). The states before each step are also the inputs
-# we will feed the network ourselves below.
+# Before opening the denoiser, run the whole sampler once through the package's Python API,
+# [`MiniT2IPipeline`](../minit2i/api.py) (the same code as `minit2i generate`), keeping the state x
+# after every step and the guided x0 each step aimed at: its `callback_on_step_end`, as in
+# diffusers. The states before each step are also the inputs we will feed the network ourselves
+# below; the first is the seed's noise, [`initial_noise`](../reference/sampler.py).
 
 # %%
+from minit2i import MiniT2IPipeline  # noqa: E402
+
+pipe = MiniT2IPipeline.from_pretrained("demo")
+pipe.set_progress_bar_config(disable=True)
+
+
 def run_sampler(cfg_scale, seed=SEED):
     """(states x_0 .. x_N before/after every step, guided x0 of every step, t of every step)."""
-    def denoise(x, both_context, both_mask):
-        return mmjit.mmjit_forward(mmjit_params, config, x, both_context, both_mask)
-
-    noise = sampler.initial_noise(seed, 1, config.in_channels, settings["height"], settings["width"])
     steps = []
-    sampler.sample(denoise, noise, context, mask, settings["steps"], cfg_scale, callback=steps.append)
-    states = [noise] + [step.x for step in steps]
-    return states, [step.x0 for step in steps], [step.t for step in steps]
+
+    def keep(pipe, step_index, timestep, tensors):
+        steps.append((timestep, tensors["latents"], tensors["x0"]))
+
+    pipe(PROMPT, guidance_scale=cfg_scale, generator=seed, callback_on_step_end=keep)
+    noise = sampler.initial_noise(seed, 1, config.in_channels, settings["height"], settings["width"])
+    return [noise] + [x for _, x, _ in steps], [x0 for _, _, x0 in steps], [t for t, _, _ in steps]
 
 
 states, guided, times = run_sampler(settings["cfg_scale"])
@@ -222,13 +229,12 @@ plt.show()
 # %% [markdown]
 # ## 7. Joint attention inside one double block (model.md 3.7, 3.10)
 #
-# A double block attends over the joint sequence [16 text tokens ; 256 image tokens]. The
-# reference's [`attention`](../reference/layers.py) returns only the weighted values, so the
-# probabilities are recomputed here from the block's own pieces: its norms and projections
-# ([`project_qkv`](../reference/mmjit.py)), the joint RoPE tables and
-# [`apply_rope`](../reference/layers.py), then the softmax. That keeps the oracle free of a
-# notebook-only hook (and of 1280 x 1280 score tables it would have to hand out); the check below
-# proves the recomputed probabilities are the ones `attention` used.
+# A double block attends over the joint sequence [16 text tokens ; 256 image tokens]. Its
+# attention is built from two reference functions we can call ourselves:
+# [`joint_qkv`](../reference/mmjit.py) (the block's norms and projections, the joint RoPE applied)
+# and [`attention_weights`](../reference/layers.py) (the softmax of the scores), whose weights
+# [`attention`](../reference/layers.py) then applies to v. The check below proves the weights we
+# look at are the ones the block used.
 #
 # The block's inputs come from [`mmjit_forward`](../reference/mmjit.py)'s `on_layer` hook: the
 # input of double block 2 is the output of double block 1. We look at the conditional half at the
@@ -239,24 +245,10 @@ BLOCK, STEP = 2, 10
 stages = {}
 mmjit.mmjit_forward(mmjit_params, config, states[STEP], context, mask, on_layer=stages.__setitem__)
 block_img, block_txt = stages[f"double.{BLOCK - 1}.img"], stages[f"double.{BLOCK - 1}.txt"]
-block = mmjit_params["double_blocks"][BLOCK]
 rope = layers.joint_rope(config.prompt_length, grid, grid, config.head_dim)
-
-
-def joint_qkv(img, txt, block, rope):
-    """q, k, v [B, H, L + N, Dh] of a double block, RoPE applied, as `double_block` builds them."""
-    qi, ki, vi = mmjit.project_qkv(layers.rms_norm(img, **block["img_norm1"]), block["img_qkv"], block["q_norm"],
-                                   block["k_norm"], config.num_heads)
-    qt, kt, vt = mmjit.project_qkv(layers.rms_norm(txt, **block["txt_norm1"]), block["txt_qkv"], block["q_norm"],
-                                   block["k_norm"], config.num_heads)
-    q = layers.apply_rope(np.concatenate([qt, qi], axis=2), *rope)
-    k = layers.apply_rope(np.concatenate([kt, ki], axis=2), *rope)
-    return q, k, np.concatenate([vt, vi], axis=2)
-
-
-q, k, v = joint_qkv(block_img, block_txt, block, rope)
+q, k, v = mmjit.joint_qkv(block_img, block_txt, mmjit_params["double_blocks"][BLOCK], rope, config)
 scale = config.head_dim**-0.5
-probabilities = layers.softmax((q * scale) @ np.swapaxes(k, -1, -2))  # [B, H, 272, 272]
+probabilities = layers.attention_weights(q, k, scale)  # [B, H, 272, 272]
 np.testing.assert_allclose(probabilities.sum(axis=-1), 1.0, rtol=1e-5)
 np.testing.assert_allclose(probabilities @ v, layers.attention(q, k, v, scale=scale), atol=1e-5)
 print("probabilities", probabilities.shape)
@@ -323,7 +315,7 @@ plt.show()
 #
 # Same seed, same prompt, three guidance scales. s = 0 is the unconditional prediction alone, made
 # with an all-zero mask (every text token replaced by `mask_token`): the model draws some shape
-# that ignores the prompt. The demo model's 3.0 follows the prompt; a strong 7.0 overshoots
+# that ignores the prompt. The demo model's own 2.0 follows the prompt; a strong 7.0 overshoots
 # (saturated colours, a halo at the edge). Guidance pushes each step away from the unconditional
 # prediction: x0_u + s (x0_c - x0_u).
 
@@ -343,35 +335,28 @@ plt.show()
 # branch and no small steps: the network itself predicts where a step of length h lands, with
 # guidance already applied. Its sampler runs time the other way (t = 1 is noise, model.md 9.4),
 # each step moving z onto the predicted x0 by the factor (t - r) / t; the last factor is 1, so
-# the image is the last x0. Same prompt, same seed (same starting noise) as the base model.
+# the image is the last x0. Same prompt, same seed (same starting noise) as the base model, through
+# the same API: `from_pretrained("demo-mf")` runs
+# [`sample_mean_flow`](../reference/mean_flow_sampler.py).
 
 # %%
-from minit2i.demo_models import DEMO_MODELS  # noqa: E402
-from minit2i.reference import mean_flow, mean_flow_sampler  # noqa: E402
+student = MiniT2IPipeline.from_pretrained("demo-mf")
+student.set_progress_bar_config(disable=True)
+student_settings = sampling_defaults(student.model)
+print("prefix tokens:", student.model.mmjit.config.num_aux_tokens, "| settings:", student_settings)
 
-student_model = load_model(*DEMO_MODELS["demo-mf"][:2])
-student_config, student_params = student_model.mmjit.config, nest(student_model.mmjit.tensors)
-student_settings = sampling_defaults(student_model)
-print("prefix tokens:", student_config.num_aux_tokens, "| settings:", student_settings)
-
-
-def student_denoise(x, h, omega, t_min, t_max, context, mask):
-    return mean_flow.mean_flow_forward(student_params, student_config, x, h, omega, t_min, t_max, context, mask)
-
-
-student_steps = []
+student_steps = []  # (t, z after the step, x0) of each step
+student(PROMPT, generator=SEED, callback_on_step_end=lambda pipe, index, t, tensors: student_steps.append(
+    (t, tensors["latents"], tensors["x0"])))
 noise = sampler.initial_noise(SEED, 1, config.in_channels, settings["height"], settings["width"])
-mean_flow_sampler.sample_mean_flow(student_denoise, noise, context, mask, student_settings["steps"],
-                                   student_settings["cfg_scale"], student_settings["guidance_interval"],
-                                   callback=student_steps.append)
 # The last factor is exactly 1: z + 1 (x0 - z) is x0 up to the float32 rounding of the two operations.
-np.testing.assert_allclose(student_steps[-1].x, student_steps[-1].x0, atol=1e-6)
+np.testing.assert_allclose(student_steps[-1][1], student_steps[-1][2], atol=1e-6)
 
 fig, axes = plt.subplots(2, len(student_steps) + 1, figsize=(12, 5))
 picture(axes[0, 0], noise[0], "noise, t = 1")
 picture(axes[1, 0], states[-1][0], "base model, 20 steps")
-for i, step in enumerate(student_steps):
-    r = max(step.t - 1 / len(student_steps), 0.0)
-    picture(axes[0, i + 1], step.x[0], f"z after step {i + 1}, t = {r:.2f}")
-    picture(axes[1, i + 1], step.x0[0], f"x0 at t = {step.t:.2f}")
+for i, (t, z, x0) in enumerate(student_steps):
+    r = max(t - 1 / len(student_steps), 0.0)
+    picture(axes[0, i + 1], z[0], f"z after step {i + 1}, t = {r:.2f}")
+    picture(axes[1, i + 1], x0[0], f"x0 at t = {t:.2f}")
 plt.show()

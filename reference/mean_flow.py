@@ -40,8 +40,9 @@ def embedding_frequencies(dim: int):
 def timestep_embedding(values, dim: int, dtype=np.float32):
     r"""[B] scalars -> [B, dim], cosines first (model.md 9.1).
 
-    $$e(s) = [\cos(s f_0), \dots, \cos(s f_{\mathrm{dim}/2-1}), \sin(s f_0), \dots, \sin(s f_{\mathrm{dim}/2-1})]$$
-    """
+    $$e(s) = [\,\cos(s\,f) \;;\; \sin(s\,f)\,], \qquad f = (f_0, \dots, f_{K-1})$$
+
+    elementwise over the $K = \mathrm{dim}/2$ frequencies of `embedding_frequencies`."""
     angles = np.asarray(values, dtype=np.float64)[:, None] * embedding_frequencies(dim)
     return np.concatenate([np.cos(angles), np.sin(angles)], axis=1).astype(dtype)
 
@@ -60,9 +61,15 @@ def aux_tokens(params, config: MeanFlowConfig, pooled, h, omega, t_min, t_max):
 
     pooled [B, Dc]; h, omega, t_min, t_max [B]. omega enters as 1 - 1/omega (0 = no guidance).
 
-    $$\mathrm{aux} = [T_{ctx} + \bar c\,W_{pool}^\top \;|\; T_\omega + \mathrm{emb}_\omega(1 - 1/\omega)
-    \;|\; T_{min} + \mathrm{emb}_{min}(t_{min}) \;|\; T_{max} + \mathrm{emb}_{max}(t_{max})
-    \;|\; T_{time} + \mathrm{emb}_h(h)]$$
+    $$\mathrm{aux} = [A_{ctx} \;|\; A_\omega \;|\; A_{min} \;|\; A_{max} \;|\; A_{time}]$$
+
+    $$A_{ctx} = T_{ctx} + \bar c\,W_{pool}^\top, \qquad A_\omega = T_\omega + \mathrm{emb}_\omega(1 - 1/\omega)$$
+
+    $$A_{min} = T_{min} + \mathrm{emb}_{min}(t_{min})$$
+
+    $$A_{max} = T_{max} + \mathrm{emb}_{max}(t_{max})$$
+
+    $$A_{time} = T_{time} + \mathrm{emb}_h(h)$$
     """
     dtype = pooled.dtype
     scalars = {"omega": 1.0 - 1.0 / np.asarray(omega, np.float64), "t_min": t_min, "t_max": t_max, "time": h}

@@ -65,8 +65,9 @@ def mask_text(context, mask, mask_token):
 def project_qkv(h, qkv, q_norm, k_norm, num_heads: int):
     r"""h [B, L, D] -> q, k, v each [B, H, L, Dh]; q and k RMS-normed per head (before RoPE).
 
-    $$[q\,|\,k\,|\,v] = h\,W_{qkv}^\top + b_{qkv}, \qquad q \leftarrow \mathrm{RMSNorm}(q), \quad
-    k \leftarrow \mathrm{RMSNorm}(k)$$
+    $$[q\,|\,k\,|\,v] = h\,W_{qkv}^\top + b_{qkv}$$
+
+    $$q \leftarrow \mathrm{RMSNorm}(q), \qquad k \leftarrow \mathrm{RMSNorm}(k)$$
     """
     q, k, v = np.split(linear(h, **qkv), 3, axis=-1)
     q = rms_norm(split_heads(q, num_heads), **q_norm)
@@ -77,8 +78,9 @@ def project_qkv(h, qkv, q_norm, k_norm, num_heads: int):
 def preamble_block(txt, block, rope, config: MMJiTConfig):
     r"""Text-only pre-norm block with 1-D RoPE (model.md 3.8): [B, L, D] -> [B, L, D].
 
-    $$t \leftarrow t + \mathrm{Attn}\big(\mathrm{RMSNorm}(t)\big)\,W_o^\top + b_o, \qquad
-    t \leftarrow t + \mathrm{SwiGLU}\big(\mathrm{RMSNorm}(t)\big)$$
+    $$t \leftarrow t + \mathrm{Attn}\big(\mathrm{RMSNorm}(t)\big)\,W_o^\top + b_o$$
+
+    $$t \leftarrow t + \mathrm{SwiGLU}\big(\mathrm{RMSNorm}(t)\big)$$
     """
     cos, sin = rope
     q, k, v = project_qkv(rms_norm(txt, **block["norm1"]), block["qkv"], block["q_norm"], block["k_norm"],
@@ -108,8 +110,9 @@ def double_block(img, txt, block, rope, config: MMJiTConfig):
     projection and MLP; one q_norm/k_norm pair is shared by both streams. The two streams meet
     only in one attention over the joint sequence, text first (model.md 3.7):
 
-    $$[o_t ; o_i] = \mathrm{softmax}\!\left(\frac{q\,k^\top}{\sqrt{D_h}}\right) v, \qquad
-    q = \mathrm{RoPE}([q_t ; q_i]),\; k = \mathrm{RoPE}([k_t ; k_i]),\; v = [v_t ; v_i]$$
+    $$[o_t ; o_i] = \mathrm{softmax}\!\left(\frac{q\,k^\top}{\sqrt{D_h}}\right) v$$
+
+    $$q = \mathrm{RoPE}([q_t ; q_i]),\; k = \mathrm{RoPE}([k_t ; k_i]),\; v = [v_t ; v_i]$$
     """
     length = txt.shape[1]
     out = merge_heads(attention(*joint_qkv(img, txt, block, rope, config), scale=config.head_dim**-0.5))

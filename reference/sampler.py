@@ -4,8 +4,9 @@ t runs from 0 (noise) to 1 (data) on a uniform grid. At every step the network p
 the conditional and the unconditional branch in ONE batched forward ([cond ; uncond], the
 uncond half with an all-zero mask), guidance mixes the two, and
 
-$$v = \frac{x_0^{\mathrm{cfg}} - x}{\max(1 - t,\ a_{\min})}, \qquad x \leftarrow x + (t_{\mathrm{next}} - t)\,v,
-\qquad x_0^{\mathrm{cfg}} = x_0^{u} + s\,(x_0^{c} - x_0^{u})$$
+$$v = \frac{x_0^{\mathrm{cfg}} - x}{\max(1 - t,\ a_{\min})}, \qquad x \leftarrow x + (t_{\mathrm{next}} - t)\,v$$
+
+$$x_0^{\mathrm{cfg}} = x_0^{u} + s\,(x_0^{c} - x_0^{u})$$
 
 Because cond and uncond share x and the denominator, guidance on x0 equals guidance on v.
 """
@@ -29,8 +30,12 @@ def initial_noise(seed: int, batch: int, channels: int, height: int, width: int)
 
     Both backends start from this host array, so a seed means the same image everywhere.
     """
-    rng = np.random.default_rng(seed)
-    return (NOISE_SCALE * rng.standard_normal((batch, channels, height, width), dtype=np.float32))
+    return noise_from(np.random.default_rng(seed), batch, channels, height, width)
+
+
+def noise_from(rng: np.random.Generator, batch: int, channels: int, height: int, width: int) -> np.ndarray:
+    """x_0 = 2 * N(0, I) drawn from `rng` -> float32 [B, C, H, W] (`rng` moves on)."""
+    return NOISE_SCALE * rng.standard_normal((batch, channels, height, width), dtype=np.float32)
 
 
 def time_grid(steps: int) -> np.ndarray:

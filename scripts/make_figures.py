@@ -263,23 +263,34 @@ def loss_panel(log_path: Path, key: str, title: str, width: int, height: int) ->
     return canvas
 
 
-def main() -> None:
+LOSS_CURVES = [(DEMO_MODEL_DIR / "training-log.jsonl", "loss", "demo: training loss of its last stage (v-space MSE)"),
+               (DEMO_STUDENT_DIR / "training-log.jsonl", "error",
+                "demo-mf: distillation error of its last stage (unweighted Mean Flow MSE per pixel)")]
+
+
+def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=FIGURES)
     parser.add_argument("--steps", type=int, default=10, help="sampler steps shown in x0-steps.png")
     parser.add_argument("--size", type=int, default=64, help="image size in pixels (multiple of the patch size)")
     parser.add_argument("--zoom", type=int, default=2)
     parser.add_argument("--prompt", default="a large red circle at the left on a gray background")
-    args = parser.parse_args()
+    return parser.parse_args(argv)
+
+
+def figure_makers(args: argparse.Namespace) -> dict:
+    """Each figure's file name -> the call that draws it (a PIL image)."""
+    return {"dataflow.png": dataflow_figure,
+            "x0-steps.png": lambda: x0_steps_figure(args.steps, args.size, args.zoom, args.prompt),
+            "demo-grid.png": lambda: demo_grid_figure(args.zoom),
+            "demo-loss.png": lambda: loss_figure(LOSS_CURVES)}
+
+
+def main() -> None:
+    args = parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
-    curves = [(DEMO_MODEL_DIR / "training-log.jsonl", "loss", "demo: training loss of its last stage (v-space MSE)"),
-              (DEMO_STUDENT_DIR / "training-log.jsonl", "error",
-               "demo-mf: distillation error of its last stage (unweighted Mean Flow MSE per pixel)")]
-    for name, figure in (("dataflow.png", dataflow_figure()),
-                         ("x0-steps.png", x0_steps_figure(args.steps, args.size, args.zoom, args.prompt)),
-                         ("demo-grid.png", demo_grid_figure(args.zoom)),
-                         ("demo-loss.png", loss_figure(curves))):
-        print(save_png(np.asarray(figure), args.out / name))
+    for name, draw in figure_makers(args).items():
+        print(save_png(np.asarray(draw()), args.out / name))
 
 
 if __name__ == "__main__":

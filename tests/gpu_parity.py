@@ -25,7 +25,7 @@ the stage and sampler tests run on fixed, seeded inputs, so no draw can move the
 
 Hypothesis draws stay random everywhere (`parity_settings`), and a failing draw is printed with
 its `@reproduce_failure` line. MINIT2I_PARITY_EXAMPLES_FACTOR=20 multiplies every parity test's
-number of examples (README: Tests).
+number of examples (docs/testing.md).
 
 A test module imports the two autouse fixtures, `device` and `report_worst_error`, by name.
 """

@@ -510,8 +510,8 @@ def test_overflow_during_sampling_names_the_step(tiny, tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize("args, words", [
-    (["--seed", "-1"], ["--seed must be an integer in [0, 9223372036854775807], found -1"]),
-    (["--steps", str(2**63 - 1)], ["--steps must be an integer in [1, 10000]"]),
+    (["--seed", "-1"], ["--seed (generator) must be an integer in [0, 9223372036854775807], found -1"]),
+    (["--steps", str(2**63 - 1)], ["--steps (num_inference_steps) must be an integer in [1, 10000]"]),
     (["--steps", str(10**9)], ["--steps", "found 1000000000"]),
     (["-W", "100000"], ["--width must be an integer in [1, 16384], found 100000"]),
     (["-b", str(10**6)], ["--batch-count", "found 1000000"]),
@@ -808,7 +808,7 @@ def test_library_inputs(tmp_path):
     tokenizer = PromptTokenizer(make_t5_style_tokenizer([("\u2581cat", -1.0)]), 8)
     with pytest.raises(MiniT2IError, match="expected a list of prompts, found str"):
         tokenizer("a cat")
-    with pytest.raises(MiniT2IError, match='--steps must be an integer in \\[1, 10000\\], found "3" \\(a string\\)'):
+    with pytest.raises(MiniT2IError, match='--steps \\(num_inference_steps\\) must be an integer in \\[1, 10000\\], found "3" \\(a string\\)'):
         Request("a cat", steps="3")
     with pytest.raises(MiniT2IError, match="expected uint8 pixels \\[H, W, 3\\].*found uint8 \\[3, 8, 8\\]"):
         save_png(np.zeros((3, 8, 8), np.uint8), tmp_path / "never.png")
@@ -1315,3 +1315,19 @@ def test_generated_convert_destinations(tiny, destination, force):
         else:
             assert_one_line_error(code, out, err)
             assert written == [] and all((Path(root) / name).read_bytes() == data for name, data in old.items())
+
+
+@pytest.mark.parametrize("command", ["train", "distill", "learn"])
+def test_a_training_command_without_torch_names_the_train_extra(command, tmp_path):
+    """Without PyTorch (hidden here by a None entry in sys.modules, as if the `train` extra were not
+    installed), each training command prints one line naming the extra and exits 2: no
+    ImportError traceback, nothing written."""
+    run = subprocess.run(
+        [sys.executable, "-c", "import runpy, sys; sys.modules['torch'] = None; "
+         f"sys.argv = ['{command}', '--out', {str(tmp_path / 'run')!r}]; "
+         f"runpy.run_module('minit2i.training.{command}', run_name='__main__')"],
+        capture_output=True, text=True, timeout=60)
+    assert run.returncode == 2
+    assert run.stderr.strip() == (f'{command}: error: training needs PyTorch, the train extra; install it with: '
+                                  '.venv/bin/pip install -e ".[train]"')
+    assert list(tmp_path.iterdir()) == []

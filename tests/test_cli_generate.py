@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from minit2i import pipeline
+from minit2i import api, pipeline
 from minit2i.cli import main
 from minit2i.demo_models import DEMO_MODEL_DIR
 from minit2i.reference.pipeline import NumpyRunner
@@ -114,12 +114,12 @@ def test_size_steps_and_guidance_default_to_the_models(tmp_path, capsys, monkeyp
     class Stop(Exception):
         pass
 
-    def record(model, runner, request, on_step=None):
+    def record(model, runner, request, on_step=None, noise=None):
         seen.append(request)
         raise Stop
 
     seen = []
-    monkeypatch.setattr(pipeline, "generate", record)
+    monkeypatch.setattr(api, "generate", record)
     with pytest.raises(Stop):
         main(["generate", "-p", "a circle", "-q", "-o", "x.png", "--steps", "3"])
     assert (seen[0].steps, seen[0].cfg_scale, seen[0].width, seen[0].height) == (3, sampling["cfg_scale"], 64, 64)

@@ -97,7 +97,7 @@ def test_info_names_the_student_and_its_recipe(tiny_student, capsys):
 
 @pytest.mark.parametrize("flags, words", [
     (["--a-min", "0.05"], "--a-min is the floor of the base sampler's 1 - t"),
-    (["--cfg-scale", "0.5"], "--cfg-scale for a Mean Flow student (omega, 1 = no guidance) must be a number in [1, "),
+    (["--cfg-scale", "0.5"], "--cfg-scale (guidance_scale) for a Mean Flow student (omega, 1 = no guidance) must be a number in [1, "),
     (["--guidance-interval", "0.9", "0.1"], "--guidance-interval 0.9 0.1 is empty: give the smaller end first, e.g. "
                                             "0.1 0.9"),
     (["--guidance-interval", "0.2", "1.5"], "--guidance-interval must be a number in [0, 1], found 1.5"),

@@ -141,7 +141,7 @@ def shapes_kept_at_099(model: str) -> int:
 
 def test_the_probe_reads_nearly_clean_inputs_and_predictions_back():
     """The demo model's x0 prediction from a nearly clean input keeps the shape of all 7 scenes
-    (100 % and 99 % over every held-in scene, docs/demo-model.md), held to 6: one scene of slack
+    (100 % and 99 % over every held-in scene, docs/demo-model-trials.md), held to 6: one scene of slack
     for BLAS rounding at a checker boundary."""
     assert shapes_kept_at_099("demo") >= 6
 
@@ -149,7 +149,7 @@ def test_the_probe_reads_nearly_clean_inputs_and_predictions_back():
 def test_the_probe_reads_a_student_through_its_flow_matching_prediction():
     """The student's h = 0 prediction from a nearly clean input is a drawing of the scene: the
     shipped student keeps the shape of all 7 scenes (100 % and 97 % over every held-in scene,
-    docs/demo-model.md), held to 6: one scene of slack for BLAS rounding at a checker boundary."""
+    docs/demo-model-trials.md), held to 6: one scene of slack for BLAS rounding at a checker boundary."""
     assert shapes_kept_at_099("demo-mf") >= 6
 
 

@@ -75,18 +75,28 @@ def test_readme_starts_with_the_exact_commands():
     readme = (ROOT / "README.md").read_text()
     commands = ['python3 -m venv .venv && .venv/bin/pip install -e ".[test]"',
                 '.venv/bin/minit2i generate --prompt "a large red circle at the left on a gray background" '
-                '--output circle.png',
-                ".venv/bin/python -m pytest -q"]
+                '--output circle.png']
     positions = [readme.find(f"\n{c}\n") for c in commands]
     assert all(p >= 0 for p in positions) and positions == sorted(positions)
     assert positions[-1] < len(readme) // 4, "the set-up commands belong at the top"
 
 
+def test_readme_is_short_and_opens_on_the_reading_path():
+    lines = (ROOT / "README.md").read_text().splitlines()
+    assert len(lines) <= 120, f"README.md has {len(lines)} lines; its details belong on pages under docs/"
+    assert "## Read the model" in lines[:40], "the reading section starts within the README's first 40 lines"
+
+
+# The walkthrough page's figures are drawn from the notebook by the site's own script (docsite/), which
+# links them; tests/test_site.py checks that they are exactly the ones the notebook draws.
+NOTEBOOK_FIGURE = re.compile(r"walkthrough-\d+\.png")
+
+
 def test_every_figure_is_used_and_tracked():
     figures = sorted((ROOT / "docs" / "figures").glob("*.png"))
-    assert {f.name for f in figures} == {"dataflow.png", "x0-steps.png", "demo-grid.png", "demo-loss.png", "explore.png"}
+    assert {"dataflow.png", "x0-steps.png", "demo-grid.png", "demo-loss.png"} <= {f.name for f in figures}
     used = {(doc.parent / target).resolve() for doc in DOCS for _, target in links(doc)}
-    assert set(figures) <= used
+    assert [f.name for f in figures if f not in used and not NOTEBOOK_FIGURE.fullmatch(f.name)] == []
     if shutil.which("git") and (ROOT / ".git").exists():
         ignored = subprocess.run(["git", "check-ignore", *map(str, figures)], cwd=ROOT, capture_output=True, text=True)
         assert ignored.stdout == "", f".gitignore hides {ignored.stdout}"

@@ -1,11 +1,15 @@
 """The documentation site (mkdocs.yml, docsite/): it builds with no warning, its side-by-side pages
-put prose and equations beside the code they explain, and a dangling link fails the build.
+put prose and equations beside the code they explain, a dangling link fails the build, the
+concepts and walkthrough pages show their figures (each drawn by a committed script), and code and
+equations fit a 1280-pixel-wide window in a real browser (headless Chromium, where installed).
 
 The side-by-side cutter (docsite/sidebyside.py) is checked on small sources first."""
 
 from __future__ import annotations
 
+import html
 import importlib.util
+import json
 import os
 import re
 import shutil
@@ -15,8 +19,10 @@ from pathlib import Path
 
 import pytest
 
-REASON = "the site needs the [docs] extra (mkdocs-material, pymdown-extensions, latex2mathml)"
+REASON = "the site needs the [docs] extra (mkdocs-material, pymdown-extensions, latex2mathml, jupytext, matplotlib)"
 pytest.importorskip("mkdocs", reason=REASON)
+pytest.importorskip("jupytext", reason=REASON)
+pytest.importorskip("matplotlib", reason=REASON)
 pytest.importorskip("material", reason=REASON)
 pytest.importorskip("pymdownx", reason=REASON)
 pytest.importorskip("latex2mathml", reason=REASON)
@@ -27,15 +33,19 @@ KERNELS = ROOT / "accelerated" / "kernels"
 NOT_COPIED = shutil.ignore_patterns(".git", ".venv", "build", "__pycache__", ".pytest_cache", ".hypothesis", "*.ipynb")
 
 
-def load_sidebyside():
-    spec = importlib.util.spec_from_file_location("sidebyside", ROOT / "docsite" / "sidebyside.py")
+def load(path: Path):
+    """Import a file of a folder that is no package (docsite/, scripts/), its folder on the path as
+    when it runs as a script."""
+    sys.path.insert(0, str(path.parent))
+    spec = importlib.util.spec_from_file_location(path.stem, path)
     module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclass looks itself up there
+    sys.modules[spec.name] = module  # a dataclass looks its module up there
     spec.loader.exec_module(module)
     return module
 
 
-sidebyside = load_sidebyside()
+sidebyside = load(ROOT / "docsite" / "sidebyside.py")
+notebook_page = load(ROOT / "docsite" / "notebook_page.py")
 
 
 def test_a_docstring_is_the_prose_beside_its_function():
@@ -145,3 +155,80 @@ def test_a_planted_dangling_link_fails_the_build(tmp_path):
     result = build_site(copy, tmp_path / "site")
     assert result.returncode != 0
     assert "nowhere.md" in result.stderr
+
+
+def shown_figures(page: Path) -> list[str]:
+    """The file names of the figures a built page shows, in order; each must exist in the site."""
+    sources = re.findall(r'<img [^>]*src="([^"]+)"', page.read_text())
+    for source in sources:
+        assert (page.parent / source).resolve().is_file(), f"{page} shows a missing figure {source}"
+    return [Path(source).name for source in sources]
+
+
+def test_the_concepts_page_shows_every_figure_of_the_concepts_script(site):
+    folder, _ = site
+    concept_figures = load(ROOT / "scripts" / "concept_figures.py")
+    shown = shown_figures(folder / "concepts" / "index.html")
+    assert len(shown) >= 6
+    assert sorted(shown) == sorted(concept_figures.FIGURE_MAKERS)
+
+
+def test_the_walkthrough_page_shows_every_figure_the_notebook_draws(site):
+    folder, _ = site
+    notebook = "notebooks/walkthrough.py"
+    shown = shown_figures(folder / notebook / "index.html")
+    drawn = notebook_page.figure_names(notebook)
+    assert len(drawn) == (ROOT / notebook).read_text().count("plt.show()") >= 8
+    assert shown == drawn
+    assert sorted(p.name for p in (ROOT / "docs" / "figures").glob("walkthrough-*.png")) == drawn
+
+
+def test_every_figure_of_the_figure_script_is_committed():
+    make_figures = load(ROOT / "scripts" / "make_figures.py")
+    for name in make_figures.figure_makers(make_figures.parse_args([])):
+        assert (ROOT / "docs" / "figures" / name).is_file(), name
+
+
+def test_the_nav_lists_every_reference_file():
+    nav = (ROOT / "mkdocs.yml").read_text()
+    for path in sorted((ROOT / "reference").glob("*.py")):
+        assert f"- reference/{path.name}.md" in nav, f"mkdocs.yml does not list reference/{path.name}"
+
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+WINDOW_WIDTH = 1280
+# Runs in the page once it has loaded: the page's own width and every code block (its <code> is the
+# box that scrolls), display equation and table (Material wraps it in a scrolling box) whose
+# content is wider than its box.
+OVERFLOW_PROBE = """<script>
+addEventListener("load", () => {
+  const wide = [...document.querySelectorAll("pre > code, math[display=block], .md-typeset__scrollwrap")]
+    .filter(e => e.scrollWidth > e.clientWidth + 1 || e.getBoundingClientRect().right > innerWidth);
+  document.body.dataset.overflow = JSON.stringify({page: document.documentElement.scrollWidth, window: innerWidth,
+    checked: document.querySelectorAll("pre > code, math[display=block]").length,
+    wide: wide.map(e => e.textContent.trim().slice(0, 80))});
+});
+</script>"""
+
+
+def overflow_at_width(page: Path, profile: Path) -> dict:
+    """Open a built page in headless Chromium at WINDOW_WIDTH and run OVERFLOW_PROBE in it."""
+    probe = page.with_name("overflow-probe.html")  # beside the page, so its stylesheets load
+    probe.write_text(page.read_text().replace("</body>", OVERFLOW_PROBE + "</body>"))
+    result = subprocess.run([CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                             "--no-first-run", f"--user-data-dir={profile}", f"--window-size={WINDOW_WIDTH},2000",
+                             "--virtual-time-budget=10000", "--dump-dom", probe.as_uri()],
+                            capture_output=True, text=True, timeout=120)
+    found = re.search(r'data-overflow="([^"]*)"', result.stdout)
+    assert found, f"the probe did not run: {result.stderr[-2000:]}"
+    return json.loads(html.unescape(found.group(1)))
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="needs Chromium (Debian: apt-get install chromium)")
+@pytest.mark.parametrize("page", ["concepts", "notebooks/walkthrough.py"] +
+                         [f"reference/{p.name}" for p in sorted((ROOT / "reference").glob("*.py")) if p.name != "__init__.py"])
+def test_code_and_equations_fit_a_1280_pixel_window(site, tmp_path, page):
+    folder, _ = site
+    report = overflow_at_width(folder / page / "index.html", tmp_path / "profile")
+    assert report["window"] == WINDOW_WIDTH and report["checked"] > 0
+    assert report["page"] <= WINDOW_WIDTH and report["wide"] == [], report

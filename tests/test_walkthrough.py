@@ -4,6 +4,9 @@ benchmark's question (docs/benchmarks.md), not a test's."""
 
 from __future__ import annotations
 
+import importlib
+import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -16,15 +19,9 @@ pytest.importorskip("matplotlib", reason=REASON)
 
 ROOT = Path(__file__).resolve().parent.parent
 SOURCE = ROOT / "notebooks" / "walkthrough.py"
-# A hang guard, not a budget: the whole notebook runs in under a minute on an idle 2-core machine
-# (docs/benchmarks.md), so no cell expects more than 60 s; ten times that.
-CELL_TIMEOUT_S = 600
-
-
-def execute(notebook, folder: Path) -> None:
-    """Run every cell in a fresh kernel started in `folder` (errors raise)."""
-    nbclient.NotebookClient(notebook, timeout=CELL_TIMEOUT_S, kernel_name="python3",
-                            resources={"metadata": {"path": str(folder)}}).execute()
+sys.path.insert(0, str(ROOT / "docsite"))  # the site's notebook runner, as when docsite/notebook_page.py runs
+notebook_page = importlib.import_module("notebook_page")
+execute = notebook_page.execute
 
 
 @pytest.fixture(scope="module")
@@ -47,6 +44,13 @@ def test_every_figure_of_the_walkthrough_is_drawn(executed):
     images = [o.data["image/png"] for o in outputs(executed) if "image/png" in o.get("data", {})]
     assert len(images) == SOURCE.read_text().count("plt.show()")
     assert all(len(image) > 2000 for image in images), "an empty or near-empty figure"
+
+
+def test_the_site_shows_what_the_notebook_prints(executed):
+    """The walkthrough's page shows the committed printout (docsite/notebook_page.py); it must be
+    this run's, character for character (shapes, settings and tokens: nothing machine-dependent)."""
+    committed = json.loads(notebook_page.printed_file("notebooks/walkthrough.py").read_text())
+    assert notebook_page.printed_text(executed) == committed, "run python docsite/notebook_page.py"
 
 
 def test_a_failing_cell_fails_the_run(tmp_path):

@@ -44,6 +44,9 @@ against another teacher.
 
 from __future__ import annotations
 
+from . import require_torch
+
+require_torch("distill")
 import dataclasses
 import sys
 from dataclasses import dataclass

@@ -205,17 +205,32 @@ def contact_sheet(pixels: list[np.ndarray], columns: int = 8) -> np.ndarray:
     return grid(framed, min(columns, len(framed)))
 
 
-def evaluate_scenes(scenes, tokenizer, encode, draw, batch: int = 64) -> dict:
-    """Draw every (scene, seed) in batches, with `encode(ids, mask)` -> context and
-    `draw(noise, context, mask)` -> images (a sampler over the network), and score them (used by
-    training, where the network is torch)."""
+def at_checker_size(pixels: np.ndarray) -> np.ndarray:
+    """uint8 [S, S, 3], S dividing IMAGE_SIZE -> uint8 [IMAGE_SIZE, IMAGE_SIZE, 3], each pixel
+    repeated: the checker reads a smaller model's images at the data set's size (every scene
+    rendered at 32 x 32 reads back exactly so, a test)."""
+    repeat = shapes.IMAGE_SIZE // pixels.shape[0]
+    return pixels.repeat(repeat, axis=0).repeat(repeat, axis=1)
+
+
+def draw_scenes(scenes, tokenizer, encode, draw, image_size: int = shapes.IMAGE_SIZE, batch: int = 64) -> np.ndarray:
+    """uint8 [len(scenes), S, S, 3]: every (scene, seed) drawn from its full caption in batches, with
+    `encode(ids, mask)` -> context and `draw(noise, context, mask)` -> images (a sampler over the
+    network), S = `image_size`."""
     pixels = []
     for start in range(0, len(scenes), batch):
         chunk = scenes[start:start + batch]
         ids, mask = tokenizer([scene.caption() for scene, _, _ in chunk])
-        noise = np.concatenate([initial_noise(seed, 1, 3, shapes.IMAGE_SIZE, shapes.IMAGE_SIZE) for _, seed, _ in chunk])
-        pixels += list(to_pixels(draw(noise, encode(ids, mask), mask)))
-    return accuracy_report(scenes, pixels)
+        noise = np.concatenate([initial_noise(seed, 1, 3, image_size, image_size) for _, seed, _ in chunk])
+        pixels.append(to_pixels(draw(noise, encode(ids, mask), mask)))
+    return np.concatenate(pixels)
+
+
+def evaluate_scenes(scenes, tokenizer, encode, draw, image_size: int = shapes.IMAGE_SIZE) -> dict:
+    """The checker's report (`accuracy_report`) on every (scene, seed) drawn by `draw_scenes`
+    (used by training, where the network is torch)."""
+    pixels = draw_scenes(scenes, tokenizer, encode, draw, image_size)
+    return accuracy_report(scenes, [at_checker_size(p) for p in pixels])
 
 
 def model_folders(model: str | Path, t5: Path | None = None) -> tuple[Path, Path]:

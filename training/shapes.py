@@ -1,6 +1,7 @@
 """The "coloured shapes" data set of the demo model: one hard-edged shape on a plain background.
 
-Every image is 64 x 64 RGB and described by five attributes; its caption is
+Every image is 64 x 64 RGB (or smaller, for the watch-it-learn run: the same scene with its
+geometry scaled) and described by five attributes; its caption is
 
     a {size} {colour} {shape} at the {position} on a {background} background
 
@@ -99,11 +100,14 @@ def render_mask(shape: str, size: float, centre: tuple[float, float], image_size
     raise ValueError(f"unknown shape {shape!r}; expected one of {', '.join(SHAPES)}")
 
 
-def render(scene: Scene) -> np.ndarray:
-    """uint8 [H, W, 3]: the scene's shape on its background."""
-    image = np.empty((IMAGE_SIZE, IMAGE_SIZE, 3), dtype=np.uint8)
+def render(scene: Scene, image_size: int = IMAGE_SIZE) -> np.ndarray:
+    """uint8 [image_size, image_size, 3]: the scene's shape on its background, its size and
+    position (SIZES, POSITIONS, given at IMAGE_SIZE) scaled by image_size / IMAGE_SIZE."""
+    scale = image_size / IMAGE_SIZE
+    centre = tuple(c * scale for c in POSITIONS[scene.position])
+    image = np.empty((image_size, image_size, 3), dtype=np.uint8)
     image[...] = BACKGROUNDS[scene.background]
-    image[render_mask(scene.shape, SIZES[scene.size], POSITIONS[scene.position])] = COLOURS[scene.colour]
+    image[render_mask(scene.shape, SIZES[scene.size] * scale, centre, image_size)] = COLOURS[scene.colour]
     return image
 
 
@@ -113,8 +117,10 @@ def to_model_range(pixels: np.ndarray) -> np.ndarray:
     return (pixels.astype(np.float32).transpose(0, 3, 1, 2) - 127.5) / 127.5
 
 
-def random_batch(rng: np.random.Generator, batch: int, phrase_probability: float = PHRASE_PROBABILITY):
-    """(float32 images [B, 3, 64, 64] in [-1, 1], B captions) drawn from the training scenes.
+def random_batch(rng: np.random.Generator, batch: int, phrase_probability: float = PHRASE_PROBABILITY,
+                 image_size: int = IMAGE_SIZE):
+    """(float32 images [B, 3, S, S] in [-1, 1], B captions) drawn from the training scenes, S =
+    `image_size`.
 
     Each optional phrase is kept with `phrase_probability`, so short captions are common.
     """
@@ -122,5 +128,5 @@ def random_batch(rng: np.random.Generator, batch: int, phrase_probability: float
     picked = [scenes[i] for i in rng.integers(len(scenes), size=batch)]
     keep = rng.random((batch, 3)) < phrase_probability
     captions = [s.caption(*flags) for s, flags in zip(picked, keep.tolist())]
-    return to_model_range(np.stack([render(s) for s in picked])), captions
+    return to_model_range(np.stack([render(s, image_size) for s in picked])), captions
 

@@ -20,6 +20,9 @@ non-determinism of multi-threaded float32 reductions in torch).
 
 from __future__ import annotations
 
+from . import require_torch
+
+require_torch("train")
 import argparse
 import dataclasses
 import errno
@@ -187,10 +190,11 @@ def split_tree(flat: dict[str, torch.Tensor]) -> tuple[dict, dict]:
 # One step
 
 
-def training_batch(recipe: Recipe, tokenizer: PromptTokenizer, step: int):
-    """Everything random about step `step`: images, ids, masks (T5's and MMJiT's), t and noise."""
+def training_batch(recipe: Recipe, tokenizer: PromptTokenizer, step: int, image_size: int = shapes.IMAGE_SIZE):
+    """Everything random about step `step`: images (`image_size` pixels square), ids, masks (T5's
+    and MMJiT's), t and noise."""
     rng = np.random.default_rng([recipe.seed, step])
-    images, captions = shapes.random_batch(rng, recipe.batch, recipe.phrase_probability)
+    images, captions = shapes.random_batch(rng, recipe.batch, recipe.phrase_probability, image_size)
     ids, mask = tokenizer(captions)
     dropped = rng.random(recipe.batch) < recipe.caption_drop
     mmjit_mask = mask * ~dropped[:, None]
@@ -404,14 +408,18 @@ class Run:
     def loss(self, step: int) -> tuple[torch.Tensor, dict[str, float]]:
         """The objective on the batch of `step` (scalar, differentiable in the parameters), and
         any other numbers worth logging."""
-        batch = training_batch(self.recipe, self.tokenizer, step)
+        batch = training_batch(self.recipe, self.tokenizer, step, self.mmjit.image_size)
         return v_loss(self.params, self.mmjit, self.t5, batch, self.recipe.a_min), {}
 
     def evaluate(self, scenes, steps: int, cfg_scale: float) -> dict:
         """The checker's report on the EMA weights drawing `scenes` (evaluate.accuracy_report)."""
-        encode, denoise = torch_encoder(self), torch_denoiser(self)
-        return evaluate_scenes(scenes, self.tokenizer, encode,
-                               lambda noise, context, mask: sample(denoise, noise, context, mask, steps, cfg_scale))
+        return evaluate_scenes(scenes, self.tokenizer, torch_encoder(self), self.sampler(steps, cfg_scale),
+                               self.mmjit.image_size)
+
+    def sampler(self, steps: int, cfg_scale: float):
+        """draw(noise, context, mask) -> images: the reference sampler over the EMA weights."""
+        denoise = torch_denoiser(self)
+        return lambda noise, context, mask: sample(denoise, noise, context, mask, steps, cfg_scale)
 
     def train_step(self) -> dict[str, float]:
         """One optimiser step; {"loss": the objective before it, ...what `loss` logs}."""
@@ -494,13 +502,14 @@ def check_export_dir(folder: Path, run_folder: Path) -> None:
                            f"nothing there is removed: {fix}")
 
 
-def check_writable_parent(folder: Path) -> None:
-    """The folder export writes its staging folder in (`folder`'s parent, or the nearest existing
-    folder above it, where export creates the rest) lets this process create files."""
+def check_writable_parent(folder: Path, flag: str = "--export-dir") -> None:
+    """The folder `folder` is made in (its parent, or the nearest existing folder above it, where
+    the rest is created: export's staging folder, a new run folder) lets this process create
+    files; `flag` names the option that gave `folder`."""
     parent = folder.absolute().parent
     while not os.path.lexists(parent):
         parent = parent.parent
-    writable_folder(parent, "--export-dir")
+    writable_folder(parent, flag)
 
 
 def _foreign_entries(folder: Path, prefix: str = "") -> list[str]:
