@@ -21,10 +21,11 @@ import numpy as np
 
 from minit2i.core.errors import MiniT2IError
 
+from .api import MiniT2IPipeline, MiniT2IPipelineOutput
 from .arguments import add_model_arguments, model_paths
 from .console import emit
 from .demo_models import DEMO_MODELS, demo_model
-from .pipeline import BACKENDS, check_backend, is_student, make_runner, open_model, sampling_defaults
+from .pipeline import BACKENDS, ModelFiles, check_backend, is_student, sampling_defaults
 
 DEFAULT_HOST = "127.0.0.1"  # this machine only: the page runs any prompt on it
 DEFAULT_PORT = 7860  # Gradio's
@@ -102,47 +103,44 @@ def launch_settings(gradio, host: str, port: int) -> dict:
 
 
 def model_sources(args) -> dict[str, dict]:
-    """{name shown on the page: `open_model` arguments}: the demo models, and the model given at
-    start-up (checked now, from its headers, so a bad path fails before the server starts)."""
-    sources = {name: {"model": transformer, "t5": t5} for name, (transformer, t5, _) in DEMO_MODELS.items()}
+    """{name shown on the page: `MiniT2IPipeline.open` arguments}: the demo models, and the model
+    given at start-up (checked now, from its headers, so a bad path fails before the server starts)."""
+    sources = {name: {"pretrained_model_name_or_path": name} for name in DEMO_MODELS}
     if args.model is None or demo_model(args.model) is not None:
         return sources
-    transformer, t5 = model_paths(args)
-    given = {"model": transformer, "t5": t5, "tokenizer_path": args.tokenizer, "variant": args.variant,
+    model, t5 = model_paths(args)
+    given = {"pretrained_model_name_or_path": model, "t5": t5, "tokenizer": args.tokenizer, "variant": args.variant,
              "jax_tree": args.jax_tree}
-    open_model(**given)
+    MiniT2IPipeline.open(**given)
     return {str(args.model): given, **sources}
 
 
 class Models:
-    """The models the page offers, each opened and read from disk once, with one runner per backend
-    (kept as long as the server runs)."""
+    """The models the page offers, each opened once and loaded once per backend (a pipeline of the
+    Python API each), kept as long as the server runs."""
 
     def __init__(self, sources: dict[str, dict]):
         self.sources = sources
-        self._opened, self._loaded, self._runners = {}, {}, {}
+        self._opened, self._pipelines = {}, {}
         self._lock = threading.Lock()  # the defaults of a model change can be asked during a run
 
-    def files(self, name: str):
-        """The model's `ModelFiles` (configs and headers, no tensor)."""
+    def files(self, name: str) -> ModelFiles:
+        """The model's configs and headers (no tensor)."""
         if name not in self.sources:
             raise MiniT2IError(f"unknown model {name!r}; choose one of {', '.join(self.sources)} (another model: "
                                "start minit2i explore --model PATH)")
         with self._lock:
             if name not in self._opened:
-                self._opened[name] = open_model(**self.sources[name])
+                self._opened[name] = MiniT2IPipeline.open(**self.sources[name]).files
             return self._opened[name]
 
-    def loaded(self, name: str, backend: str):
-        """(Model, runner) for `backend`, read and built on first use."""
+    def pipeline(self, name: str, backend: str) -> MiniT2IPipeline:
+        """The model on `backend`, its tensors read and its runner made on first use."""
         files = self.files(name)
         with self._lock:
-            if name not in self._loaded:
-                self._loaded[name] = files.load()
-            model = self._loaded[name]
-            if (name, backend) not in self._runners:
-                self._runners[name, backend] = make_runner(model, backend, PRECISION)
-            return model, self._runners[name, backend]
+            if (name, backend) not in self._pipelines:
+                self._pipelines[name, backend] = MiniT2IPipeline(files, backend, PRECISION).load()
+            return self._pipelines[name, backend]
 
 
 def settings_for(models: Models, name: str) -> dict:
@@ -161,8 +159,8 @@ def look(models: Models, name: str, backend: str, on_step, prompt: str, **settin
     files = models.files(name)
     check_backend(backend, PRECISION)
     inside_request(files, prompt, **settings)
-    model, runner = models.loaded(name, backend)
-    return look_inside(model, prompt, runner=runner, on_step=on_step, **settings)
+    pipe = models.pipeline(name, backend)
+    return look_inside(pipe.model, prompt, runner=pipe.runner, on_step=on_step, **settings)
 
 
 def heat_maps(attention: np.ndarray) -> list[np.ndarray]:
@@ -182,8 +180,6 @@ def word_captions(words: list[str], attention: np.ndarray) -> list[str]:
 
 def build_page(gradio, models: Models, default: str):
     """The page (a `gradio.Blocks`), not yet served; `default` is the model it opens with."""
-    from .api import MiniT2IPipelineOutput
-
     gr = gradio
     start = settings_for(models, default)
     with gr.Blocks(title="minit2i explore") as page:

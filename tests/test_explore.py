@@ -86,10 +86,7 @@ def test_model_given_at_start_up_is_offered_first_and_loaded_once(tiny_model):
     insides = look(models, transformer, "numpy", None, "a red cat", seed=0, steps=2, guidance_scale=3.0, width=64,
                    height=32, step=1, block=1)
     assert insides.image.shape == (32, 64, 3) and insides.words == ["a", "red", "cat"]
-    model, runner = models.loaded(transformer, "numpy")
-    again, same_runner = models.loaded(transformer, "numpy")
-    assert again is model and same_runner is runner  # not read again
-    assert models.loaded(transformer, "cudasim")[0] is model  # another backend: the same weights
+    assert models.pipeline(transformer, "numpy") is models.pipeline(transformer, "numpy")  # not read again
 
 
 def test_heat_maps_share_one_scale_and_brighten_with_the_weight():
