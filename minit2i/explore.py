@@ -103,11 +103,13 @@ def launch_settings(gradio, host: str, port: int) -> dict:
 
 
 def model_sources(args) -> dict[str, dict]:
-    """{name shown on the page: `MiniT2IPipeline.open` arguments}: the demo models, and the model
-    given at start-up (checked now, from its headers, so a bad path fails before the server starts)."""
+    """{name shown on the page: `MiniT2IPipeline.open` arguments}, the one the page opens with first:
+    the model given at start-up (checked now, from its headers, so a bad path fails before the server
+    starts), and the demo models."""
     sources = {name: {"pretrained_model_name_or_path": name} for name in DEMO_MODELS}
     if args.model is None or demo_model(args.model) is not None:
-        return sources
+        first = args.model or next(iter(DEMO_MODELS))
+        return {first: sources[first], **sources}
     model, t5 = model_paths(args)
     given = {"pretrained_model_name_or_path": model, "t5": t5, "tokenizer": args.tokenizer, "variant": args.variant,
              "jax_tree": args.jax_tree}

@@ -79,6 +79,11 @@ def test_sigterm_stops_the_server_with_one_line():
     assert server.returncode == 143 and err.endswith("minit2i: terminated\n")
 
 
+@pytest.mark.parametrize(("flags", "offered"), [([], ["demo", "demo-mf"]), (["--model", "demo-mf"], ["demo-mf", "demo"])])
+def test_the_demo_model_named_at_start_up_is_the_pages_first(flags, offered):
+    assert list(model_sources(build_parser().parse_args(["explore", *flags]))) == offered
+
+
 def test_model_given_at_start_up_is_offered_first_and_loaded_once(tiny_model):
     transformer, t5 = map(str, tiny_model)
     models = Models(model_sources(build_parser().parse_args(["explore", "--model", transformer, "--t5", t5])))
