@@ -17,11 +17,12 @@ import json
 from pathlib import Path
 
 import numpy as np
-from PIL import Image, ImageDraw, ImageFont
+from PIL import Image, ImageDraw
 
 from minit2i.core.images import grid, save_png, to_pixels
 from minit2i.demo_models import DEMO_MODELS, DEMO_MODEL_DIR, DEMO_STUDENT_DIR
 from minit2i.pipeline import Request, generate, is_student, load_model, make_runner, sampling_defaults
+from minit2i.training.charts import font, loss_chart
 from minit2i.training.shapes import HELD_OUT
 
 FIGURES = Path(__file__).resolve().parent.parent / "docs" / "figures"
@@ -97,10 +98,6 @@ def draw_arrow(draw: ImageDraw.ImageDraw, points: list[tuple[int, int]], label: 
         vertical = a[0] == b[0]
         x, y = (a[0] + 8, (a[1] + b[1]) // 2) if vertical else ((a[0] + b[0]) // 2, a[1] - 12)
         draw.text((x, y), label, fill=ARROW, font=font(13), anchor="lm" if vertical else "mm")
-
-
-def font(size: int):
-    return ImageFont.load_default(size=size)
 
 
 def dataflow_figure() -> Image.Image:
@@ -237,30 +234,10 @@ def loss_figure(curves: list[tuple[Path, str, str]], width: int = 720, height: i
 
 
 def loss_panel(log_path: Path, key: str, title: str, width: int, height: int) -> Image.Image:
+    """The logged `key` of a training log against its step, drawn by the chart the training uses."""
     records = [json.loads(line) for line in log_path.read_text().splitlines()]
-    points = [(r["step"], r[key]) for r in records if key in r]
-    left, right, top, bottom = 70, 20, 40, 50
-    steps = np.array([p[0] for p in points], dtype=float)
-    losses = np.log10([p[1] for p in points])
-    low, high = np.floor(losses.min()), np.ceil(losses.max())
-    canvas = Image.new("RGB", (width, height), PAPER)
-    draw = ImageDraw.Draw(canvas)
-
-    def xy(step, log_loss):
-        x = left + (width - left - right) * step / steps.max()
-        return x, top + (height - top - bottom) * (high - log_loss) / (high - low)
-
-    draw.text((left, 12), title, fill=INK, font=font(15))
-    for decade in np.arange(low, high + 1):
-        y = xy(0, decade)[1]
-        draw.line([(left, y), (width - right, y)], fill=(225, 225, 225))
-        draw.text((left - 8, y), f"{10 ** decade:g}", fill=INK, font=font(12), anchor="rm")
-    tick = next(t for t in (10, 20, 50, 100, 200, 250, 500, 1000, 2000, 5000, 10000) if steps.max() / t <= 6)
-    for step in np.arange(0, steps.max() + 1, tick):
-        draw.text((xy(step, low)[0], height - bottom + 14), f"{int(step)}", fill=INK, font=font(12), anchor="mm")
-    draw.text(((left + width - right) // 2, height - 14), "step", fill=INK, font=font(12), anchor="mm")
-    draw.line([xy(s, v) for s, v in zip(steps, losses)], fill=(40, 80, 230), width=2)
-    return canvas
+    points = np.array([(r["step"], r[key]) for r in records if key in r], dtype=float)
+    return Image.fromarray(loss_chart(points[:, 0], points[:, 1], title=title, size=(width, height)))
 
 
 LOSS_CURVES = [(DEMO_MODEL_DIR / "training-log.jsonl", "loss", "demo: training loss of its last stage (v-space MSE)"),

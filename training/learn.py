@@ -35,7 +35,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from PIL import Image, ImageDraw, ImageFont
+from PIL import Image, ImageDraw
 from tqdm import tqdm
 
 from minit2i.console import OneLineParser, emit, guarded, printable
@@ -44,6 +44,7 @@ from minit2i.core.errors import MiniT2IError
 from minit2i.core.images import grid, save_png
 
 from . import shapes
+from .charts import font, loss_chart
 from .evaluate import ATTRIBUTES, draw_scenes, evaluation_scenes
 from .train import (CHECKPOINT, DEFAULT_EXPORT, DEMO_MMJIT, DEMO_T5, Recipe, Run, check_export_dir,
                     check_writable_parent, compact_log, learning_rate, read_log, torch_encoder)
@@ -127,11 +128,6 @@ def learn(run: Run, eval_prompts: int) -> None:
 # The pictures
 
 
-def font(size: int):
-    """Pillow's own scalable font (no system font needed)."""
-    return ImageFont.load_default(size)
-
-
 def data_row(image_size: int) -> np.ndarray:
     """uint8 [S, S * n, 3]: the data set's own image of each of the n SHEET_SCENES, what the samples
     should become."""
@@ -159,42 +155,6 @@ def sample_sheet(rows: list[np.ndarray], labels: list[str]) -> np.ndarray:
             tile = enlarged[:, c * cell:(c + 1) * cell]
             sheet.paste(Image.fromarray(np.ascontiguousarray(tile)), (margin + c * (cell + gap), top))
     return np.asarray(sheet)
-
-
-def loss_chart(steps: np.ndarray, losses: np.ndarray, marks: list[int], size=(640, 360)) -> np.ndarray:
-    """uint8 image: `losses` against `steps` (1-D, equal length), log-scale loss axis with a line at
-    every 1, 2 and 5 times a power of ten, the steps in `marks` drawn as dotted verticals."""
-    width, height = size
-    left, right, top, bottom = 60, 30, 30, 40
-    image = Image.new("RGB", size, (255, 255, 255))
-    draw = ImageDraw.Draw(image)
-    low, high = np.log10(losses.min()), np.log10(losses.max())
-    low, high = (low - 0.05, high + 0.05) if high > low else (low - 0.5, high + 0.5)
-    last = max(int(steps.max()), 1)
-
-    def x(step):
-        return left + (width - left - right) * step / last
-
-    def y(loss):
-        return top + (height - top - bottom) * (high - np.log10(loss)) / (high - low)
-
-    for power in range(int(np.floor(low)), int(np.ceil(high)) + 1):
-        for mantissa in (1, 2, 5):
-            value = mantissa * 10.0**power
-            if low <= np.log10(value) <= high:
-                draw.line([(left, y(value)), (width - right, y(value))], fill=(225, 225, 225))
-                draw.text((4, y(value) - 7), f"{value:g}", fill=(80, 80, 80), font=font(12))
-    for step in marks:
-        for dot in range(top, height - bottom, 6):
-            draw.line([(x(step), dot), (x(step), dot + 2)], fill=(170, 170, 220))
-    draw.line([(x(s), y(v)) for s, v in zip(steps, losses)], fill=(200, 40, 40), width=2)
-    draw.line([(left, height - bottom), (width - right, height - bottom)], fill=(0, 0, 0))
-    draw.line([(left, top), (left, height - bottom)], fill=(0, 0, 0))
-    for step in np.linspace(0, last, 5):
-        draw.text((x(step) - 10, height - bottom + 4), f"{int(step)}", fill=(80, 80, 80), font=font(12))
-    draw.text((width // 2 - 90, height - 18), "training step (dotted: snapshots)", fill=(0, 0, 0), font=font(12))
-    draw.text((left, 8), "loss (10-step means)", fill=(0, 0, 0), font=font(12))
-    return np.asarray(image)
 
 
 def read_row(path: Path, columns: int, image_size: int) -> np.ndarray:
@@ -249,7 +209,8 @@ def write_results(run: Run) -> None:
     sheet = sample_sheet([data_row(run.mmjit.image_size), *rows], ["the data", *(f"step {s}" for s in steps)])
     save_png(sheet, run.folder / "samples.png")
     if curve:
-        chart = loss_chart(np.array([r["step"] for r in curve]), np.array([r["loss"] for r in curve]), steps)
+        chart = loss_chart(np.array([r["step"] for r in curve]), np.array([r["loss"] for r in curve]),
+                           title="loss (10-step means)", x_label="training step (dotted: snapshots)", marks=steps)
         save_png(chart, run.folder / "loss.png")
     emit(score_table(evaluations, losses))
     emit(final_line(evaluations[run.step]))
