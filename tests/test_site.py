@@ -225,9 +225,11 @@ def overflow_at_width(page: Path, profile: Path) -> dict:
 
 
 @pytest.mark.skipif(CHROMIUM is None, reason="needs Chromium (Debian: apt-get install chromium)")
-@pytest.mark.parametrize("page", ["concepts", "notebooks/walkthrough.py"] +
+@pytest.mark.parametrize("page", ["concepts", "model", "sampler", "reading-guide", "notebooks/walkthrough.py"] +
                          [f"reference/{p.name}" for p in sorted((ROOT / "reference").glob("*.py")) if p.name != "__init__.py"])
 def test_code_and_equations_fit_a_1280_pixel_window(site, tmp_path, page):
+    """The reading path's pages (concepts, the model and sampler specifications, the reading guide,
+    the walkthrough, the reference files) need no horizontal scrolling at 1280 pixels."""
     folder, _ = site
     report = overflow_at_width(folder / page / "index.html", tmp_path / "profile")
     assert report["window"] == WINDOW_WIDTH and report["checked"] > 0
