@@ -23,7 +23,6 @@ from minit2i.reference.mean_flow import unrotated_prefix
 from minit2i.reference.mean_flow_sampler import step_lengths
 from minit2i.reference.mmjit import joint_qkv
 from minit2i.reference.pipeline import NumpyRunner
-from minit2i.reference.sampler import initial_noise
 
 from .pipeline import (
     Model,
@@ -35,6 +34,7 @@ from .pipeline import (
     is_student,
     make_runner,
     sampling_defaults,
+    seeded_noise,
     validate,
 )
 
@@ -79,9 +79,9 @@ def look_inside(model: Model, prompt: str, *, seed: int, steps: int, guidance_sc
         if on_step:
             on_step(info)
 
-    result = generate(model, runner, request, collect)
-    config = model.mmjit.config
-    x = before.get("x", initial_noise(seed, 1, config.in_channels, height, width))
+    noise = seeded_noise(request, model.mmjit.config.in_channels)  # the state before the first step
+    result = generate(model, runner, request, collect, noise)
+    x = before.get("x", noise)
     reference = runner if isinstance(runner, NumpyRunner) else make_runner(model)
     ids, mask = model.tokenizer([prompt])
     context = reference.encode(ids, mask)
