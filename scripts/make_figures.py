@@ -20,7 +20,7 @@ import numpy as np
 from PIL import Image, ImageDraw
 
 from minit2i.core.images import grid, save_png, to_pixels
-from minit2i.demo_models import DEMO_MODELS, DEMO_MODEL_DIR, DEMO_STUDENT_DIR
+from minit2i.demo_models import DEMO_MODEL_DIR, DEMO_STUDENT_DIR
 from minit2i.pipeline import Request, generate, is_student, load_model, make_runner, sampling_defaults
 from minit2i.training.charts import font, loss_chart
 from minit2i.training.shapes import HELD_OUT
@@ -170,8 +170,7 @@ def sampler_block(name: str, steps: int | None, size: int, zoom: int, prompt: st
 
 def load_demo(name: str):
     """(the demo model `name`, a NumPy runner for it)."""
-    transformer, t5, _ = DEMO_MODELS[name]
-    model = load_model(transformer, t5)
+    model = load_model(name)
     return model, make_runner(model)
 
 
