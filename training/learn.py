@@ -36,7 +36,6 @@ from pathlib import Path
 import numpy as np
 import torch
 from PIL import Image, ImageDraw
-from tqdm import tqdm
 
 from minit2i.console import OneLineParser, emit, guarded, printable
 from minit2i.core.checks import Range, file_kind, writable_folder
@@ -47,7 +46,7 @@ from . import shapes
 from .charts import font, loss_chart
 from .evaluate import ATTRIBUTES, draw_scenes, evaluation_scenes
 from .train import (CHECKPOINT, DEFAULT_EXPORT, DEMO_MMJIT, DEMO_T5, Recipe, Run, check_export_dir,
-                    check_writable_parent, compact_log, learning_rate, read_log, torch_encoder)
+                    check_writable_parent, compact_log, read_log, torch_encoder, train_steps)
 
 LEARN_MMJIT = dataclasses.replace(DEMO_MMJIT, image_size=32, txt_input_size=64, hidden_size=64, depth_double=2,
                                   txt_preamble_depth=1, num_heads=2, pca_channels=16, cond_vec_size=64)
@@ -108,20 +107,18 @@ def learn(run: Run, eval_prompts: int) -> None:
     eval_scenes = evaluation_scenes(eval_prompts, seeds=1)
     if not run.checkpoint_path.exists():
         run.save()  # the folder is a run from its first moment, so the same command resumes it
-    bar = tqdm(total=run.recipe.steps, initial=run.step, desc="learning", unit="step", dynamic_ncols=True)
-    while True:
+
+    def take_missing_snapshot():
         if run.step in snapshots and not row_path(run.folder, run.step).exists():
             snapshot(run, eval_scenes)
-        if run.step >= run.recipe.steps:
-            break
-        lr = learning_rate(run.recipe, run.step)
-        logged = run.train_step()
-        run.log({"step": run.step, **logged, "lr": lr})
-        bar.update(1)
-        bar.set_postfix(loss=f"{logged['loss']:.4f}")
+
+    def after_step(bar):
         if run.step % CHECKPOINT_EVERY == 0 or run.step in snapshots:
             run.save()
-    bar.close()
+        take_missing_snapshot()
+
+    take_missing_snapshot()  # step 0, or the snapshot an interrupted run saved its checkpoint for
+    train_steps(run, "learning", after_step)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -596,9 +596,11 @@ def torch_encoder(run: Run):
     return encode
 
 
-def train(run: Run, eval_every: int, checkpoint_every: int, eval_prompts: int, sample_steps: int,
-          cfg_scale: float) -> None:
-    bar = tqdm(total=run.recipe.steps, initial=run.step, desc="training", unit="step", dynamic_ncols=True)
+def train_steps(run: Run, desc: str, after_step) -> None:
+    """Train `run` from where it stands to its recipe's last step, each step logged (loss, lr, time)
+    and shown on a progress bar (the mean of the last 50 losses); `after_step(bar)` follows each
+    logged step: the caller's checkpoints, evaluations or snapshots."""
+    bar = tqdm(total=run.recipe.steps, initial=run.step, desc=desc, unit="step", dynamic_ncols=True)
     started, first_step, recent = time.time(), run.step, []
     while run.step < run.recipe.steps:
         logged = run.train_step()
@@ -607,13 +609,23 @@ def train(run: Run, eval_every: int, checkpoint_every: int, eval_prompts: int, s
         bar.set_postfix(loss=f"{np.mean(recent):.4f}", lr=f"{learning_rate(run.recipe, run.step):.1e}")
         run.log({"step": run.step, **logged, "lr": learning_rate(run.recipe, run.step - 1),
                  "seconds": time.time() - started, "steps_this_session": run.step - first_step})
+        after_step(bar)
+    bar.close()
+
+
+def train(run: Run, eval_every: int, checkpoint_every: int, eval_prompts: int, sample_steps: int,
+          cfg_scale: float) -> None:
+    """`train_steps` with a checkpoint every `checkpoint_every` steps and an evaluation every
+    `eval_every` (0: none), both at the last step too."""
+    def after_step(bar):
         if run.step % checkpoint_every == 0 or run.step == run.recipe.steps:
             run.save()
         if eval_every and (run.step % eval_every == 0 or run.step == run.recipe.steps):
             report = run.evaluate(evaluation_scenes(eval_prompts, seeds=1), sample_steps, cfg_scale)
             run.log({"step": run.step, "eval": report})
             bar.write(f"step {run.step}: {summary(report)}")
-    bar.close()
+
+    train_steps(run, "training", after_step)
 
 
 def summary(report: dict) -> str:
