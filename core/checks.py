@@ -8,12 +8,13 @@ from __future__ import annotations
 import errno
 import json
 import math
+import numbers
 import os
 import re
 import stat
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO
+from typing import BinaryIO, Callable, Iterator
 
 from .errors import MiniT2IError
 
@@ -29,7 +30,8 @@ def shown(value) -> str:
         kind = "a list" if isinstance(value, list) else "an object"
         text = json.dumps(value)
         return f"{text if len(text) <= 40 else text[:40] + '...'} ({kind})"
-    return repr(value)
+    text = " ".join(repr(value).split())  # one line, whatever the value (an array's repr has several)
+    return text if len(text) <= 40 else f"{text[:40]}... (a {type(value).__name__})"
 
 
 
@@ -63,12 +65,14 @@ class Range:
         return value
 
     def contains(self, value) -> bool:
-        if isinstance(value, bool):  # JSON true/false are not numbers, even though bool is an int
+        """NumPy's integer and float scalars count as numbers (registered with `numbers`); its
+        bool_ is not registered, and JSON true/false are not numbers, even though bool is an int."""
+        if isinstance(value, bool):
             return False
         if self.integer:
-            if not isinstance(value, int) or value % self.multiple_of:
+            if not isinstance(value, numbers.Integral) or value % self.multiple_of:
                 return False
-        elif not isinstance(value, (int, float)) or not math.isfinite(value):
+        elif not isinstance(value, numbers.Real) or not math.isfinite(value):
             return False
         above = value > self.low if self.low_open else value >= self.low
         return above and value <= self.high
@@ -186,6 +190,49 @@ def read_json_object(path: Path, what: str) -> dict:
     return value
 
 
+# A folder listing goes at most this deep and lists at most this many entries: a model folder or
+# a JAX checkpoint's store is a few levels deep (checkpoint_5/ocdbt.process_0/d/<file>).
+LISTING_DEPTH = 16
+LISTING_LIMIT = 100_000
+
+
+def walk(root: Path, enter: Callable[[str], bool] = lambda name: True) -> Iterator[tuple[str, os.DirEntry]]:
+    """(name relative to `root` with "/" separators, its directory entry) of every entry below
+    `root`, a folder before its contents, entering the folders whose names `enter` accepts.
+
+    Iterative and bounded: a folder nested deeper than LISTING_DEPTH (1,100 deep overflows a
+    recursive walk; so would a loop of links) or more than LISTING_LIMIT entries is one line. A
+    folder that cannot be read is left out, as a glob does."""
+    pending, listed = [("", 0)], 0
+    while pending:
+        folder, depth = pending.pop()
+        try:
+            with os.scandir(root / folder) as entries:
+                found = sorted(entries, key=lambda entry: entry.name)
+        except OSError:
+            continue
+        for entry in found:
+            listed += 1
+            if listed > LISTING_LIMIT:
+                raise MiniT2IError(f"{root} holds more than {LISTING_LIMIT:,} files and folders; it is not a model "
+                                   "folder: check the path")
+            name = f"{folder}/{entry.name}" if folder else entry.name
+            yield name, entry
+            if is_folder(entry) and enter(name):
+                if depth + 1 >= LISTING_DEPTH:
+                    raise MiniT2IError(f"{root / name} is nested more than {LISTING_DEPTH} folders deep under {root}; "
+                                       "a model folder is not: check the path, or move that folder out")
+                pending.append((name, depth + 1))
+
+
+def is_folder(entry: os.DirEntry) -> bool:
+    """A folder or a link to one (a broken link is not)."""
+    try:
+        return entry.is_dir()
+    except OSError:
+        return False
+
+
 def user_path(path) -> Path:
     """`path` with a leading `~` or `~user` expanded as a shell does: a user that does not exist, or
     no home to expand to, leaves it as typed (`Path.expanduser` raises instead)."""
@@ -251,11 +298,20 @@ def writable_folder(folder: Path, flag: str) -> Path:
     return folder
 
 
+# A prompt's length in characters, checked before anything else is done with it: the model reads
+# its first 255 tokens (prompt_length - 1), about 1,000 characters of English, and the tokenizer
+# encodes all it is given (a 10 MB prompt took 1.6 GB and 30 s).
+PROMPT_LIMIT = 20_000
+
+
 def check_prompt(prompt) -> str:
-    """A prompt is non-blank text that can be encoded as UTF-8 (argv bytes that are not UTF-8
-    arrive as lone surrogates, which the tokenizer cannot take)."""
+    """A prompt is non-blank text of at most PROMPT_LIMIT characters that can be encoded as UTF-8
+    (argv bytes that are not UTF-8 arrive as lone surrogates, which the tokenizer cannot take)."""
     if not isinstance(prompt, str):
         raise MiniT2IError(f"the prompt must be a string, found {type(prompt).__name__}")
+    if len(prompt) > PROMPT_LIMIT:
+        raise MiniT2IError(f"the prompt is {len(prompt):,} characters, more than the {PROMPT_LIMIT:,} a prompt may "
+                           "have (MiniT2I reads its first 255 tokens, about 1,000 characters); shorten it")
     try:
         prompt.encode("utf-8")
     except UnicodeEncodeError as err:

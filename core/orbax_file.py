@@ -14,13 +14,12 @@ array declares is bounded before tensorstore allocates for it.
 from __future__ import annotations
 
 import math
-import os
 import stat
 from pathlib import Path
 
 import numpy as np
 
-from .checks import JSON_LIMIT, file_kind, human_size, parse_json, read_limited, shown
+from .checks import JSON_LIMIT, file_kind, human_size, parse_json, read_limited, shown, walk
 from .errors import MiniT2IError
 
 ORBAX_METADATA = "_METADATA"
@@ -159,19 +158,18 @@ def check_store_files(folder: Path) -> None:
     a FIFO, device, socket, broken link or link to a folder (tensorstore would block on a FIFO
     or read a device without end), and each OCDBT manifest at most `MANIFEST_LIMIT` (tensorstore
     reads it whole)."""
-    for root, folders, files in os.walk(folder):
-        for name in folders + files:
-            path = Path(root) / name
-            if name in folders and not path.is_symlink():
-                continue
-            try:
-                info = path.stat()
-            except OSError as err:
-                raise MiniT2IError(f"{path}: cannot be read ({err.strerror}); the checkpoint is damaged: "
-                                   "re-download it") from None
-            if not stat.S_ISREG(info.st_mode):
-                kind = "a link to a folder" if stat.S_ISDIR(info.st_mode) else f"a {file_kind(info.st_mode)}"
-                raise MiniT2IError(f"{path}: expected a file of the checkpoint, found {kind}; re-download it")
-            if name == MANIFEST and info.st_size > MANIFEST_LIMIT:
-                raise MiniT2IError(f"{path} is {human_size(info.st_size)}, more than the {human_size(MANIFEST_LIMIT)} "
-                                   "an OCDBT manifest can be; re-download the checkpoint")
+    for relative, entry in walk(folder):
+        path = folder / relative
+        if entry.is_dir(follow_symlinks=False):
+            continue
+        try:
+            info = path.stat()
+        except OSError as err:
+            raise MiniT2IError(f"{path}: cannot be read ({err.strerror}); the checkpoint is damaged: "
+                               "re-download it") from None
+        if not stat.S_ISREG(info.st_mode):
+            kind = "a link to a folder" if stat.S_ISDIR(info.st_mode) else f"a {file_kind(info.st_mode)}"
+            raise MiniT2IError(f"{path}: expected a file of the checkpoint, found {kind}; re-download it")
+        if entry.name == MANIFEST and info.st_size > MANIFEST_LIMIT:
+            raise MiniT2IError(f"{path} is {human_size(info.st_size)}, more than the {human_size(MANIFEST_LIMIT)} "
+                               "an OCDBT manifest can be; re-download the checkpoint")

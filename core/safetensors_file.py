@@ -35,6 +35,13 @@ class TensorEntry:
     end: int
 
 
+class FileHeader(NamedTuple):
+    """What a safetensors file was when its header was read: its size in bytes and its tensors."""
+
+    size: int
+    tensors: dict[str, TensorEntry]
+
+
 class IndexEntry(NamedTuple):
     """One tensor of a checkpoint's index, judged before any tensor is read: its stored dtype
     ("F32", "F16", "BF16", ...), its shape, and where it is (a file, a Hub file name, an Orbax
@@ -52,8 +59,8 @@ HEADER_LIMIT = 16 * 2**20
 TENSOR_LIMIT = 65_536
 
 
-def read_header(path: Path) -> dict[str, TensorEntry]:
-    """The tensors a safetensors file holds (validated by the safetensors library), by name.
+def read_header(path: Path) -> FileHeader:
+    """The file's size and the tensors it holds (validated by the safetensors library), by name.
 
     The library reads and validates a header of up to 100 MB whole (a million tensors take it
     seconds and gigabytes), so the header's size and tensor count are bounded first."""
@@ -76,21 +83,40 @@ def read_header(path: Path) -> dict[str, TensorEntry]:
     except (SafetensorError, OSError, ValueError) as err:
         raise MiniT2IError(f"{path} is not a readable safetensors file ({err}); {fix}") from None
     header = parse_json(raw, "the safetensors header of", path)
-    return {name: TensorEntry(entry["dtype"], tuple(entry["shape"]), *entry["data_offsets"])
-            for name, entry in header.items() if name != "__metadata__"}
+    return FileHeader(size, {name: TensorEntry(entry["dtype"], tuple(entry["shape"]), *entry["data_offsets"])
+                             for name, entry in header.items() if name != "__metadata__"})
+
+
+def read_headers(files: list[Path]) -> dict[Path, FileHeader]:
+    """The header of each file, by path."""
+    return {path: read_header(path) for path in files}
+
+
+def index_of(headers: dict[Path, FileHeader]) -> dict[str, IndexEntry]:
+    """Every tensor of the files by name, from their headers."""
+    return {name: IndexEntry(entry.dtype, entry.shape, path)
+            for path, header in headers.items() for name, entry in header.tensors.items()}
 
 
 def read_index(files: list[Path]) -> dict[str, IndexEntry]:
     """Every tensor of the files by name, from the headers alone."""
-    return {name: IndexEntry(entry.dtype, entry.shape, path)
-            for path in files for name, entry in read_header(path).items()}
+    return index_of(read_headers(files))
 
 
 class MappedFile:
-    """A read-only memory map of one safetensors file."""
+    """A read-only memory map of one safetensors file.
 
-    def __init__(self, path: Path):
-        self.header = read_header(path)
+    `checked` holds the headers the file's tensors were checked against when it was opened (by
+    path): a file that is no longer the one checked (another size, other names, shapes, dtypes or
+    offsets: re-exported or replaced meanwhile, perhaps hours earlier in a server) is refused
+    before any tensor is read from it."""
+
+    def __init__(self, path: Path, checked: dict[Path, FileHeader] | None = None):
+        header = read_header(path)
+        if checked is not None and checked.get(path) != header:
+            raise MiniT2IError(f"{path} changed since it was opened (its size, tensor names, shapes or dtypes "
+                               "differ from those checked); open the model again")
+        self.header = header.tensors
         raw = np.memmap(path, dtype=np.uint8, mode="r")
         self.data = raw[8 + int(raw[:8].view("<u8")[0]):]
 

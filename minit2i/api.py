@@ -34,10 +34,12 @@ per image, `[np.random.default_rng(s + k) for k in range(n)]`, gives the images 
 from __future__ import annotations
 
 import logging
+import os
 from dataclasses import dataclass
 
 import numpy as np
 
+from minit2i.core.checks import shown
 from minit2i.core.errors import MiniT2IError
 from minit2i.core.images import to_pixels
 from minit2i.core.mmjit_config import DEFAULT_VARIANT
@@ -106,6 +108,8 @@ class MiniT2IPipeline:
     def open(cls, pretrained_model_name_or_path, t5=None, *, variant: str = DEFAULT_VARIANT, backend: str = "numpy",
              precision: str = "fp32", tokenizer=None, jax_tree: str | None = None) -> MiniT2IPipeline:
         """The pipeline with the model's configs and headers read and checked, no tensor yet."""
+        check_open_arguments(pretrained_model_name_or_path, t5=t5, variant=variant, backend=backend,
+                             precision=precision, tokenizer=tokenizer, jax_tree=jax_tree)
         check_backend(backend, precision)
         files = open_model(pretrained_model_name_or_path, t5, tokenizer, variant, jax_tree)
         return cls(files, backend, precision)
@@ -152,7 +156,7 @@ class MiniT2IPipeline:
                            height=height, width=width, num_images_per_prompt=num_images_per_prompt,
                            generator=generator, guidance_interval=guidance_interval, a_min=a_min,
                            negative_prompt=negative_prompt)
-        if output_type not in OUTPUT_TYPES:
+        if not isinstance(output_type, str) or output_type not in OUTPUT_TYPES:
             raise MiniT2IError(f"output_type must be one of {', '.join(map(repr, OUTPUT_TYPES))}, "
                                f"found {output_type!r}")
         if callback_on_step_end is not None and not callable(callback_on_step_end):
@@ -196,13 +200,39 @@ def check_call(prompt, *, num_inference_steps=None, guidance_scale=None, height=
                negative_prompt=None) -> dict:
     """The checks of a call that need no model (`minit2i generate` runs them before opening one)
     -> the request fields given, by `Request` field name (the model's recipe fills the others)."""
-    if negative_prompt:
+    if negative_prompt is not None and not (isinstance(negative_prompt, str) and not negative_prompt):
         raise MiniT2IError("MiniT2I has no negative prompt: its unconditional branch is the prompt with an all-zero "
                            "text mask; drop --negative-prompt (negative_prompt)")
     fields = {"steps": num_inference_steps, "cfg_scale": guidance_scale, "height": height, "width": width,
               "batch_count": num_images_per_prompt, "a_min": a_min, "guidance_interval": guidance_interval,
               "seed": seed_of(generator)}
     return check_arguments(prompt, {name: value for name, value in fields.items() if value is not None})
+
+
+# What `from_pretrained` and `open` take for each of their arguments: (its kind in a message,
+# the types it may have). A path may be a str or an os.PathLike; None leaves an optional one out.
+PATH_TYPES = (str, os.PathLike)
+OPEN_ARGUMENTS = {
+    "pretrained_model_name_or_path": ("a path, a Hub repo id or a demo model's name", PATH_TYPES),
+    "t5": ("None, a path or a Hub repo id", (type(None), *PATH_TYPES)),
+    "tokenizer": ("None or the path of a tokenizer.json", (type(None), *PATH_TYPES)),
+    "variant": ("a variant name such as 'b16'", (str,)),
+    "backend": ("a backend name such as 'numpy'", (str,)),
+    "precision": ("a precision name such as 'fp32'", (str,)),
+    "jax_tree": ("None or a parameter tree name such as 'ema'", (type(None), str)),
+}
+
+
+def check_open_arguments(pretrained_model_name_or_path, **keywords) -> None:
+    """Each argument of `open` and `from_pretrained` of the type it must have (OPEN_ARGUMENTS),
+    before any of them is used: `from_pretrained(5)` or `backend=["numpy"]` is one line."""
+    given = {"pretrained_model_name_or_path": pretrained_model_name_or_path, **keywords}
+    for name, value in given.items():
+        kind, types = OPEN_ARGUMENTS[name]
+        if not isinstance(value, types):
+            labelled = isinstance(value, (list, dict))  # `shown` names these kinds itself
+            raise MiniT2IError(f"{name} must be {kind}, found {shown(value)}"
+                               + ("" if labelled else f" ({type(value).__name__})"))
 
 
 def seed_of(generator):

@@ -24,6 +24,7 @@ import os
 import posixpath
 import re
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 from minit2i.core.checkpoint import (
@@ -33,11 +34,12 @@ from minit2i.core.checkpoint import (
     check_orbax_checkpoint,
     check_t5_header,
 )
-from minit2i.core.checks import existing_path, read_json, read_json_object, read_limited, short_list, shown
+from minit2i.core.checks import (existing_path, is_folder, read_json, read_json_object, read_limited, short_list,
+                                 shown, walk)
 from minit2i.core.errors import MiniT2IError
 from minit2i.core.mmjit_config import DEFAULT_VARIANT, VARIANT_ALIASES
 from minit2i.core.orbax_file import ORBAX_METADATA
-from minit2i.core.safetensors_file import read_index
+from minit2i.core.safetensors_file import MappedFile, index_of, read_headers
 
 HF_REPOS = {"mmjit": "models--MiniT2I--MiniT2I", "t5": "models--google--flan-t5-large"}
 
@@ -226,10 +228,15 @@ def local_listing(root: Path) -> set[str]:
         os.listdir(root)
     except OSError as err:
         raise MiniT2IError(f"cannot read the folder {root}: {err.strerror}; check its permissions") from None
-    names = set()
-    for pattern in ("*", "*/*", "*/transformer/*", "checkpoint*/**/*"):  # the last: Orbax checkpoints' stores
-        names.update(p.relative_to(root).as_posix() for p in root.glob(pattern) if not p.is_dir())
-    return names
+    return {name for name, entry in walk(root, _listed_folder) if not is_folder(entry)}
+
+
+def _listed_folder(name: str) -> bool:
+    """Whether `local_listing` looks into the folder `name`: any at the top, `*/transformer`, and
+    everything under `checkpoint*` (Orbax checkpoints' stores)."""
+    parts = name.split("/")
+    return len(parts) == 1 or parts[0].startswith("checkpoint") or parts[1:] == ["transformer"]
+
 
 
 def _local_files(root: Path, choice: Choice) -> tuple[list[Path], Path | None]:
@@ -311,8 +318,10 @@ def inspect_mmjit(path: str | Path, variant: str = DEFAULT_VARIANT, jax_tree: st
     if jax_tree is not None:
         raise MiniT2IError(f"--jax-tree chooses a tree of a JAX (Orbax) checkpoint, but {path} is not one; "
                            "drop --jax-tree")
-    checkpoint = check_mmjit_header(read_index(files), config_path, files)
+    headers = read_headers(files)
+    checkpoint = check_mmjit_header(index_of(headers), config_path, files)
     checkpoint.text_encoder = named_text_encoder(config_path)
+    checkpoint.open_file = partial(MappedFile, checked=headers)
     return checkpoint
 
 
@@ -320,7 +329,10 @@ def inspect_t5(path: str | Path, expected_d_model: int | None = None) -> Checkpo
     """Find and check a local T5 v1.1 encoder from its headers and config.json alone;
     `expected_d_model` is the MMJiT's txt_input_size."""
     files, config_path = find_t5_files(path)
-    return check_t5_header(read_index(files), config_path, files, expected_d_model)
+    headers = read_headers(files)
+    checkpoint = check_t5_header(index_of(headers), config_path, files, expected_d_model)
+    checkpoint.open_file = partial(MappedFile, checked=headers)
+    return checkpoint
 
 
 def load_mmjit(path: str | Path, variant: str = DEFAULT_VARIANT, jax_tree: str | None = None) -> LoadedWeights:

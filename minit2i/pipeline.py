@@ -68,10 +68,16 @@ def check_guidance_interval(interval, name: str = "--guidance-interval") -> tupl
     if not (isinstance(interval, (list, tuple)) and len(interval) == 2):
         raise MiniT2IError(f"{name} must be two numbers t_min t_max in [0, 1], found {shown(interval)}; "
                            "e.g. 0.2 0.8")
-    t_min, t_max = (INTERVAL_END.check(name, value) for value in interval)
+    t_min, t_max = (plain(INTERVAL_END.check(name, value)) for value in interval)
     if t_min > t_max:
         raise MiniT2IError(f"{name} {t_min} {t_max} is empty: give the smaller end first, e.g. {t_max} {t_min}")
     return t_min, t_max
+
+
+def plain(value):
+    """A NumPy scalar (np.int64(2) steps, from an array) as the Python number it holds; anything
+    else unchanged (the range checks judge it)."""
+    return value.item() if isinstance(value, np.generic) else value
 
 
 def option(name: str) -> str:
@@ -123,9 +129,11 @@ class Request:
 
     def __post_init__(self):
         check_prompts(self.prompt)
+        for name in REQUEST_RANGES:
+            setattr(self, name, plain(getattr(self, name)))
         check_ranges(**{name: getattr(self, name) for name in REQUEST_RANGES})
         if self.guidance_interval is not None:
-            check_guidance_interval(self.guidance_interval)
+            self.guidance_interval = check_guidance_interval(self.guidance_interval)
         # image i uses seed + i, which must stay a valid seed too
         REQUEST_RANGES["seed"][1].check(f"the last image's seed, {option('seed')} + images - 1",
                                         self.seed + self.count - 1)
