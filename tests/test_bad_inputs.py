@@ -1331,3 +1331,129 @@ def test_a_training_command_without_torch_names_the_train_extra(command, tmp_pat
     assert run.stderr.strip() == (f'{command}: error: training needs PyTorch, the train extra; install it with: '
                                   '.venv/bin/pip install -e ".[train]"')
     assert list(tmp_path.iterdir()) == []
+
+
+# ---------------------------------------------------------------------------------------------
+# The Python API and the files behind it keep the command line's promise
+
+
+def test_a_prompt_of_100000_characters_is_refused_before_it_is_tokenized(tiny, tmp_path, no_tensor_reads):
+    """The model reads 255 tokens (the tiny one 15): a prompt is bounded by characters before the
+    tokenizer sees it (a 10 MB one took it 1.6 GB and 30 s), from the command line, Python and the
+    tokenizer alike."""
+    prompt = "a red cat " * 10_000
+    message = "the prompt is 100,000 characters, more than the 20,000 a prompt may have"
+    assert_one_line_error(*run_cli("generate", *TINY_ARGS[2:], "-p", prompt, "--model", tiny[0], "--t5", tiny[1],
+                                   "-o", tmp_path / "x.png"), message)
+    with pytest.raises(MiniT2IError, match=message):
+        Request(prompt)
+    with pytest.raises(MiniT2IError, match=message):
+        PromptTokenizer(make_t5_style_tokenizer([("\u2581cat", -1.0)]), 8)([prompt])
+
+
+@pytest.mark.parametrize("change", ["a tensor renamed", "a tensor stored as float16"])
+def test_a_model_file_replaced_after_it_was_opened_is_one_line(tiny, tmp_path, change):
+    """The tensors are read only from the file that was checked at open (its names, shapes, dtypes
+    and size): a file re-exported in between is refused, not read as it now is."""
+    from minit2i import MiniT2IPipeline
+
+    model = transformer_copy(tiny, tmp_path / "m")
+    pipe = MiniT2IPipeline.open(str(model), str(tiny[1]))
+    tensors = dict(tiny[2])
+    name = "model.net.final_layer.linear.bias"
+    if change == "a tensor renamed":
+        tensors[name + "_renamed"] = tensors.pop(name)
+    else:
+        tensors[name] = tensors[name].astype(np.float16)
+    save_file(tensors, str(model / "diffusion_pytorch_model.safetensors"))
+    with pytest.raises(MiniT2IError, match=r"diffusion_pytorch_model.safetensors changed since it was opened "
+                                           r"\(its size, tensor names, shapes or dtypes differ from those checked\)"):
+        pipe.load()
+
+
+@pytest.mark.parametrize(("arguments", "words"), [
+    ((None,), "pretrained_model_name_or_path must be a path, a Hub repo id or a demo model's name, found null"),
+    ((5,), "pretrained_model_name_or_path must be a path, a Hub repo id or a demo model's name, found 5 (int)"),
+    ((b"demo",), "found b'demo' (bytes)"),
+    (("demo", 5), "t5 must be None, a path or a Hub repo id, found 5 (int)"),
+    (("demo", None, {"tokenizer": 5}), "tokenizer must be None or the path of a tokenizer.json, found 5"),
+    (("demo", None, {"variant": 5}), "variant must be a variant name such as 'b16', found 5"),
+    (("demo", None, {"backend": ["numpy"]}), "backend must be a backend name such as 'numpy', found [\"numpy\"] (a list)"),
+    (("demo", None, {"precision": ["fp32"]}), "precision must be a precision name such as 'fp32', found"),
+    (("demo", None, {"jax_tree": 5}), "jax_tree must be None or a parameter tree name such as 'ema', found 5"),
+])
+def test_every_argument_of_from_pretrained_is_type_checked(arguments, words):
+    from minit2i import MiniT2IPipeline
+
+    *positional, keywords = arguments if isinstance(arguments[-1], dict) else (*arguments, {})
+    with pytest.raises(MiniT2IError) as raised:
+        MiniT2IPipeline.open(*positional, **keywords)
+    assert words in str(raised.value) and "\n" not in str(raised.value)
+
+
+@pytest.fixture(scope="module")
+def tiny_pipe(tiny):
+    from minit2i import MiniT2IPipeline
+
+    pipe = MiniT2IPipeline.from_pretrained(str(tiny[0]), str(tiny[1]))
+    pipe.set_progress_bar_config(disable=True)
+    return pipe
+
+
+@pytest.mark.parametrize(("keywords", "words"), [
+    ({"output_type": np.array(["pil", "np"])}, "output_type must be one of 'pil', 'np', found"),
+    ({"negative_prompt": np.array(["dog", "cow"])}, "MiniT2I has no negative prompt"),
+    ({"guidance_interval": np.array([0.2, 0.8])}, "must be two numbers t_min t_max in [0, 1], found array"),
+    ({"num_inference_steps": np.float64(1.5)}, "--steps (num_inference_steps) must be an integer"),
+    ({"num_inference_steps": np.bool_(True)}, "--steps (num_inference_steps) must be an integer"),
+])
+def test_call_arguments_of_any_type_are_one_line(tiny_pipe, keywords, words):
+    with pytest.raises(MiniT2IError) as raised:
+        tiny_pipe("a red cat", **{"num_inference_steps": 1, "height": 16, "width": 16, **keywords})
+    assert words in str(raised.value) and "\n" not in str(raised.value)
+
+
+def test_numpy_scalars_are_taken_where_a_number_is(tiny_pipe):
+    """np.int64 steps, size, count and seed and an np.float32 guidance draw the pixels of the
+    Python numbers they hold."""
+    numbers = {"num_inference_steps": 2, "height": 16, "width": 16, "num_images_per_prompt": 2, "generator": 3}
+    expected = tiny_pipe("a red cat", guidance_scale=2.5, output_type="np", **numbers).images
+    scalars = {name: np.int64(value) for name, value in numbers.items()}
+    got = tiny_pipe("a red cat", guidance_scale=np.float32(2.5), output_type="np", **scalars).images
+    np.testing.assert_array_equal(got, expected)
+
+
+@contextlib.contextmanager
+def nested_folders(top: Path, depth: int):
+    """`top`/a/a/.../a, `depth` folders deep (made and removed through folder descriptors: the path
+    is longer than the system takes in one call, and a recursive removal would overflow)."""
+    top.mkdir()
+    fds = [os.open(top, os.O_RDONLY)]
+    try:
+        for _ in range(depth):
+            os.mkdir("a", dir_fd=fds[-1])
+            fds.append(os.open("a", os.O_RDONLY, dir_fd=fds[-1]))
+        yield top
+    finally:
+        os.close(fds.pop())
+        while fds:  # each folder left holds the "a" opened after it
+            os.rmdir("a", dir_fd=fds[-1])
+            os.close(fds.pop())
+        top.rmdir()
+
+
+def test_a_folder_nested_1100_deep_in_a_model_folder_is_one_line(tiny, tmp_path):
+    """Folder listings are iterative and bounded: a `checkpoint_1` folder 1,100 deep (a recursive
+    glob overflows Python's stack at 1,000) is one line from info, generate, convert and
+    from_pretrained, naming the folder."""
+    from minit2i import MiniT2IPipeline
+
+    model = transformer_copy(tiny, tmp_path / "m")
+    words = "is nested more than 16 folders deep under"
+    with nested_folders(model / "checkpoint_1", 1100):
+        assert_one_line_error(*run_cli("info", model), words)
+        assert_one_line_error(*run_cli("generate", *TINY_ARGS, "--model", model, "--t5", tiny[1],
+                                       "-o", tmp_path / "x.png"), words)
+        assert_one_line_error(*run_cli("convert", model, tmp_path / "x.safetensors"), words)
+        with pytest.raises(MiniT2IError, match=words):
+            MiniT2IPipeline.from_pretrained(str(model), str(tiny[1]))
