@@ -52,7 +52,7 @@ def run(args) -> int:
     checkpoint = inspect_mmjit(model_path, args.variant, args.jax_tree)
     weights = checkpoint.load()
     tensors = converted_tensors(weights.config, weights.tensors)
-    config = json.loads(to_json(weights.config)) | ({"llm": checkpoint.text_encoder} if checkpoint.text_encoder else {})
+    config = json.loads(to_json(weights.config)) | kept_settings(checkpoint, demo_name=args.source if demo else None)
     source = f"{checkpoint.format}, {checkpoint.tree.label} tree" if checkpoint.tree else checkpoint.format
     write_together({destination: lambda f: f.write(safetensors_bytes(tensors, source)),
                     config_path: lambda f: f.write(json.dumps(config, indent=2).encode())},
@@ -77,6 +77,17 @@ def check_outputs(name: str, force: bool) -> tuple[Path, Path]:
         raise MiniT2IError(f"{' and '.join(existing)} already exist(s); pass --force to replace, or choose "
                            "another DST (an empty folder is best: config.json is written beside DST)")
     return destination, config_path
+
+
+def kept_settings(checkpoint, demo_name: str | None) -> dict:
+    """What the source's config.json says beyond the architecture, for DST's: the text encoder
+    (`llm`; a demo model's is its name, which --t5 takes) and the sampling settings the model was
+    tuned for (its "sampling" block), so that the converted model draws the source's pictures."""
+    from .pipeline import read_sampling
+
+    encoder = demo_name or checkpoint.text_encoder
+    sampling = read_sampling(checkpoint.config_source)
+    return ({"llm": encoder} if encoder else {}) | ({"sampling": sampling} if sampling else {})
 
 
 def converted_tensors(config, tensors: dict[str, np.ndarray]) -> dict[str, np.ndarray]:

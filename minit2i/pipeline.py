@@ -202,6 +202,8 @@ def open_model(model, t5=None, tokenizer_path=None, variant: str = DEFAULT_VARIA
         model, t5 = demo[0], t5 if t5 is not None else demo[1]
     mmjit = inspect_mmjit(resolve_model(model, variant, jax_tree), variant, jax_tree)
     t5 = t5 if t5 is not None else mmjit.text_encoder
+    if demo_model(t5) is not None:  # a demo model's name: its T5 (what `convert` writes as a demo's llm)
+        t5 = demo_model(t5)[1]
     if t5 is None:
         raise MiniT2IError(
             f"--t5 is missing, and {model} has no config.json naming its text encoder ('llm'); "

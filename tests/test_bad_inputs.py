@@ -1158,6 +1158,21 @@ def test_convert_takes_the_demo_model_names(tmp_path):
             assert tensors in f.keys()
 
 
+@pytest.mark.parametrize("name", ["demo", "demo-mf"])
+def test_a_converted_demo_model_draws_the_demo_models_picture_with_default_flags(tmp_path, name):
+    """convert keeps config.json's sampling settings (the demo's 20 steps at guidance 2, the
+    student's 4 steps and interval) and names the demo's T5, so `generate --model X.safetensors`
+    with no other flag writes the PNG of `--model demo`, byte for byte."""
+    converted = tmp_path / "converted" / "model.safetensors"
+    converted.parent.mkdir()
+    assert run_cli("convert", name, converted)[0] == 0
+    for model, output in ((name, tmp_path / "demo.png"), (converted, tmp_path / "converted.png")):
+        code, _, err = run_cli("generate", "-p", "a large red circle at the left", "--model", model, "-q",
+                               "-o", output)
+        assert (code, err) == (0, "")
+    assert (tmp_path / "converted.png").read_bytes() == (tmp_path / "demo.png").read_bytes()
+
+
 @pytest.mark.parametrize("spec", ["./no/such", "../no/such", "no/such/", "~/no/such", "no/such.safetensors",
                                   "no/such.SAFETENSORS"])
 def test_a_missing_path_that_looks_local_is_not_sent_to_the_hub(tmp_path, monkeypatch, spec):
