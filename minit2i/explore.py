@@ -7,24 +7,35 @@ and the conditional and unconditional predictions of that step side by side (`in
 
 The page is Gradio's, the convention for model demos: its queue runs the work off the request
 thread one request at a time (the others wait their turn) with a progress bar, and a bad input is
-one line on the page while the server goes on serving. Gradio is imported only here, when the
-subcommand runs (the optional extra `explore`).
+one line on the page while the server goes on serving. The page's API is a public interface, as
+the command line's flags are: every field a client sends is checked here by the project's own
+checks (Gradio does not convert them first), a cancelled request or one whose client left stops
+at its next sampling step, and the HTTP requests themselves are checked first (`page_guard`).
+Gradio is imported only here, when the subcommand runs (the optional extra `explore`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+import queue
+import shutil
 import socket
+import sys
 import threading
+from pathlib import Path
 
 import numpy as np
 
+from minit2i.core.checks import check_prompt
 from minit2i.core.errors import MiniT2IError
+from minit2i.core.mmjit_config import DEFAULT_VARIANT
 
 from .api import MiniT2IPipeline, MiniT2IPipelineOutput
 from .arguments import add_model_arguments, model_paths
-from .console import emit
-from .demo_models import DEMO_MODELS, demo_model
+from .console import emit, printable
+from .demo_models import DEMO_MODELS
+from .page_guard import TEMP_VARIABLE, PageGuard, is_loopback, pictures_folder, prune
 from .pipeline import BACKENDS, ModelFiles, check_backend, is_student, sampling_defaults
 
 DEFAULT_HOST = "127.0.0.1"  # this machine only: the page runs any prompt on it
@@ -58,17 +69,45 @@ def add_parser(sub) -> None:
 
 def run_explore(args) -> int:
     """Check the model given (headers only), then serve the page until interrupted."""
+    pictures = pictures_folder(os.environ)
+    try:
+        with variable_set(TEMP_VARIABLE, str(pictures)):  # Gradio's folder while it serves (it reads it then)
+            serve(args, pictures)
+    finally:
+        shutil.rmtree(pictures, ignore_errors=True)
+
+
+def serve(args, pictures: Path) -> None:
+    """Serve the page until interrupted, its pictures in the folder `pictures`."""
     gradio = import_gradio()
     check_port(args.host, args.port)
     models = Models(model_sources(args))
-    page = build_page(gradio, models, default=next(iter(models.sources)))
+    page = build_page(gradio, models, default=next(iter(models.sources)), pictures=pictures)
     page.queue(default_concurrency_limit=1).launch(prevent_thread_lock=True,
                                                     **launch_settings(gradio, args.host, args.port))
+    if not is_loopback(args.host):
+        print(printable(f"minit2i explore: warning: --host {args.host} serves the page to other machines: anyone "
+                        f"who reaches it can run prompts on this one (default {DEFAULT_HOST}: this machine only)"),
+              file=sys.stderr)
     emit(f"minit2i explore: http://{args.host}:{args.port}/ (Ctrl-C stops the server)")
     try:  # serve until Ctrl-C or SIGTERM, which `console.guarded` reports (Gradio's own wait would swallow them)
         threading.Event().wait()
     finally:
         page.close()
+
+
+@contextlib.contextmanager
+def variable_set(name: str, value: str):
+    """The environment variable `name` set to `value` meanwhile, then as it was."""
+    before = os.environ.get(name)
+    os.environ[name] = value
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = before
 
 
 def import_gradio():
@@ -95,26 +134,32 @@ def check_port(host: str, port: int) -> None:
 
 def launch_settings(gradio, host: str, port: int) -> dict:
     """`Blocks.launch` arguments: no share link, no server-side rendering process, and the system's
-    fonts instead of the default theme's web fonts, so nothing is fetched from the internet."""
+    fonts instead of the default theme's web fonts, so nothing is fetched from the internet; every
+    request checked by `page_guard.PageGuard` first."""
+    from starlette.middleware import Middleware
+
     local_fonts = gradio.themes.Default(font=["ui-sans-serif", "system-ui", "sans-serif"],
                                         font_mono=["ui-monospace", "monospace"])
     return {"server_name": host, "server_port": port, "share": False, "ssr_mode": False, "quiet": True,
-            "theme": local_fonts, "css": PAGE_CSS}
+            "theme": local_fonts, "css": PAGE_CSS,
+            "app_kwargs": {"middleware": [Middleware(PageGuard, loopback=is_loopback(host))]}}
 
 
 def model_sources(args) -> dict[str, dict]:
     """{name shown on the page: `MiniT2IPipeline.open` arguments}, the one the page opens with first:
-    the model given at start-up (checked now, from its headers, so a bad path fails before the server
-    starts), and the demo models."""
+    the model given at start-up with --t5, --tokenizer, --variant and --jax-tree as `generate` takes
+    them (checked now, from its headers, so a bad path or flag fails before the server starts),
+    and the demo models."""
     sources = {name: {"pretrained_model_name_or_path": name} for name in DEMO_MODELS}
-    if args.model is None or demo_model(args.model) is not None:
-        first = args.model or next(iter(DEMO_MODELS))
+    flags = (args.model, args.t5, args.tokenizer, args.jax_tree)
+    if flags == (None,) * 4 and args.variant == DEFAULT_VARIANT:
+        first = next(iter(DEMO_MODELS))
         return {first: sources[first], **sources}
     model, t5 = model_paths(args)
     given = {"pretrained_model_name_or_path": model, "t5": t5, "tokenizer": args.tokenizer, "variant": args.variant,
              "jax_tree": args.jax_tree}
     MiniT2IPipeline.open(**given)
-    return {str(args.model): given, **sources}
+    return {str(model): given, **{name: source for name, source in sources.items() if name != str(model)}}
 
 
 class Models:
@@ -128,8 +173,8 @@ class Models:
 
     def files(self, name: str) -> ModelFiles:
         """The model's configs and headers (no tensor)."""
-        if name not in self.sources:
-            raise MiniT2IError(f"unknown model {name!r}; choose one of {', '.join(self.sources)} (another model: "
+        if not isinstance(name, str) or name not in self.sources:
+            raise MiniT2IError(f"unknown model {printable(repr(name), 100)}; choose one of {', '.join(self.sources)} (another model: "
                                "start minit2i explore --model PATH)")
         with self._lock:
             if name not in self._opened:
@@ -165,6 +210,82 @@ def look(models: Models, name: str, backend: str, on_step, prompt: str, **settin
     return look_inside(pipe.model, prompt, runner=pipe.runner, on_step=on_step, **settings)
 
 
+def page_settings(models: Models, prompt, model_name, backend_name, seed, steps, guidance, t_min, t_max, width,
+                  height, step, block) -> dict:
+    """The generate endpoint's fields, in its order, as any client may send them (text, numbers,
+    lists, null, NaN, ...) -> `look`'s settings, after `look`'s own checks: a bad field is one
+    line. A whole number may come as 6 or 6.0 (JSON does not tell them apart)."""
+    from .insides import inside_request
+
+    files = models.files(model_name)
+    check_prompt(prompt)
+    check_backend(backend_name, PRECISION)
+    settings = {"seed": whole(seed), "steps": whole(steps), "guidance_scale": guidance, "width": whole(width),
+                "height": whole(height), "step": whole(step), "block": whole(block),
+                "interval": (t_min, t_max) if is_student(files) else None}
+    inside_request(files, prompt, **settings)
+    return settings
+
+
+def whole(value):
+    """A float that holds a whole number as that int (6.0 -> 6); anything else unchanged."""
+    return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
+class Stopped(Exception):
+    """The page's request was cancelled, or its client left: its sampling stops."""
+
+
+# One generation at a time, as the page's queue allows: a cancelled request's sampling ends with
+# the step it is in, and the next request's waits for that.
+ONE_AT_A_TIME = threading.Lock()
+
+
+def stepwise(work):
+    """Run `work(on_step)` in a thread of its own, one at a time (ONE_AT_A_TIME), yielding the
+    `StepInfo` of each sampling step as it ends -> what `work` returned (`yield from`), or raise
+    what it raised. Gradio closes the generator of a request that is cancelled or whose client
+    left, at its next yield: the work then stops at its next step."""
+    events, stop = queue.SimpleQueue(), threading.Event()
+
+    def on_step(info):
+        if stop.is_set():
+            raise Stopped
+        events.put(("step", info))
+
+    def run():
+        try:
+            with ONE_AT_A_TIME:
+                if stop.is_set():  # closed while it waited its turn
+                    raise Stopped
+                events.put(("done", work(on_step)))
+        except BaseException as err:  # handed to the request's thread, which reports it
+            events.put(("failed", err))
+
+    threading.Thread(target=run, name="minit2i explore generation", daemon=True).start()
+    try:
+        while True:
+            kind, value = events.get()
+            if kind == "failed":
+                raise value
+            if kind == "done":
+                return value
+            yield value
+    finally:
+        stop.set()
+
+
+def error_status(err: Exception) -> str:
+    """The status line for a request that failed: the project's one line for a bad request or a
+    file problem; for anything else (a fault of this program) also one line on stderr, where
+    the server was started, since nothing may escape to Gradio (its traceback, its bare "Error")."""
+    if not isinstance(err, (MiniT2IError, OSError)):
+        err = f"{type(err).__name__}: {err}"
+        print(printable(f"minit2i explore: error: a request failed ({err})"), file=sys.stderr, flush=True)
+        err = f"the server failed on this request ({err}); the terminal that started it has the same line"
+    return f"**error:** {printable(str(err))}"
+
+
 def heat_maps(attention: np.ndarray) -> list[np.ndarray]:
     """float [n_words, grid_h, grid_w] -> one uint8 [grid_h * p, grid_w * p, 3] picture per word, each
     patch a square of p = MAP_PATCH_PIXELS, all on one scale (0 black, the largest weight of any word
@@ -180,8 +301,9 @@ def word_captions(words: list[str], attention: np.ndarray) -> list[str]:
     return [f"{word}: {100 * share:.1f}%" for word, share in zip(words, attention.mean(axis=(1, 2)))]
 
 
-def build_page(gradio, models: Models, default: str):
-    """The page (a `gradio.Blocks`), not yet served; `default` is the model it opens with."""
+def build_page(gradio, models: Models, default: str, pictures: Path | None = None):
+    """The page (a `gradio.Blocks`), not yet served; `default` is the model it opens with; the
+    pictures Gradio writes to the folder `pictures` are kept within PICTURES_LIMIT bytes."""
     gr = gradio
     start = settings_for(models, default)
     with gr.Blocks(title="minit2i explore") as page:
@@ -236,15 +358,27 @@ def build_page(gradio, models: Models, default: str):
 
         def generate(prompt, model_name, backend_name, seed, steps, guidance, t_min, t_max, width, height, step,
                      block, progress=gr.Progress()):  # noqa: B008 (Gradio finds its progress bar by this default)
+            """Nothing new on the page after each sampling step (the progress bar moves), then every panel."""
             try:
-                student = settings_for(models, model_name)["student"]
-                insides = look(models, model_name, backend_name,
-                               lambda info: progress((info.index + 1, steps), desc="sampling"), prompt,
-                               seed=seed, steps=steps, guidance_scale=guidance, width=width, height=height,
-                               step=step, block=block, interval=(t_min, t_max) if student else None)
-            except (MiniT2IError, OSError) as err:
-                return [f"**error:** {err}"] + [gr.skip()] * 7
-            return [f"{model_name}, seed {seed}: done", insides.image,
+                if pictures is not None:
+                    prune(pictures)
+                settings = page_settings(models, prompt, model_name, backend_name, seed, steps, guidance, t_min,
+                                         t_max, width, height, step, block)
+                work = stepwise(lambda on_step: look(models, model_name, backend_name, on_step, prompt, **settings))
+                with contextlib.closing(work):
+                    while True:
+                        try:
+                            info = next(work)
+                        except StopIteration as done:
+                            insides = done.value
+                            break
+                        progress((info.index + 1, settings["steps"]), desc="sampling")
+                        yield [gr.skip()] * 8
+            except Exception as err:
+                yield [error_status(err)] + [gr.skip()] * 7
+                return
+            seed, step = settings["seed"], settings["step"]
+            yield [f"{model_name}, seed {seed}: done", insides.image,
                     MiniT2IPipelineOutput([insides.image], insides.result.timings, insides.result.step_times,
                                           backend_name, PRECISION).timing_table(),
                     [(x0, f"step {i}") for i, x0 in enumerate(insides.x0_steps)],
@@ -254,13 +388,14 @@ def build_page(gradio, models: Models, default: str):
         def choose_model(model_name):
             try:
                 chosen = settings_for(models, model_name)
-            except MiniT2IError as err:
-                return [f"**error:** {err}"] + [gr.skip()] * 9
+            except Exception as err:
+                return [error_status(err)] + [gr.skip()] * 9
             return ["", chosen["steps"], chosen["cfg_scale"], gr.Row(visible=chosen["student"]),
                     *chosen["guidance_interval"], chosen["width"], chosen["height"], chosen["step"], chosen["block"]]
 
         run.click(generate, [prompt, model, backend, seed, steps, guidance, t_min, t_max, width, height, step, block],
-                  [status, image, timings, x0_steps, attention, cond, uncond, guided], api_name="generate")
+                  [status, image, timings, x0_steps, attention, cond, uncond, guided], api_name="generate",
+                  preprocess=False)  # the fields reach `page_settings` as sent, not converted by Gradio
         model.change(choose_model, [model], [status, steps, guidance, interval_row, t_min, t_max, width, height, step,
-                                             block], api_name="defaults")
+                                             block], api_name="defaults", preprocess=False)
     return page

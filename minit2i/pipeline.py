@@ -296,10 +296,11 @@ def make_runner(model: Model, backend: str = "numpy", precision: str = "fp32"):
 def check_backend(backend: str, precision: str) -> None:
     """The cheap part of `make_runner`, before any model work: a known backend, a precision it
     runs, for cupy a usable GPU, for cudasim a compiler and a processor it runs on."""
-    if backend not in BACKENDS:
-        raise MiniT2IError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
+    if not isinstance(backend, str) or backend not in BACKENDS:
+        name = repr(backend) if isinstance(backend, str) else shown(backend)
+        raise MiniT2IError(f"unknown backend {name}; choose one of {', '.join(BACKENDS)}")
     module = importlib.import_module(BACKENDS[backend][0])
-    if precision not in module.PRECISIONS:
+    if not isinstance(precision, str) or precision not in module.PRECISIONS:
         raise MiniT2IError(f"the {backend} backend runs {', '.join(module.PRECISIONS)}, not {precision}")
     if backend == "cupy":
         from minit2i.accelerated.kernels import require_gpu

@@ -1,0 +1,130 @@
+"""What `minit2i explore` checks of every HTTP request before Gradio sees it, and the folder it
+keeps its pictures in (docs/explore.md, "Safety").
+
+The page runs any prompt on this machine, so it answers only what a page on this machine asks,
+as local notebook servers (Jupyter) do: with the server bound to loopback, a request whose Host
+is not a loopback name is refused (a DNS-rebinding page reaches 127.0.0.1 under its own name), and
+so is a request whose Origin is another site than the Host it was sent to (any page open in the
+browser can send requests to 127.0.0.1; a browser names its origin). The page has no file input,
+so uploads are refused, and a request body is bounded. Bound to anything but loopback, the page is
+served to whoever reaches it: `explore` says so in one line, and Host is not checked (the
+address others use is not known), as Jupyter does with a public `--ip`.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import shutil
+import tempfile
+from pathlib import Path
+from urllib.parse import urlsplit
+
+from minit2i.core.checks import user_path, walk, writable_folder
+
+# The largest request body: a page request is a prompt (at most 20,000 characters) and a dozen
+# numbers, a few kB of JSON.
+BODY_LIMIT = 2**20
+# The pictures Gradio writes for the page: the oldest are removed when the folder holds more.
+PICTURES_LIMIT = 256 * 2**20
+TEMP_VARIABLE = "GRADIO_TEMP_DIR"
+
+
+def is_loopback(host: str) -> bool:
+    """Whether `host` (a name or an address, IPv6 with or without brackets) is this machine only."""
+    host = host.strip("[]").lower()
+    if host == "localhost" or host.endswith(".localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def host_name(authority: str) -> str:
+    """'127.0.0.1:7860' -> '127.0.0.1', '[::1]:7860' -> '::1'; '' if it names no host."""
+    try:
+        return urlsplit(f"//{authority}").hostname or ""
+    except ValueError:  # a port that is not a number, an unbalanced bracket
+        return ""
+
+
+def refusal(path: str, headers: dict[str, str], loopback: bool) -> tuple[int, str] | None:
+    """(HTTP status, one line) for a request the page does not answer, or None.
+
+    `headers` are lower-cased names; `loopback` whether the server is bound to loopback only."""
+    host = headers.get("host", "")
+    if loopback and not is_loopback(host_name(host)):
+        return 403, (f"this page serves this machine only, under a loopback name (localhost, 127.0.0.1), "
+                     f"not {host[:100]!r}")
+    origin = headers.get("origin")
+    if origin is not None and urlsplit(origin).netloc.lower() != host.lower():
+        return 403, f"this page answers its own pages only, not requests from {origin[:100]!r}"
+    if path.rstrip("/").endswith("/upload"):
+        return 403, "this page takes no uploads"
+    length = headers.get("content-length", "0")
+    if not length.isdigit() or int(length) > BODY_LIMIT:
+        return 413, f"a request to this page is at most {BODY_LIMIT:,} bytes"
+    return None
+
+
+class PageGuard:
+    """ASGI middleware: the `refusal` checks on every request, and a request body cut off (as
+    if the client had left) past BODY_LIMIT bytes, whatever its Content-Length said."""
+
+    def __init__(self, app, loopback: bool):
+        self.app, self.loopback = app, loopback
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] not in ("http", "websocket"):
+            return await self.app(scope, receive, send)
+        headers = {name.decode("latin-1").lower(): value.decode("latin-1") for name, value in scope["headers"]}
+        refused = refusal(scope["path"], headers, self.loopback)
+        if refused is None:
+            return await self.app(scope, bounded(receive), send)
+        if scope["type"] == "websocket":
+            return await send({"type": "websocket.close", "code": 1008})
+        status, line = refused
+        await send({"type": "http.response.start", "status": status,
+                    "headers": [(b"content-type", b"text/plain; charset=utf-8")]})
+        await send({"type": "http.response.body", "body": line.encode() + b"\n"})
+
+
+def bounded(receive):
+    """`receive` that reports the client gone once more than BODY_LIMIT body bytes came."""
+    received = 0
+
+    async def receive_bounded():
+        nonlocal received
+        message = await receive()
+        received += len(message.get("body", b""))
+        return {"type": "http.disconnect"} if received > BODY_LIMIT else message
+
+    return receive_bounded
+
+
+def pictures_folder(environment: dict) -> Path:
+    """A new folder for the page's pictures, inside GRADIO_TEMP_DIR if set (checked to be a folder
+    this process can write in, the variable named if not), else the system's temporary folder;
+    the caller removes it when the server stops."""
+    parent = environment.get(TEMP_VARIABLE)
+    if parent:
+        writable_folder(user_path(parent), TEMP_VARIABLE)
+    return Path(tempfile.mkdtemp(prefix="minit2i-explore-", dir=parent or None))
+
+
+def prune(folder: Path, limit: int = PICTURES_LIMIT) -> None:
+    """Remove the oldest files under `folder` (and the folders they leave empty) until the rest
+    take at most `limit` bytes."""
+    files = []
+    for name, entry in walk(folder):
+        if entry.is_file(follow_symlinks=False):
+            info = entry.stat(follow_symlinks=False)
+            files.append((info.st_mtime_ns, info.st_size, folder / name))
+    total = sum(size for _, size, _ in files)
+    for _, size, path in sorted(files):
+        if total <= limit:
+            break
+        path.unlink(missing_ok=True)
+        total -= size
+        if path.parent != folder and not any(path.parent.iterdir()):
+            shutil.rmtree(path.parent, ignore_errors=True)
