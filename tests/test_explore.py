@@ -3,9 +3,15 @@ driven through Gradio's own client (the queue, bad inputs, the same pixels as `m
 
 from __future__ import annotations
 
+import json
+import os
 import socket
 import sys
+import time
+import urllib.error
+import urllib.request
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -19,7 +25,6 @@ from explore_server import (
     free_port,
     generated_pixels,
     read_pixels,
-    serving,
     started,
 )
 
@@ -105,12 +110,27 @@ def test_heat_maps_share_one_scale_and_brighten_with_the_weight():
 
 
 @pytest.fixture(scope="module")
-def client():
+def page():
+    """(the server process, its URL, a Gradio client of it); the server's stderr is read by `terminal`."""
     pytest.importorskip("gradio", reason=NO_GRADIO)
     from gradio_client import Client
 
-    with serving() as url:
-        yield Client(url, verbose=False)
+    with started() as (server, url):
+        os.set_blocking(server.stderr.fileno(), False)
+        yield server, url, Client(url, verbose=False)
+
+
+@pytest.fixture(scope="module")
+def client(page):
+    return page[2]
+
+
+def terminal(server) -> str:
+    """What the server has written to stderr since this was last asked (its pipe is non-blocking)."""
+    try:
+        return os.read(server.stderr.fileno(), 2**20).decode()
+    except BlockingIOError:
+        return ""
 
 
 def ask(client, **changes):
@@ -166,3 +186,184 @@ def test_bad_input_is_one_message_and_the_next_request_works(client, changes, me
     status = ask(client, **changes)[0]
     assert status.startswith("**error:** ") and message in status and "\n" not in status
     assert ask(client)[0] == f"demo, seed {SEED}: done"
+
+
+@pytest.mark.parametrize(("changes", "message"), [
+    ({"steps": float("nan")}, "--steps (num_inference_steps) must be an integer in [1, 10000], found nan"),
+    ({"seed": float("inf")}, "--seed (generator) must be an integer in [0, 9223372036854775807], found inf"),
+    ({"width": "64"}, '--width must be an integer in [1, 16384], found "64" (a string)'),
+    ({"height": [64]}, "--height must be an integer in [1, 16384], found [64] (a list)"),
+    ({"model": ["demo"]}, "unknown model ['demo']; choose one of demo, demo-mf"),
+    ({"backend": ["numpy"]}, 'unknown backend ["numpy"] (a list); choose one of numpy, cupy, cudasim'),
+    ({"guidance": None}, "--cfg-scale (guidance_scale) must be a number in [-1000, 1000], found null"),
+    ({"prompt": 5}, "the prompt must be a string, found int"),
+    ({"step": 1.5}, f"step 1.5 is outside 0..{STEPS - 1}"),
+    ({"block": True}, "block True is outside 0..3"),
+])
+def test_any_value_in_any_field_is_one_line_on_the_page_and_nothing_in_the_terminal(page, changes, message):
+    """The page's API is a public interface: whatever a client sends in a field is checked by the
+    project's own checks (Gradio converts nothing first: NaN in an integer field used to be a bare
+    "Error" on the page and a traceback in the terminal)."""
+    server, url, _ = page
+    event, data = call_raw(url, list((REQUEST | changes).values()))
+    assert event == "complete", (event, data)
+    status = data[0]
+    assert status.startswith("**error:** ") and message in status and "\n" not in status, status
+    assert terminal(server) == ""
+
+
+def call_raw(url: str, fields: list) -> tuple[str, object]:
+    """(the final event's name, its data) of the page's generate endpoint called over plain HTTP,
+    as any client may: the fields as JSON, NaN and Infinity included (Gradio's client refuses to
+    send them)."""
+    join = urllib.request.Request(url + "gradio_api/call/generate", data=json.dumps({"data": fields}).encode(),
+                                  headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(join, timeout=60) as reply:
+        event_id = json.loads(reply.read())["event_id"]
+    with urllib.request.urlopen(f"{url}gradio_api/call/generate/{event_id}", timeout=REQUEST_LIMIT_S) as reply:
+        stream = reply.read().decode()
+    events = [block.splitlines() for block in stream.strip().split("\n\n")]
+    name, data = events[-1][0].removeprefix("event: "), events[-1][1].removeprefix("data: ")
+    return name, json.loads(data)
+
+
+def test_whole_numbers_sent_as_floats_are_taken(client):
+    """JSON does not tell 6 from 6.0: a whole float in an integer field is that integer."""
+    assert ask(client, steps=float(STEPS), seed=float(SEED))[0] == f"demo, seed {SEED}: done"
+
+
+def test_an_unexpected_failure_is_one_line_on_the_page_and_one_in_the_terminal(capsys):
+    from minit2i.explore import error_status
+
+    status = error_status(KeyError("x\ny"))
+    printed = capsys.readouterr().err
+    assert status == ("**error:** the server failed on this request (KeyError: 'x\\ny'); the terminal that started "
+                      "it has the same line")
+    assert printed == "minit2i explore: error: a request failed (KeyError: 'x\\ny')\n"
+
+
+def cpu_seconds(pid: int) -> float:
+    """CPU time the process has used, all its threads, user and system (/proc/PID/stat)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads the server's CPU time from /proc")
+def test_a_cancelled_request_stops_sampling_at_its_next_step(page):
+    """A request of 10,000 steps (minutes on the demo model) cancelled once it samples: the server
+    then uses next to no CPU (a step is ~0.1 s; an idle server, a few ms a second), where it
+    used to sample to the end; the next request runs as usual."""
+    server, _, client = page
+    job = client.submit(*(REQUEST | {"steps": 10_000, "step": 0}).values(), api_name="/generate")
+    deadline = time.monotonic() + REQUEST_LIMIT_S
+    while not (job.status().progress_data or time.monotonic() > deadline):
+        time.sleep(0.2)
+    assert job.status().progress_data, "the long request never started sampling"
+    job.cancel()
+    time.sleep(3)  # the step under way ends, and the request with it
+    before = cpu_seconds(server.pid)
+    time.sleep(5)
+    assert cpu_seconds(server.pid) - before < 0.5
+    assert ask(client)[0] == f"demo, seed {SEED}: done"
+
+
+def generation_step_count_after_close(close_after: int) -> tuple[int, int]:
+    """(steps run when the generator was closed, steps run 1 s later) of a 1,000-step stand-in
+    for a generation (10 ms a step) run by `stepwise`."""
+    from minit2i.explore import stepwise
+
+    done = []
+
+    def work(on_step):
+        for index in range(1000):
+            time.sleep(0.01)
+            done.append(index)
+            on_step(index)
+
+    steps = stepwise(work)
+    for _ in range(close_after):
+        next(steps)
+    steps.close()
+    closed_at = len(done)
+    time.sleep(1)
+    return closed_at, len(done)
+
+
+def test_closing_a_request_stops_its_work_at_the_next_step():
+    closed_at, later = generation_step_count_after_close(3)
+    assert later - closed_at <= 1
+
+
+def test_the_page_refuses_foreign_hosts_foreign_origins_uploads_and_large_bodies(page):
+    """As local notebook servers do: a request under a name that is not loopback (DNS rebinding),
+    from another site's page, an upload (the page has no file input) or a body over 1 MiB is
+    refused before Gradio sees it; the page itself still loads."""
+    _, url, _ = page
+
+    def status(path="", data=None, **headers):
+        request = urllib.request.Request(url + path, data=data, headers=headers)
+        try:
+            with urllib.request.urlopen(request, timeout=60) as reply:
+                return reply.status, reply.read()
+        except urllib.error.HTTPError as err:
+            return err.code, err.read()
+
+    assert status()[0] == 200
+    assert status(Origin=url.rstrip("/"))[0] == 200
+    assert status(Host="attacker.example:7860") == (
+        403, b"this page serves this machine only, under a loopback name (localhost, 127.0.0.1), not "
+             b"'attacker.example:7860'\n")
+    assert status(Origin="http://attacker.example") == (
+        403, b"this page answers its own pages only, not requests from 'http://attacker.example'\n")
+    upload = b'--x\r\nContent-Disposition: form-data; name="files"; filename="a.bin"\r\n\r\n' + b"0" * 1000 + b"\r\n--x--\r\n"
+    assert status("gradio_api/upload", upload, **{"Content-Type": "multipart/form-data; boundary=x"}) == (
+        403, b"this page takes no uploads\n")
+    assert status("gradio_api/queue/join", b"0" * (2**20 + 1), **{"Content-Type": "application/json"})[0] == 413
+
+
+@pytest.mark.parametrize(("host", "loopback"), [("127.0.0.1", True), ("localhost", True), ("::1", True),
+                                                ("[::1]", True), ("127.1.2.3", True), ("0.0.0.0", False),
+                                                ("::", False), ("192.168.1.5", False), ("example.com", False)])
+def test_loopback_addresses(host, loopback):
+    from minit2i.page_guard import is_loopback
+
+    assert is_loopback(host) is loopback
+
+
+def test_a_server_on_all_addresses_warns_in_one_line():
+    with started("--host", "0.0.0.0") as (server, _):
+        server.terminate()
+        _, err = server.communicate(timeout=60)
+    assert err.splitlines()[0] == ("minit2i explore: warning: --host 0.0.0.0 serves the page to other machines: "
+                                   "anyone who reaches it can run prompts on this one (default 127.0.0.1: this "
+                                   "machine only)")
+
+
+def test_a_bad_gradio_temp_dir_names_the_variable(capsys, monkeypatch, tmp_path):
+    monkeypatch.setenv("GRADIO_TEMP_DIR", str(tmp_path / "missing"))
+    code, err = run(capsys, "--port", str(free_port()))
+    assert code == 2
+    assert err == (f"minit2i: error: GRADIO_TEMP_DIR folder {tmp_path / 'missing'} does not exist; create it or "
+                   "choose another GRADIO_TEMP_DIR\n")
+
+
+def test_the_pictures_folder_keeps_the_newest_within_its_limit(tmp_path):
+    from minit2i.page_guard import prune
+
+    for index in range(10):
+        (tmp_path / f"hash{index}").mkdir()
+        picture = tmp_path / f"hash{index}" / "image.png"
+        picture.write_bytes(b"0" * 1000)
+        os.utime(picture, ns=(index * 10**9, index * 10**9))
+    prune(tmp_path, limit=3500)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["hash7", "hash8", "hash9"]
+
+
+@pytest.mark.parametrize(("flags", "message"), [
+    (["--jax-tree", "ema"], "--jax-tree chooses a tree of a JAX (Orbax) checkpoint, but"),
+    (["--t5", "demo"], "--model is missing: pass --model (e.g. MiniT2I/MiniT2I) with --t5, or neither"),
+    (["--tokenizer", "no/such/tokenizer.json"], "--tokenizer no/such/tokenizer.json: no such file or folder"),
+])
+def test_model_flags_are_taken_or_refused_as_generate_takes_them(capsys, flags, message):
+    code, err = run(capsys, "--port", str(free_port()), "-q", *flags)
+    assert code == 2 and err.count("\n") == 1 and message in err, err
