@@ -28,9 +28,11 @@ from . import require_torch
 
 require_torch("learn")
 import dataclasses
+import io
 import os
 import re
 import sys
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -38,7 +40,7 @@ import torch
 from PIL import Image, ImageDraw
 
 from minit2i.console import OneLineParser, emit, guarded, printable
-from minit2i.core.checks import Range, file_kind, writable_folder
+from minit2i.core.checks import Range, file_kind, read_limited, shown, walk, writable_folder
 from minit2i.core.errors import MiniT2IError
 from minit2i.core.images import grid, save_png
 
@@ -70,6 +72,7 @@ SHEET_SCENES = tuple(shapes.Scene(*words.split()) for words in (
     "large cyan triangle bottom gray", "small white cross left navy"))
 SHEET_SCALE = 3  # each 32 x 32 sample is shown at 96 x 96
 ROWS = "samples"
+ROW_LIMIT = 2**20  # a snapshot row: 8 samples of 32 x 32 as one PNG, about 10 kB
 
 
 def snapshot_steps(steps: int) -> list[int]:
@@ -83,9 +86,25 @@ def row_path(folder: Path, step: int) -> Path:
 
 def rows_taken(folder: Path) -> list[int]:
     """The steps of the snapshot rows in the run `folder`, in order (a run extended with a larger
-    --steps keeps the rows of its shorter schedule)."""
-    names = (re.fullmatch(r"step-(\d{7})\.png", p.name) for p in (folder / ROWS).iterdir())
-    return sorted(int(name[1]) for name in names if name)
+    --steps keeps the rows of its shorter schedule). The run folder is read as any file from
+    outside: an entry named like a row that is not a plain file (a link, a FIFO, a folder) is one
+    line, never followed or opened."""
+    rows = folder / ROWS
+    if not os.path.lexists(rows):
+        return []
+    kind = file_kind(rows.lstat().st_mode)
+    if kind != "folder":
+        raise MiniT2IError(f"{rows} is a {kind}, not the folder of snapshot rows this command writes; delete it "
+                           "and run the same command again")
+    steps = []
+    for entry in walk(rows, enter=lambda name: False):
+        name = re.fullmatch(r"step-(\d{7})\.png", entry[0])
+        if name and not entry[1].is_file(follow_symlinks=False):
+            raise MiniT2IError(f"{rows / entry[0]} is a {file_kind(entry[1].stat(follow_symlinks=False).st_mode)}, "
+                               "not a snapshot row this command wrote; delete it and run the same command again")
+        if name:
+            steps.append(int(name[1]))
+    return sorted(steps)
 
 
 def snapshot(run: Run, eval_scenes) -> None:
@@ -155,17 +174,53 @@ def sample_sheet(rows: list[np.ndarray], labels: list[str]) -> np.ndarray:
 
 
 def read_row(path: Path, columns: int, image_size: int) -> np.ndarray:
-    """A snapshot row this command wrote, checked to be one: uint8 [S, S * columns, 3]."""
-    with Image.open(path) as png:
-        row = np.asarray(png.convert("RGB"))
-    if row.shape != (image_size, image_size * columns, 3):
-        raise MiniT2IError(f"{path} is {row.shape[1]} x {row.shape[0]} pixels, not a row of {columns} samples of "
-                           f"{image_size} x {image_size}; delete it and run the same command again")
-    return row
+    """A snapshot row this command wrote, checked to be one before it is decoded (a plain file of
+    at most ROW_LIMIT bytes, a PNG of the row's size): uint8 [S, S * columns, 3]."""
+    fix = "delete it and run the same command again"
+    data = read_limited(path, "snapshot row", ROW_LIMIT)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", Image.DecompressionBombWarning)
+            with Image.open(io.BytesIO(data), formats=["PNG"]) as png:
+                if png.size != (image_size * columns, image_size):
+                    raise MiniT2IError(f"{path} is {png.size[0]} x {png.size[1]} pixels, not a row of {columns} "
+                                       f"samples of {image_size} x {image_size}; {fix}")
+                return np.asarray(png.convert("RGB"))
+    except (OSError, SyntaxError, ValueError, Image.DecompressionBombError, Image.DecompressionBombWarning) as err:
+        raise MiniT2IError(f"{path} is not a PNG row this command wrote ({err}); {fix}") from None
 
 
 # ---------------------------------------------------------------------------------------------
 # What it prints
+
+
+def checked_evaluations(records: list[dict], steps: list[int], folder: Path, log_path: Path) -> dict[int, dict]:
+    """{step: the checker's read-back logged for it} for each snapshot row's step, each checked to
+    be one this command logs (`is_evaluation`): a log cut or edited since is one line, with the
+    fix (without the row, its snapshot is left out, or taken again at the run's last step)."""
+    logged = {r["step"]: r["eval"] for r in records if "eval" in r}
+    for step in steps:
+        fix = f"delete {row_path(folder, step)} and run the same command again"
+        if step not in logged:
+            raise MiniT2IError(f"the training log {log_path} has no read-back of the snapshot at step {step} (it was "
+                               f"cut or edited); {fix}")
+        if not is_evaluation(logged[step]):
+            raise MiniT2IError(f"the training log {log_path} holds a read-back at step {step} that this command did "
+                               f"not write ({shown(logged[step])}); {fix}")
+    return {step: logged[step] for step in steps}
+
+
+def is_evaluation(report) -> bool:
+    """A read-back as `accuracy_report` writes it, as far as the results use it: image counts per
+    group (whole numbers, some images in all), and for each group with images a share in [0, 1]
+    of each ATTRIBUTE."""
+    counts = report.get("counts") if isinstance(report, dict) else None
+    if not (isinstance(counts, dict) and counts and set(counts) <= {"held_in", "held_out"}
+            and all(Range(0, 10**6).contains(n) for n in counts.values()) and sum(counts.values()) > 0):
+        return False
+    share = Range(0, 1, integer=False)
+    return all(isinstance(report.get(group), dict) and all(share.contains(report[group].get(a)) for a in ATTRIBUTES)
+               for group, count in counts.items() if count)
 
 
 def right_counts(report: dict) -> dict[str, int]:
@@ -199,7 +254,7 @@ def write_results(run: Run) -> None:
     """samples.png and loss.png from the run's rows and log, and the scores printed."""
     steps = rows_taken(run.folder)
     records = read_log(run.log_path)
-    evaluations = {r["step"]: r["eval"] for r in records if "eval" in r and r["step"] in steps}
+    evaluations = checked_evaluations(records, steps, run.folder, run.log_path)
     curve = [r for r in compact_log(records, run.step) if "loss" in r]
     losses = {r["step"]: r["loss"] for r in curve}
     rows = [read_row(row_path(run.folder, step), len(SHEET_SCENES), run.mmjit.image_size) for step in steps]
