@@ -1472,3 +1472,133 @@ def test_a_folder_nested_1100_deep_in_a_model_folder_is_one_line(tiny, tmp_path)
         assert_one_line_error(*run_cli("convert", model, tmp_path / "x.safetensors"), words)
         with pytest.raises(MiniT2IError, match=words):
             MiniT2IPipeline.from_pretrained(str(model), str(tiny[1]))
+
+
+# ---------------------------------------------------------------------------------------------
+# learn's run folder is read as any file from outside
+
+
+@pytest.fixture(scope="module")
+def learnt_run(tmp_path_factory) -> Path:
+    """The folder of a finished 4-step watch-it-learn run (rows at steps 0, 1, 2 and 4)."""
+    pytest.importorskip("torch", reason="training needs the [train] extra (torch)")
+    from minit2i.training import learn
+
+    folder = tmp_path_factory.mktemp("learnt") / "run"
+    with contextlib.redirect_stdout(io.StringIO()):
+        assert learn.main(["--out", str(folder), "--steps", "4", "--eval-prompts", "2"]) == 0
+    return folder
+
+
+def learn_outcome(folder: Path) -> tuple[int, str, str]:
+    """The same command run again on `folder` (nothing left to train: it reads the folder and
+    writes the results) -> (exit status, stdout, stderr); a run that blocks fails the test."""
+    from minit2i.training import learn
+
+    def again():
+        out, err = io.StringIO(), io.StringIO()
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            code = learn.main(["--out", str(folder), "--steps", "4", "--eval-prompts", "2"])
+        return code, out.getvalue(), err.getvalue()
+
+    return within(120, again)
+
+
+def assert_learn_error(outcome, *words) -> str:
+    """Exit 2 and one error line, the last on stderr (after the bar of the steps run, if any), no traceback."""
+    code, out, err = outcome
+    line = err.rstrip("\n").split("\n")[-1]
+    assert "Traceback" not in out + err
+    assert code == 2 and err.count("learn: error: ") == 1 and line.startswith("learn: error: "), (code, err)
+    for word in words:
+        assert word in line, line
+    return line
+
+
+def png_declaring(width: int, height: int) -> bytes:
+    """A PNG of one pixel whose header declares `width` x `height` pixels (its CRC fixed)."""
+    import zlib
+
+    from PIL import Image
+
+    buffer = io.BytesIO()
+    Image.new("RGB", (1, 1)).save(buffer, format="PNG")
+    data = bytearray(buffer.getvalue())
+    header = struct.pack(">II", width, height) + bytes(data[24:29])
+    data[16:29] = header
+    data[29:33] = struct.pack(">I", zlib.crc32(b"IHDR" + header))
+    return bytes(data)
+
+
+def log_lines(folder: Path) -> list[dict]:
+    return [json.loads(line) for line in (folder / "log.jsonl").read_text().splitlines()]
+
+
+def write_log(folder: Path, records: list[dict]) -> None:
+    (folder / "log.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+
+
+def with_eval(records: list[dict], step: int, report) -> list[dict]:
+    return [{**r, "eval": report} if "eval" in r and r["step"] == step else r for r in records]
+
+
+def replaced_by_link(path: Path, target: Path) -> None:
+    """`path` moved to `target`, and a link to it in its place."""
+    path.rename(target)
+    path.symlink_to(target)
+
+
+LEARN_DAMAGE = {
+    "a FIFO for a row": (lambda run: (run / "samples" / "step-0000001.png").unlink() or
+                         os.mkfifo(run / "samples" / "step-0000001.png"),
+                         ["samples/step-0000001.png is a FIFO, not a snapshot row this command wrote"]),
+    "a link for a row": (lambda run: replaced_by_link(run / "samples" / "step-0000001.png", run / "elsewhere.png"),
+                         ["samples/step-0000001.png is a symbolic link, not a snapshot row"]),
+    "a row declaring 100000 x 100000 pixels": (
+        lambda run: (run / "samples" / "step-0000001.png").write_bytes(png_declaring(100_000, 100_000)),
+        ["step-0000001.png is not a PNG row this command wrote (Image size (10000000000 pixels) exceeds limit"]),
+    "no log": (lambda run: (run / "log.jsonl").unlink(),
+               ["log.jsonl has no read-back of the snapshot at step 0 (it was cut or edited)"]),
+    "a cut log": (lambda run: write_log(run, [r for r in log_lines(run) if r["step"] < 2]),
+                  ["has no read-back of the snapshot at step 2", "delete", "step-0000002.png and run the same"]),
+    "a read-back of no images": (
+        lambda run: write_log(run, with_eval(log_lines(run), 4, {"counts": {"held_in": 0, "held_out": 0}})),
+        ["holds a read-back at step 4 that this command did not write"]),
+    "a read-back that is a number": (lambda run: write_log(run, with_eval(log_lines(run), 2, 5)),
+                                     ["holds a read-back at step 2 that this command did not write (5)"]),
+}
+
+
+@pytest.mark.parametrize("damage", list(LEARN_DAMAGE))
+def test_learn_reads_its_run_folder_as_a_file_from_outside(learnt_run, tmp_path, damage):
+    """A FIFO in place of a row used to hang learn; a link was opened wherever it pointed; an
+    oversized row was a decompression-bomb traceback; a missing, cut or edited log was a
+    StopIteration, KeyError, TypeError or ZeroDivisionError traceback. Each is one line now."""
+    run = tmp_path / "run"
+    shutil.copytree(learnt_run, run, symlinks=True)
+    make, words = LEARN_DAMAGE[damage]
+    make(run)
+    assert_learn_error(learn_outcome(run), *words)
+
+
+@FEW
+@given(data=st.data())
+def test_generated_learn_run_folders(learnt_run, data):
+    """Any read-back in the log, any bytes (or a cut) in place of a row: the results are written,
+    or one line."""
+    with tempfile.TemporaryDirectory() as root:
+        run = Path(root) / "run"
+        shutil.copytree(learnt_run, run, symlinks=True)
+        records = log_lines(run)
+        steps = [r["step"] for r in records if "eval" in r]
+        step = data.draw(st.sampled_from(steps))
+        if data.draw(st.booleans()):
+            write_log(run, with_eval(records, step, data.draw(json_values)))
+        else:
+            row = run / "samples" / f"step-{step:07d}.png"
+            good = row.read_bytes()
+            row.write_bytes(data.draw(st.one_of(st.binary(max_size=64), st.integers(0, len(good)).map(
+                lambda n: good[:n]))))
+        code, out, err = learn_outcome(run)
+        if code != 0:
+            assert_learn_error((code, out, err))

@@ -37,7 +37,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from PIL import Image, ImageDraw
+from PIL import Image, ImageDraw, UnidentifiedImageError
 
 from minit2i.console import OneLineParser, emit, guarded, printable
 from minit2i.core.checks import Range, file_kind, read_limited, shown, walk, writable_folder
@@ -186,6 +186,8 @@ def read_row(path: Path, columns: int, image_size: int) -> np.ndarray:
                     raise MiniT2IError(f"{path} is {png.size[0]} x {png.size[1]} pixels, not a row of {columns} "
                                        f"samples of {image_size} x {image_size}; {fix}")
                 return np.asarray(png.convert("RGB"))
+    except UnidentifiedImageError:
+        raise MiniT2IError(f"{path} is not a PNG image; {fix}") from None
     except (OSError, SyntaxError, ValueError, Image.DecompressionBombError, Image.DecompressionBombWarning) as err:
         raise MiniT2IError(f"{path} is not a PNG row this command wrote ({err}); {fix}") from None
 
