@@ -1474,6 +1474,84 @@ def test_a_folder_nested_1100_deep_in_a_model_folder_is_one_line(tiny, tmp_path)
             MiniT2IPipeline.from_pretrained(str(model), str(tiny[1]))
 
 
+# Any value a client or caller may hand over: JSON (NaN and infinities included), NumPy scalars and
+# arrays, bytes, paths.
+odd_values = st.one_of(json_values, st.floats(allow_nan=True, allow_infinity=True),
+                       st.sampled_from([np.int64(2), np.float32(1.5), np.bool_(True), np.array([1, 2]),
+                                        np.array(["pil"]), b"demo", Path("demo"), 2**70, -1, 0, 1.0, "nan", "4"]))
+# The page's generate endpoint: its fields in order, with a request the demo model runs.
+PAGE_REQUEST = {"prompt": "a red circle", "model_name": "demo", "backend_name": "numpy", "seed": 1, "steps": 4,
+                "guidance": 2.0, "t_min": 0.2, "t_max": 0.8, "width": 64, "height": 64, "step": 1, "block": 1}
+
+
+@pytest.fixture(scope="module")
+def page_models():
+    from minit2i.explore import Models
+
+    return Models({name: {"pretrained_model_name_or_path": name} for name in ("demo", "demo-mf")})
+
+
+@MANY
+@given(fields=st.dictionaries(st.sampled_from(list(PAGE_REQUEST)), odd_values, min_size=1, max_size=4))
+def test_generated_page_requests(page_models, fields):
+    """The page's API takes any JSON in any field (its generate and defaults endpoints): the
+    request's settings, or one line of the project's checks (never another exception, which
+    Gradio would show as a bare "Error" and a traceback)."""
+    from minit2i.explore import page_settings, settings_for
+
+    try:
+        settings = page_settings(page_models, **(PAGE_REQUEST | fields))
+    except MiniT2IError as err:
+        assert "\n" not in str(err)
+    else:
+        assert isinstance(settings["steps"], int) and 0 <= settings["step"] < settings["steps"]
+    try:
+        settings_for(page_models, fields.get("model_name", "demo"))
+    except MiniT2IError as err:
+        assert "\n" not in str(err)
+
+
+@MANY
+@given(arguments=st.dictionaries(st.sampled_from(["pretrained_model_name_or_path", "t5", "tokenizer", "variant",
+                                                   "backend", "precision", "jax_tree"]),
+                                 st.one_of(odd_values, st.sampled_from(["demo", "demo-mf", "no/such", "", "cupy",
+                                                                        "fp16", "ema", "b16"])), min_size=1))
+def test_generated_from_pretrained_arguments(offline_hub, arguments):
+    """Every argument of `MiniT2IPipeline.open` (and so of `from_pretrained`) with a value of any
+    type: the pipeline, or MiniT2IError with one line (nothing is downloaded: the Hub is offline)."""
+    from minit2i import MiniT2IPipeline
+
+    try:
+        MiniT2IPipeline.open(**({"pretrained_model_name_or_path": "demo"} | arguments))
+    except MiniT2IError as err:
+        assert "\n" not in str(err)
+
+
+@pytest.fixture(scope="module")
+def demo_pipe():
+    from minit2i import MiniT2IPipeline
+
+    return MiniT2IPipeline.open("demo")
+
+
+@MANY
+@given(keywords=st.dictionaries(st.sampled_from(["prompt", "num_inference_steps", "guidance_scale", "height", "width",
+                                                 "num_images_per_prompt", "generator", "output_type",
+                                                 "callback_on_step_end", "guidance_interval", "a_min",
+                                                 "negative_prompt"]), odd_values, min_size=1))
+def test_generated_call_arguments(demo_pipe, monkeypatch, keywords):
+    """Every keyword of a pipeline call with a value of any type: every check passes (the run is
+    stopped where it would sample), or MiniT2IError with one line."""
+    def reached(*args):
+        raise _Reached
+
+    monkeypatch.setattr(type(demo_pipe), "_run", reached)
+    try:
+        demo_pipe(**({"prompt": "a red circle"} | keywords))
+    except (_Reached, MiniT2IError) as err:
+        assert "\n" not in str(err)
+
+
 # ---------------------------------------------------------------------------------------------
 # learn's run folder is read as any file from outside
 
