@@ -14,17 +14,19 @@ import multiprocessing
 import os
 
 
-def spin() -> None:
-    """Keep one core busy until terminated."""
-    while True:
-        pass
+def spin(parent: int) -> None:
+    """Keep one core busy until terminated, or until the benchmark that started it is gone (a
+    benchmark killed outright cannot stop its helpers: they notice that they were orphaned)."""
+    while os.getppid() == parent:
+        for _ in range(1_000_000):
+            pass
 
 
 @contextlib.contextmanager
 def busy_processes(count: int):
     """Run the block while `count` spinning processes compete for the cores."""
     context = multiprocessing.get_context("spawn")  # no fork of a process with BLAS threads
-    workers = [context.Process(target=spin, daemon=True) for _ in range(count)]
+    workers = [context.Process(target=spin, args=(os.getpid(),), daemon=True) for _ in range(count)]
     for worker in workers:
         worker.start()
     try:
