@@ -71,7 +71,7 @@ def run_explore(args) -> int:
     """Check the model given (headers only), then serve the page until interrupted."""
     pictures = pictures_folder(os.environ)
     try:
-        with variable_set(TEMP_VARIABLE, str(pictures)):  # Gradio's folder while it serves (it reads it then)
+        with temporarily_set(TEMP_VARIABLE, str(pictures)):  # Gradio's folder while it serves (it reads it then)
             serve(args, pictures)
     finally:
         shutil.rmtree(pictures, ignore_errors=True)
@@ -97,7 +97,7 @@ def serve(args, pictures: Path) -> None:
 
 
 @contextlib.contextmanager
-def variable_set(name: str, value: str):
+def temporarily_set(name: str, value: str):
     """The environment variable `name` set to `value` meanwhile, then as it was."""
     before = os.environ.get(name)
     os.environ[name] = value

@@ -1513,7 +1513,7 @@ def test_generated_page_requests(page_models, fields):
 
 @MANY
 @given(arguments=st.dictionaries(st.sampled_from(["pretrained_model_name_or_path", "t5", "tokenizer", "variant",
-                                                   "backend", "precision", "jax_tree"]),
+                                                   "backend", "precision", "jax_tree", "threads"]),
                                  st.one_of(odd_values, st.sampled_from(["demo", "demo-mf", "no/such", "", "cupy",
                                                                         "fp16", "ema", "b16"])), min_size=1))
 def test_generated_from_pretrained_arguments(offline_hub, arguments):
