@@ -12,9 +12,10 @@ import numbers
 import os
 import re
 import stat
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO, Callable, Iterator
+from typing import BinaryIO
 
 from .errors import MiniT2IError
 

@@ -33,7 +33,7 @@ from minit2i.core.mmjit_config import DEFAULT_VARIANT
 
 from .api import MiniT2IPipeline, MiniT2IPipelineOutput
 from .arguments import add_model_arguments, model_paths
-from .console import emit, printable
+from .console import LINE_LIMIT, emit, printable
 from .demo_models import DEMO_MODELS
 from .page_guard import TEMP_VARIABLE, PageGuard, is_loopback, pictures_folder, prune
 from .pipeline import BACKENDS, ModelFiles, check_backend, is_student, sampling_defaults
@@ -174,8 +174,8 @@ class Models:
     def files(self, name: str) -> ModelFiles:
         """The model's configs and headers (no tensor)."""
         if not isinstance(name, str) or name not in self.sources:
-            raise MiniT2IError(f"unknown model {printable(repr(name), 100)}; choose one of {', '.join(self.sources)} (another model: "
-                               "start minit2i explore --model PATH)")
+            raise MiniT2IError(f"unknown model {printable(repr(name), 100)}; choose one of {', '.join(self.sources)} "
+                               "(another model: start minit2i explore --model PATH)")
         with self._lock:
             if name not in self._opened:
                 self._opened[name] = MiniT2IPipeline.open(**self.sources[name]).files
@@ -259,7 +259,7 @@ def stepwise(work):
                 if stop.is_set():  # closed while it waited its turn
                     raise Stopped
                 events.put(("done", work(on_step)))
-        except BaseException as err:  # handed to the request's thread, which reports it
+        except BaseException as err:  # noqa: BLE001 (handed whole to the request's thread, which reports it)
             events.put(("failed", err))
 
     threading.Thread(target=run, name="minit2i explore generation", daemon=True).start()
@@ -281,9 +281,9 @@ def error_status(err: Exception) -> str:
     the server was started, since nothing may escape to Gradio (its traceback, its bare "Error")."""
     if not isinstance(err, (MiniT2IError, OSError)):
         err = f"{type(err).__name__}: {err}"
-        print(printable(f"minit2i explore: error: a request failed ({err})"), file=sys.stderr, flush=True)
+        print(printable(f"minit2i explore: error: a request failed ({err})", LINE_LIMIT), file=sys.stderr, flush=True)
         err = f"the server failed on this request ({err}); the terminal that started it has the same line"
-    return f"**error:** {printable(str(err))}"
+    return f"**error:** {printable(str(err), LINE_LIMIT)}"
 
 
 def heat_maps(attention: np.ndarray) -> list[np.ndarray]:
@@ -374,7 +374,7 @@ def build_page(gradio, models: Models, default: str, pictures: Path | None = Non
                             break
                         progress((info.index + 1, settings["steps"]), desc="sampling")
                         yield [gr.skip()] * 8
-            except Exception as err:
+            except Exception as err:  # noqa: BLE001 (nothing may escape to Gradio: one line, error_status)
                 yield [error_status(err)] + [gr.skip()] * 7
                 return
             seed, step = settings["seed"], settings["step"]
@@ -388,7 +388,7 @@ def build_page(gradio, models: Models, default: str, pictures: Path | None = Non
         def choose_model(model_name):
             try:
                 chosen = settings_for(models, model_name)
-            except Exception as err:
+            except Exception as err:  # noqa: BLE001 (nothing may escape to Gradio: one line, error_status)
                 return [error_status(err)] + [gr.skip()] * 9
             return ["", chosen["steps"], chosen["cfg_scale"], gr.Row(visible=chosen["student"]),
                     *chosen["guidance_interval"], chosen["width"], chosen["height"], chosen["step"], chosen["block"]]

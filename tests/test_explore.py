@@ -311,8 +311,8 @@ def test_the_page_refuses_foreign_hosts_foreign_origins_uploads_and_large_bodies
     assert status()[0] == 200
     assert status(Origin=url.rstrip("/"))[0] == 200
     assert status(Host="attacker.example:7860") == (
-        403, b"this page serves this machine only, under a loopback name (localhost, 127.0.0.1), not "
-             b"'attacker.example:7860'\n")
+        403, (b"this page serves this machine only, under a loopback name (localhost, 127.0.0.1), not "
+              b"'attacker.example:7860'\n"))
     assert status(Origin="http://attacker.example") == (
         403, b"this page answers its own pages only, not requests from 'http://attacker.example'\n")
     upload = b'--x\r\nContent-Disposition: form-data; name="files"; filename="a.bin"\r\n\r\n' + b"0" * 1000 + b"\r\n--x--\r\n"
