@@ -1,0 +1,98 @@
+"""What every engine runs in each of its workers: one pipeline, built in the worker, drawing one
+image per job with the numerical setup of the run pinned.
+
+The same pixels on every engine need the same arithmetic: the BLAS library splits a matrix
+product differently for another thread count (and another CPU kernel), which moves a pixel by a
+level now and then. Ray sets OMP_NUM_THREADS to an actor's CPUs and a process pool inherits the
+parent's environment, so each worker sets its thread count itself (threadpoolctl, which overrides
+both) and reports its `numerical_setup`, which the driver checks against run.json.
+"""
+
+from __future__ import annotations
+
+import logging
+import platform
+import zlib
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class Spec:
+    """How every image of a run is drawn: the model (as `MiniT2IPipeline.open` takes it), the
+    backend, the BLAS threads of each worker, and the sampler keywords of a pipeline call
+    (num_inference_steps, guidance_scale, height, width, a_min, guidance_interval: the model's
+    own where None). Plain values only: it travels to spawned processes and Ray actors."""
+
+    model: str
+    t5: str | None = None
+    tokenizer: str | None = None
+    variant: str = "b16"
+    jax_tree: str | None = None
+    backend: str = "numpy"
+    precision: str = "fp32"
+    threads: int = 1
+    sampler: tuple = ()  # ((keyword, value), ...): hashable and picklable
+
+    def open_pipeline(self):
+        """The pipeline's configs and headers, checked; no tensor read."""
+        from minit2i.api import MiniT2IPipeline
+
+        return MiniT2IPipeline.open(self.model, self.t5, variant=self.variant, backend=self.backend,
+                                    precision=self.precision, tokenizer=self.tokenizer, jax_tree=self.jax_tree)
+
+
+@dataclass(frozen=True)
+class Job:
+    """Image `k` of prompt `index`, drawn from `seed`; `number` is its place in the run."""
+
+    number: int
+    index: int
+    k: int
+    prompt: str
+    seed: int
+
+
+def pin_threads(threads: int):
+    """Set the BLAS and OpenMP pools of this process to `threads` (whatever OMP_NUM_THREADS says);
+    the threadpoolctl limiter, kept for as long as the setting must hold."""
+    from threadpoolctl import threadpool_limits
+
+    return threadpool_limits(limits=threads)
+
+
+def numerical_setup(spec: Spec) -> dict:
+    """What decides the pixels and the PNG bytes besides the model and the seed: backend,
+    precision, the BLAS library (its version, CPU kernel and thread count as this process runs
+    it) and the versions of NumPy, Pillow, zlib and Python."""
+    import PIL
+    from threadpoolctl import threadpool_info
+
+    blas = [{key: pool.get(key) for key in ("internal_api", "version", "architecture", "num_threads")}
+            for pool in threadpool_info() if pool["user_api"] == "blas"]
+    return {"backend": spec.backend, "precision": spec.precision, "blas_threads": spec.threads, "blas": blas,
+            "numpy": np.__version__, "pillow": PIL.__version__, "zlib": zlib.ZLIB_RUNTIME_VERSION,
+            "python": platform.python_version()}
+
+
+class Painter:
+    """A worker's pipeline, loaded once, its threads pinned: `draw(job)` -> uint8 [H, W, 3]."""
+
+    def __init__(self, spec: Spec):
+        # Workers report through the driver: the prompt notes were shown there, once.
+        logging.getLogger("minit2i").setLevel(logging.ERROR)
+        self.limiter = pin_threads(spec.threads)
+        self.pipe = spec.open_pipeline().load()
+        self.pipe.set_progress_bar_config(disable=True)
+        self.sampler = dict(spec.sampler)
+        self.setup = numerical_setup(spec)
+
+    def draw(self, job: Job) -> np.ndarray:
+        """The pixels of one job, as `minit2i generate -p PROMPT -s SEED` draws them."""
+        return self.pipe(job.prompt, generator=job.seed, output_type="np", **self.sampler).images[0]
+
+
+def job_fields(job: Job) -> dict:
+    """A job as plain fields (Ray Data rows)."""
+    return asdict(job)
