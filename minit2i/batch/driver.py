@@ -54,7 +54,7 @@ def run_batch(prompt_file, out, spec: Spec, images_per_prompt: int = 1, seed: in
     run (prompt index * images_per_prompt + k) is drawn from seed + i. Cheap checks come first:
     the arguments, the prompt file, the model's configs and headers, then the folder."""
     from minit2i.api import check_call
-    from minit2i.pipeline import check_backend, check_memory, make_request
+    from minit2i.pipeline import REQUEST_RANGES, check_backend, check_memory, make_request
 
     check_options(images_per_prompt, engine, workers, spec.threads)
     check_backend(spec.backend, spec.precision)
@@ -62,7 +62,7 @@ def run_batch(prompt_file, out, spec: Spec, images_per_prompt: int = 1, seed: in
     prompts = read_prompts(prompt_path)
     count = len(prompts.prompts) * images_per_prompt
     given = check_call(prompts.prompts[0], generator=seed, **dict(spec.sampler))
-    check_call(prompts.prompts[0], generator=seed + count - 1, num_images_per_prompt=1)  # the last image's seed
+    REQUEST_RANGES["seed"][1].check("the last image's seed, --seed + prompts x images per prompt - 1", seed + count - 1)
     pipe = spec.open_pipeline()
     request = make_request(pipe.files, prompts.prompts[0], given)
     if spec.backend == "numpy":

@@ -44,6 +44,8 @@ def on_ray(jobs: list[Job], spec: Spec, workers: int | None, address: str | None
         import ray.data
     except ImportError:
         raise MiniT2IError("--engine ray needs Ray: pip install 'minit2i[ray]'") from None
+    for name in ("ray", "ray.data"):  # its notes would break the driver's progress bar
+        logging.getLogger(name).setLevel(logging.ERROR)
     started = not ray.is_initialized()
     if started:
         ray.init(address=address, include_dashboard=False, log_to_driver=False, logging_level=logging.ERROR)
@@ -54,8 +56,8 @@ def on_ray(jobs: list[Job], spec: Spec, workers: int | None, address: str | None
         actors = workers or actor_count(ray.cluster_resources(), spec.threads, gpus)
         rows = [{"number": j.number, "index": j.index, "k": j.k, "prompt": j.prompt, "seed": j.seed} for j in jobs]
         drawn = ray.data.from_items(rows, override_num_blocks=len(rows)).map_batches(
-            RayPainter, fn_constructor_kwargs={"spec": spec}, batch_size=1, concurrency=actors,
-            num_cpus=spec.threads, num_gpus=gpus)
+            RayPainter, fn_constructor_kwargs={"spec": spec}, batch_size=1,
+            compute=ray.data.ActorPoolStrategy(size=actors), num_cpus=spec.threads, num_gpus=gpus)
         for batch in drawn.iter_batches(batch_size=None, batch_format="numpy"):
             for number, pixels, setup in zip(batch["number"], batch["pixels"], batch["setup"]):
                 yield int(number), pixels, json.loads(str(setup))

@@ -76,9 +76,10 @@ def open_folder(out: Path) -> Path:
 
 
 def differences(recorded: dict, wanted: dict, prefix: str = "") -> list[str]:
-    """'key: recorded -> wanted' for each leaf where two nested dicts differ (keys as a.b.c)."""
+    """'key: recorded -> wanted' for each leaf where two nested dicts differ (keys as a.b.c), in
+    the order of `wanted`'s keys."""
     found = []
-    for key in sorted(set(recorded) | set(wanted)):
+    for key in [*wanted, *(key for key in recorded if key not in wanted)]:
         a, b = recorded.get(key), wanted.get(key)
         name = f"{prefix}{key}"
         if isinstance(a, dict) and isinstance(b, dict):
@@ -102,6 +103,13 @@ class Store:
             self.manifest.close()
             raise MiniT2IError(f"another batch run is writing {out}; wait for it to finish or choose another "
                                "--out") from None
+        self.remove_leftovers()
+
+    def remove_leftovers(self) -> None:
+        """Delete the temporary files of a run killed mid-write (ours alone: the lock is held)."""
+        for pattern in ("[0-9]*/.*.part", "[0-9]*/samples/.*.part", ".*.part"):
+            for leftover in self.root.glob(pattern):
+                leftover.unlink(missing_ok=True)
 
     def close(self) -> None:
         self.manifest.close()
