@@ -99,9 +99,9 @@ def test_run_json_records_settings_and_numerical_setup(reference):
     assert {"numpy", "pillow", "zlib", "python"} <= set(numerical)
 
 
-def run_until(args: list, out: Path, lines: int) -> None:
-    """`minit2i batch ARGS` in a process of its own, SIGKILLed once the manifest holds `lines`
-    lines (0: once run.json is written, before any image)."""
+def run_until(args: list, out: Path, lines: int, signum: int = signal.SIGKILL) -> subprocess.Popen:
+    """`minit2i batch ARGS` in a process of its own, sent `signum` once the manifest holds `lines`
+    lines (0: once run.json is written, before any image); the ended process."""
     command = [sys.executable, "-m", "minit2i.cli", "batch", *STEPS, *map(str, args)]
     process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     deadline = time.monotonic() + KILL_WAIT_SECONDS
@@ -111,8 +111,9 @@ def run_until(args: list, out: Path, lines: int) -> None:
             break
         time.sleep(0.02)
     assert process.poll() is None, f"the run ended before it could be killed: {process.stderr.read()}"
-    process.send_signal(signal.SIGKILL)
-    process.wait()
+    process.send_signal(signum)
+    process.wait(KILL_WAIT_SECONDS)
+    return process
 
 
 def png_identities(out: Path) -> dict[Path, tuple[int, int]]:
@@ -138,6 +139,23 @@ def test_resume_after_sigkill_at_several_points_rewrites_nothing(reference, tmp_
     assert {p: png_identities(out)[p] for p in seen} == seen
     assert shas(out) == shas(whole)
     assert not list(out.rglob(".*")), "temporary files left behind"
+
+
+@pytest.mark.parametrize("signum, status, extra", [(signal.SIGTERM, 143, []), (signal.SIGINT, 130, ["--workers", "2"])])
+def test_sigterm_and_ctrl_c_stop_cleanly_and_the_rerun_finishes(reference, tmp_path, signum, status, extra):
+    """SIGTERM (in process) and Ctrl-C (2 worker processes): one line and the signal's status;
+    every manifest line has its PNG, no temporary file is left, the rerun completes the set."""
+    prompts, whole = reference
+    out = tmp_path / "run"
+    process = run_until([prompts, "--out", out, "-n", "2", *extra], out, 2, signum)
+    assert process.returncode == status
+    assert process.stderr.read().decode().splitlines()[-1] in ("minit2i: terminated", "minit2i: interrupted")
+    assert not list(out.rglob(".*"))
+    for e in manifest(out):
+        assert hashlib.sha256((out / e["path"]).read_bytes()).hexdigest() == e["sha256"]
+    code, _, err = batch(prompts, "--out", out, "-n", "2")
+    assert code == 0, err
+    assert shas(out) == shas(whole)
 
 
 def test_a_cut_last_line_and_a_png_without_its_line_are_redone_in_place(reference, tmp_path):

@@ -5,16 +5,13 @@ finish, in any order, and the driver writes. The Ray engine is in ray_engine.py 
 
 from __future__ import annotations
 
-import os
 import signal
-import threading
-import time
+from collections import deque
 from collections.abc import Iterator
 
-from .worker import Job, Painter, Spec
+from minit2i.core.errors import MiniT2IError
 
-# How often a worker process checks that the driver that started it is still there.
-ORPHAN_CHECK_SECONDS = 1.0
+from .worker import Job, Painter, Spec
 
 
 def in_process(jobs: list[Job], spec: Spec) -> Iterator[tuple]:
@@ -28,35 +25,63 @@ def in_process(jobs: list[Job], spec: Spec) -> Iterator[tuple]:
 
 
 def in_processes(jobs: list[Job], spec: Spec, workers: int) -> Iterator[tuple]:
-    """The jobs spread over `workers` spawned processes, one pipeline each, one job at a time
-    (a slow image holds up no other). Leaving early (an error, Ctrl-C) ends the processes."""
+    """The jobs spread over `workers` spawned processes, one pipeline each, each sent its next job
+    when it returns one (a slow image holds up no other). A process talks to the driver over a
+    pipe of its own: leaving early (an error, Ctrl-C) ends the processes, and a driver killed
+    outright closes their pipes, which ends them too."""
     import multiprocessing
+    from multiprocessing.connection import wait
 
-    pool = multiprocessing.get_context("spawn").Pool(workers, initializer=start_worker, initargs=(spec, os.getpid()))
+    context = multiprocessing.get_context("spawn")
+    waiting = deque(jobs)
+    processes, busy = [], []
     try:
-        yield from pool.imap_unordered(draw_in_worker, jobs, chunksize=1)
+        for _ in range(min(workers, len(jobs))):
+            here, there = context.Pipe()
+            process = context.Process(target=serve, args=(spec, there), daemon=True)
+            process.start()
+            there.close()  # the worker's end lives in the worker alone: the pipe closes with either side
+            processes.append(process)
+            busy.append(here)
+            here.send(waiting.popleft())
+        while busy:
+            for link in wait(busy):
+                try:
+                    result = link.recv()
+                except EOFError:
+                    raise MiniT2IError("a worker process ended unexpectedly (killed, or out of memory?); "
+                                       "run the same command again to continue") from None
+                if isinstance(result, BaseException):
+                    raise result
+                yield result
+                if waiting:
+                    link.send(waiting.popleft())
+                else:
+                    link.send(None)
+                    busy.remove(link)
     finally:
-        pool.terminate()
-        pool.join()
+        for process in processes:
+            process.terminate()
+        for process in processes:
+            process.join()
 
 
-_painter: Painter | None = None  # the pipeline of a pool worker process (`start_worker`)
+def serve(spec: Spec, link) -> None:
+    """A worker process: build the pipeline, then draw each job the driver sends until it sends
+    None or goes away. Ctrl-C is the driver's to handle (it ends the workers)."""
+    import threading
 
+    from tqdm import tqdm
 
-def start_worker(spec: Spec, driver: int) -> None:
-    """A pool process's start: Ctrl-C is the driver's to handle (it ends the pool), a driver killed
-    outright (SIGKILL) ends the process too, then the pipeline is built here."""
-    global _painter
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    threading.Thread(target=exit_when_orphaned, args=(driver,), daemon=True).start()
-    _painter = Painter(spec)
-
-
-def exit_when_orphaned(driver: int) -> None:
-    while os.getppid() == driver:
-        time.sleep(ORPHAN_CHECK_SECONDS)
-    os._exit(1)
-
-
-def draw_in_worker(job: Job) -> tuple:
-    return job.number, _painter.draw(job), _painter.setup
+    # tqdm's default lock is a multiprocessing one, which a worker ended by the driver would leave
+    # for Python's resource tracker to report as leaked; this process shows no bar.
+    tqdm.set_lock(threading.RLock())
+    try:
+        painter = Painter(spec)
+        while (job := link.recv()) is not None:
+            link.send((job.number, painter.draw(job), painter.setup))
+    except EOFError:
+        return
+    except Exception as err:  # noqa: BLE001 - the driver raises it, as the in-process engine would
+        link.send(err)
