@@ -261,3 +261,46 @@ def test_bad_arguments_are_one_line_and_create_no_folder(tmp_path, args, words):
     code, stdout, err = batch(*filled)
     assert_one_line_error(code, stdout, err, words)
     assert not (tmp_path / "o").exists()
+
+
+def test_score_reads_the_run_as_evaluate_reads_its_own_draws(tmp_path):
+    """`training.score` on a batch run of its own prompt file gives the report that
+    `evaluate.accuracy_report` gives on the same scenes and seeds drawn by evaluate's own path,
+    and lists exactly the images `evaluate.misread` finds."""
+    from minit2i.training import evaluate, score
+
+    prompts = tmp_path / "scenes.jsonl"
+    assert score.main(["--write-prompts", str(prompts), "--prompts", "4"]) == 0
+    out = tmp_path / "run"
+    code, _, err = batch(prompts, "--out", out, "-n", "2")
+    assert code == 0, err
+    assert score.main([str(out)]) == 0
+    report = json.loads((out / "score.json").read_text())
+    lines = [json.loads(line) for line in prompts.read_text().splitlines()]
+    scenes = [(evaluate.shapes.Scene(**line["scene"]), 42 + 2 * i + k, line["tag"] == "held_out")
+              for i, line in enumerate(lines) for k in range(2)]
+    assert report["counts"] == {"held_in": 8, "held_out": 4}
+    pixels = evaluate.generate_scenes(scenes, settings={"steps": 3})
+    expected = evaluate.accuracy_report(scenes, pixels)
+    assert {g: report[g] for g in ("held_in", "held_out")} == {g: expected[g] for g in ("held_in", "held_out")}
+    missed = [image_path(i // 2, i % 2) for i, _ in evaluate.misread(scenes, pixels)]
+    assert [m["path"] for m in report["misses"]] == missed
+    assert (out / "score-misses.png").exists() == bool(missed)
+
+
+def test_score_refuses_a_run_of_other_prompts(reference):
+    from minit2i.training import score
+
+    _, out = reference
+    code, stdout, err = run_cli_score(score, [str(out)])
+    assert_one_line_error(code, stdout, err.replace("score: error", "minit2i: error"), "names no demo scene")
+
+
+def run_cli_score(score, argv) -> tuple[int, str, str]:
+    import contextlib
+    import io
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = score.main(argv)
+    return code, out.getvalue(), err.getvalue()
