@@ -11,7 +11,7 @@ from minit2i.core.errors import MiniT2IError
 from ..arguments import add_model_arguments, add_sampler_arguments, model_paths, sampler_keywords
 from ..console import emit, printable
 from .driver import ENGINES, run_batch
-from .exports import EXPORTS, export
+from .exports import EXPORTS, check_exports, export
 from .store import RUN_FILE, Store
 from .worker import Spec
 
@@ -45,18 +45,15 @@ def add_parser(sub) -> None:
 
 
 def run_batch_command(args) -> int:
-    from .exports import EXPORTS as kinds
-
-    for kind in args.export:
-        if kind not in kinds:
-            raise MiniT2IError(f"--export must be one of {', '.join(kinds)}, found {kind!r}")
     out = user_path(args.out)
     if args.prompts is None:
         if not args.export:
             raise MiniT2IError("PROMPTS is missing: pass a prompt file to draw, or --export to export a run folder")
         if not (out / RUN_FILE).is_file():
             raise MiniT2IError(f"--out {out} is not a run folder (no {RUN_FILE}); pass PROMPTS to draw one")
+        check_exports(args.export, None)
     else:
+        check_exports(args.export, args.images_per_prompt)
         model, t5 = model_paths(args)
         keywords = {name: value for name, value in sampler_keywords(args).items() if value is not None}
         spec = Spec(model, t5, args.tokenizer, args.variant, args.jax_tree, args.backend, args.precision,

@@ -23,24 +23,31 @@ PLAIN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,200}")
 
 
 def export(store: Store, kind: str) -> tuple[Path, int]:
-    """Write the `kind` export into DIR/<kind>/ -> (that folder, files written)."""
+    """Write the `kind` export (checked by `check_exports`) into DIR/<kind>/ -> (that folder, files written)."""
     done = store.done()
     folder = store.root / kind
     folder.mkdir(exist_ok=True)
     if kind == "dpg":
         return folder, export_dpg(store, done, folder)
-    if kind == "flat":
-        return folder, export_flat(store, done, folder)
-    raise MiniT2IError(f"--export must be one of {', '.join(EXPORTS)}, found {kind!r}")
+    return folder, export_flat(store, done, folder)
+
+
+def check_exports(kinds: list[str], images_per_prompt: int | None) -> None:
+    """The exports asked for are known, and a DPG export has its four images a prompt (not
+    checked where `images_per_prompt` is None, not yet known)."""
+    for kind in kinds:
+        if kind not in EXPORTS:
+            raise MiniT2IError(f"--export must be one of {', '.join(EXPORTS)}, found {kind!r}")
+    if "dpg" in kinds and images_per_prompt not in (None, DPG_GRID**2):
+        raise MiniT2IError(f"--export dpg tiles four images per prompt, and this run draws {images_per_prompt}; "
+                           "draw it with -n 4")
 
 
 def export_dpg(store: Store, done: dict, folder: Path) -> int:
     """One PNG per prompt with all four images done: its images tiled 2 x 2 in k order, named by
     the prompt's metadata "id" where that is a plain name, else by its index."""
     per_prompt = read_json_object(store.root / RUN_FILE, RUN_FILE)["settings"]["images_per_prompt"]
-    if per_prompt != DPG_GRID**2:
-        raise MiniT2IError(f"--export dpg tiles four images per prompt, and this run draws {per_prompt}; "
-                           "draw it with -n 4")
+    check_exports(["dpg"], per_prompt)
     written = 0
     for index in sorted({index for index, _ in done}):
         if all((index, k) in done for k in range(per_prompt)):
