@@ -17,6 +17,8 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
+from minit2i.core.mmjit_config import DEFAULT_VARIANT
+
 
 @dataclass(frozen=True)
 class Spec:
@@ -28,7 +30,7 @@ class Spec:
     model: str
     t5: str | None = None
     tokenizer: str | None = None
-    variant: str = "b16"
+    variant: str = DEFAULT_VARIANT
     jax_tree: str | None = None
     backend: str = "numpy"
     precision: str = "fp32"
