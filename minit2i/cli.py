@@ -12,7 +12,7 @@ import logging
 import sys
 from pathlib import Path
 
-from minit2i.core.checks import user_path, writable_folder
+from minit2i.core.checks import created_folder, user_path
 from minit2i.core.errors import MiniT2IError
 from minit2i.core.mmjit_config import DEFAULT_VARIANT
 
@@ -118,13 +118,7 @@ def _preview_dir(path) -> Path | None:
     """The --preview-dir folder, created if missing and checked writable before any work."""
     if path is None:
         return None
-    folder = user_path(path)
-    if not folder.exists():
-        try:
-            folder.mkdir(parents=True, exist_ok=True)
-        except OSError as err:
-            raise MiniT2IError(f"cannot create --preview-dir {folder}: {err.strerror}; choose another folder") from None
-    return writable_folder(folder, "--preview-dir")
+    return created_folder(user_path(path), "--preview-dir")
 
 
 # ---------------------------------------------------------------------------------------------

@@ -59,7 +59,7 @@ def reference(tmp_path_factory):
     """(prompt file, run folder) of an uninterrupted in-process run, 6 prompts x 2 images."""
     root = tmp_path_factory.mktemp("reference")
     prompts = prompt_file(root)
-    code, out, err = batch(prompts, "--out", root / "run", "-n", "2")
+    code, _, err = batch(prompts, "--out", root / "run", "-n", "2")
     assert code == 0, err
     return prompts, root / "run"
 
@@ -229,7 +229,7 @@ def test_exports_dpg_grids_and_a_flat_folder(tmp_path):
     prompts.write_text(json.dumps({"prompt": PROMPTS[0], "id": "item-a"}) + "\n"
                        + json.dumps({"prompt": PROMPTS[1], "id": "../escape"}) + "\n")
     out = tmp_path / "run"
-    code, stdout, err = batch(prompts, "--out", out, "-n", "4", "--export", "dpg", "--export", "flat")
+    code, _, err = batch(prompts, "--out", out, "-n", "4", "--export", "dpg", "--export", "flat")
     assert code == 0, err
     assert sorted(p.name for p in (out / "dpg").iterdir()) == ["00001.png", "item-a.png"]
     grid = np.asarray(Image.open(out / "dpg/item-a.png"))

@@ -19,7 +19,7 @@ import json
 import os
 from pathlib import Path
 
-from minit2i.core.checks import parse_json, read_json_object, writable_folder
+from minit2i.core.checks import created_folder, parse_json, read_json_object
 from minit2i.core.errors import MiniT2IError
 from minit2i.core.files import write_temporary
 
@@ -63,12 +63,7 @@ def open_folder(out: Path) -> Path:
     or empty, so that a typo cannot scatter thousands of files into a folder of other things."""
     if out.exists() and not out.is_dir():
         raise MiniT2IError(f"--out {out} is a file, not a folder; choose a folder for the run")
-    if not out.exists():
-        try:
-            out.mkdir(parents=True)
-        except OSError as err:
-            raise MiniT2IError(f"cannot create --out folder {out}: {err.strerror}; choose another folder") from None
-    writable_folder(out, "--out")
+    created_folder(out, "--out")
     # An empty manifest alone is what a run killed before writing run.json leaves.
     if not (out / RUN_FILE).exists() and any(p.name != MANIFEST or p.stat().st_size for p in out.iterdir()):
         raise MiniT2IError(f"--out {out} holds other files and no {RUN_FILE}; choose a new or empty folder")
