@@ -71,8 +71,7 @@ def main(argv=None) -> None:
             results[name] = sorted((out / MANIFEST).read_text().splitlines())
             print(f"{name:<32} {summary.drawn:6d} {seconds:7.1f} {summary.drawn / seconds:9.2f} "
                   f"{steady_rate(out):16.2f}", flush=True)
-    numerical = json.loads((out / "run.json").read_text())["numerical"]
-    print(f"BLAS: {numerical['blas']}")
+        print(f"BLAS: {json.loads((out / 'run.json').read_text())['numerical']['blas']}")
     print(f"load average after: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     print(f"same sha256s on every engine: {'yes' if len({tuple(r) for r in results.values()}) == 1 else 'NO'}")
 
