@@ -15,10 +15,18 @@ from pathlib import Path
 from minit2i.core.checks import created_folder, user_path
 from minit2i.core.errors import MiniT2IError
 from minit2i.core.mmjit_config import DEFAULT_VARIANT
+from minit2i.core.threads import check_threads
 
 # Every subcommand, named here: a module missing from an install fails the import loudly.
 from . import batch, convert, explore, golden, trace
-from .arguments import add_model_arguments, add_sampler_arguments, add_variant_arguments, model_paths, sampler_keywords
+from .arguments import (
+    add_model_arguments,
+    add_sampler_arguments,
+    add_threads_argument,
+    add_variant_arguments,
+    model_paths,
+    sampler_keywords,
+)
 from .console import LINE_LIMIT, OneLineFormatter, OneLineParser, emit, guarded, printable
 
 
@@ -78,6 +86,7 @@ def add_generate_parser(sub) -> None:
     add_sampler_arguments(p)
     p.add_argument("-b", "--batch-count", type=int, default=1)
     p.add_argument("--preview-dir", default=None, help="save the guided x0 of every step here as PNGs")
+    add_threads_argument(p)
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar or timing table")
     p.set_defaults(run=run_generate)
 
@@ -94,12 +103,13 @@ def run_generate(args) -> int:
     call = {"prompt": args.prompt, "negative_prompt": args.negative_prompt, **sampler_keywords(args),
             "num_images_per_prompt": args.batch_count, "generator": args.seed}
     check_call(**call)
+    threads = check_threads(args.threads, "--threads")
     check_backend(args.backend, args.precision)
     outputs = [check_writable(p) for p in output_paths(Path(args.output), args.batch_count)]
     preview_dir = _preview_dir(args.preview_dir)
     model, t5 = model_paths(args)
     pipe = MiniT2IPipeline.open(model, t5, variant=args.variant, backend=args.backend, precision=args.precision,
-                                tokenizer=args.tokenizer, jax_tree=args.jax_tree)
+                                tokenizer=args.tokenizer, jax_tree=args.jax_tree, threads=threads)
     pipe.set_progress_bar_config(disable=args.quiet, file=sys.stderr)
 
     def save_preview(pipe, step_index, timestep, tensors):

@@ -213,11 +213,12 @@ def test_text_prompt_file_and_workers_give_the_same_images(reference, tmp_path):
                     reason="needs the ray extra (pip install -e '.[ray]')")
 def test_ray_engine_writes_the_sha256s_of_the_local_engine(reference, tmp_path, monkeypatch):
     """Ray Data over 2 actors on a local cluster (started and stopped by the run; about 4 s),
-    OMP_NUM_THREADS set to another count to show that the pinning overrides it."""
+    OMP_NUM_THREADS set to another count than --threads to show that the count given wins."""
     prompts, whole = reference
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     monkeypatch.setenv("OMP_NUM_THREADS", "2")
-    code, _, err = batch(prompts, "--out", tmp_path / "run", "-n", "2", "--engine", "ray", "--workers", "2")
+    code, _, err = batch(prompts, "--out", tmp_path / "run", "-n", "2", "--engine", "ray", "--workers", "2",
+                            "--threads", "1")
     assert code == 0, err
     assert shas(tmp_path / "run") == shas(whole)
 

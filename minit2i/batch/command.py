@@ -8,7 +8,7 @@ import sys
 from minit2i.core.checks import user_path
 from minit2i.core.errors import MiniT2IError
 
-from ..arguments import add_model_arguments, add_sampler_arguments, model_paths, sampler_keywords
+from ..arguments import add_model_arguments, add_sampler_arguments, add_threads_argument, model_paths, sampler_keywords
 from ..console import emit, printable
 from .driver import ENGINES, run_batch
 from .exports import EXPORTS, check_exports, export
@@ -27,9 +27,7 @@ def add_parser(sub) -> None:
     p.add_argument("-n", "--images-per-prompt", type=int, default=1, help="images of each prompt (GenEval: 4)")
     add_model_arguments(p)
     add_sampler_arguments(p)
-    p.add_argument("--threads", type=int, default=1,
-                   help="BLAS threads of each worker (default 1), pinned in every worker and recorded: the "
-                        "pixels depend on it")
+    add_threads_argument(p)
     p.add_argument("--engine", default="local", metavar="|".join(ENGINES),
                    help="local: this process, or --workers processes; ray: a Ray cluster (the ray extra)")
     p.add_argument("--workers", type=int, default=None,

@@ -17,15 +17,15 @@ from pathlib import Path
 from minit2i.core.checks import Range, user_path
 from minit2i.core.errors import MiniT2IError
 from minit2i.core.images import png_bytes
+from minit2i.core.threads import check_threads, current_blas_threads
 
 from .prompts import metadata_line, read_prompts
 from .store import Store, differences
-from .worker import Job, Spec, numerical_setup, pin_threads
+from .worker import Job, Spec, numerical_setup
 
 ENGINES = ("local", "ray")
 IMAGES_PER_PROMPT = Range(1, 10_000)
 WORKERS = Range(1, 4096)
-THREADS = Range(1, 1024)
 # run.json's parts that must match for a run to continue an existing folder (the others, such as
 # the paths the model was read from, may change between runs).
 COMPARED = ("settings", "numerical")
@@ -54,9 +54,10 @@ def run_batch(prompt_file, out, spec: Spec, images_per_prompt: int = 1, seed: in
     run (prompt index * images_per_prompt + k) is drawn from seed + i. Cheap checks come first:
     the arguments, the prompt file, the model's configs and headers, then the folder."""
     from minit2i.api import check_call
-    from minit2i.pipeline import REQUEST_RANGES, check_backend, check_memory, make_request
+    from minit2i.pipeline import REQUEST_RANGES, check_backend, check_memory, make_request, run_threads
 
-    check_options(images_per_prompt, engine, workers, spec.threads)
+    check_options(images_per_prompt, engine, workers)
+    check_threads(spec.threads, "--threads")
     check_backend(spec.backend, spec.precision)
     prompt_path = user_path(prompt_file)
     prompts = read_prompts(prompt_path)
@@ -67,6 +68,9 @@ def run_batch(prompt_file, out, spec: Spec, images_per_prompt: int = 1, seed: in
     request = make_request(pipe.files, prompts.prompts[0], given)
     if spec.backend == "numpy":
         check_memory(request, pipe.files)
+    # One count for every worker, recorded: the one `generate` would choose (or the user's).
+    spec = dataclasses.replace(spec, threads=run_threads(request, pipe.files, spec.threads)
+                               or current_blas_threads() or 1)
     store = Store(user_path(out))
     try:
         record = run_record(spec, pipe.files, request, prompts.sha256, len(prompts.prompts), images_per_prompt,
@@ -86,13 +90,12 @@ def run_batch(prompt_file, out, spec: Spec, images_per_prompt: int = 1, seed: in
         store.close()
 
 
-def check_options(images_per_prompt: int, engine: str, workers: int | None, threads: int) -> None:
+def check_options(images_per_prompt: int, engine: str, workers: int | None) -> None:
     IMAGES_PER_PROMPT.check("-n/--images-per-prompt", images_per_prompt)
     if engine not in ENGINES:
         raise MiniT2IError(f"--engine must be one of {', '.join(ENGINES)}, found {engine!r}")
     if workers is not None:
         WORKERS.check("--workers", workers)
-    THREADS.check("--threads", threads)
 
 
 def draw(store: Store, jobs: list[Job], spec: Spec, setup: dict, engine: str, workers: int | None,
@@ -148,11 +151,7 @@ def run_record(spec: Spec, files, request, prompts_sha256: str, prompt_count: in
                seed: int, prompt_path: Path, command: list[str] | None) -> dict:
     """run.json: the settings and numerical setup (compared when a run continues), where the
     model and prompts were read from, the command and the time."""
-    limiter = pin_threads(spec.threads)
-    try:
-        setup = numerical_setup(spec)
-    finally:
-        limiter.restore_original_limits()
+    setup = numerical_setup(spec)
     sampler = {name: getattr(request, name) for name in ("steps", "cfg_scale", "width", "height", "a_min")}
     sampler["guidance_interval"] = list(request.guidance_interval) if request.guidance_interval else None
     return {

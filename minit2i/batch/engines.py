@@ -17,11 +17,8 @@ from .worker import Job, Painter, Spec
 def in_process(jobs: list[Job], spec: Spec) -> Iterator[tuple]:
     """Each job drawn here, one after the other."""
     painter = Painter(spec)
-    try:
-        for job in jobs:
-            yield job.number, painter.draw(job), painter.setup
-    finally:
-        painter.limiter.restore_original_limits()
+    for job in jobs:
+        yield job.number, painter.draw(job), painter.setup
 
 
 def in_processes(jobs: list[Job], spec: Spec, workers: int) -> Iterator[tuple]:

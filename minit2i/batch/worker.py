@@ -4,8 +4,9 @@ image per job with the numerical setup of the run pinned.
 The same pixels on every engine need the same arithmetic: the BLAS library splits a matrix
 product differently for another thread count (and another CPU kernel), which moves a pixel by a
 level now and then. Ray sets OMP_NUM_THREADS to an actor's CPUs and a process pool inherits the
-parent's environment, so each worker sets its thread count itself (threadpoolctl, which overrides
-both) and reports its `numerical_setup`, which the driver checks against run.json.
+parent's environment, so each worker's pipeline is given the run's thread count explicitly (it
+sets it with threadpoolctl around each call, which overrides both) and the worker reports its
+`numerical_setup`, which the driver checks against run.json.
 """
 
 from __future__ import annotations
@@ -13,19 +14,22 @@ from __future__ import annotations
 import logging
 import platform
 import zlib
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 import numpy as np
 
 from minit2i.core.mmjit_config import DEFAULT_VARIANT
+from minit2i.core.threads import blas_threads
 
 
 @dataclass(frozen=True)
 class Spec:
     """How every image of a run is drawn: the model (as `MiniT2IPipeline.open` takes it), the
-    backend, the BLAS threads of each worker, and the sampler keywords of a pipeline call
-    (num_inference_steps, guidance_scale, height, width, a_min, guidance_interval: the model's
-    own where None). Plain values only: it travels to spawned processes and Ray actors."""
+    backend, the BLAS threads of each worker (None: the driver chooses them from the size of the
+    work, as `generate` does, and gives the workers that count), and the sampler keywords of a
+    pipeline call (num_inference_steps, guidance_scale, height, width, a_min, guidance_interval;
+    the model's own where left out). Plain values only: it travels to spawned processes and Ray
+    actors."""
 
     model: str
     t5: str | None = None
@@ -34,7 +38,7 @@ class Spec:
     jax_tree: str | None = None
     backend: str = "numpy"
     precision: str = "fp32"
-    threads: int = 1
+    threads: int | None = None
     sampler: tuple = ()  # ((keyword, value), ...): hashable and picklable
 
     def open_pipeline(self):
@@ -42,7 +46,8 @@ class Spec:
         from minit2i.api import MiniT2IPipeline
 
         return MiniT2IPipeline.open(self.model, self.t5, variant=self.variant, backend=self.backend,
-                                    precision=self.precision, tokenizer=self.tokenizer, jax_tree=self.jax_tree)
+                                    precision=self.precision, tokenizer=self.tokenizer, jax_tree=self.jax_tree,
+                                    threads=self.threads)
 
 
 @dataclass(frozen=True)
@@ -56,35 +61,27 @@ class Job:
     seed: int
 
 
-def pin_threads(threads: int):
-    """Set the BLAS and OpenMP pools of this process to `threads` (whatever OMP_NUM_THREADS says);
-    the threadpoolctl limiter, kept for as long as the setting must hold."""
-    from threadpoolctl import threadpool_limits
-
-    return threadpool_limits(limits=threads)
-
-
 def numerical_setup(spec: Spec) -> dict:
     """What decides the pixels and the PNG bytes besides the model and the seed: backend,
     precision, the BLAS library (its version, CPU kernel and thread count as this process runs
-    it) and the versions of NumPy, Pillow, zlib and Python."""
+    it under `spec.threads`) and the versions of NumPy, Pillow, zlib and Python."""
     import PIL
     from threadpoolctl import threadpool_info
 
-    blas = [{key: pool.get(key) for key in ("internal_api", "version", "architecture", "num_threads")}
-            for pool in threadpool_info() if pool["user_api"] == "blas"]
+    with blas_threads(spec.threads):
+        blas = [{key: pool.get(key) for key in ("internal_api", "version", "architecture", "num_threads")}
+                for pool in threadpool_info() if pool["user_api"] == "blas"]
     return {"backend": spec.backend, "precision": spec.precision, "blas_threads": spec.threads, "blas": blas,
             "numpy": np.__version__, "pillow": PIL.__version__, "zlib": zlib.ZLIB_RUNTIME_VERSION,
             "python": platform.python_version()}
 
 
 class Painter:
-    """A worker's pipeline, loaded once, its threads pinned: `draw(job)` -> uint8 [H, W, 3]."""
+    """A worker's pipeline, loaded once, on the run's BLAS threads: `draw(job)` -> uint8 [H, W, 3]."""
 
     def __init__(self, spec: Spec):
         # Workers report through the driver: the prompt notes were shown there, once.
         logging.getLogger("minit2i").setLevel(logging.ERROR)
-        self.limiter = pin_threads(spec.threads)
         self.pipe = spec.open_pipeline().load()
         self.pipe.set_progress_bar_config(disable=True)
         self.sampler = dict(spec.sampler)
@@ -93,8 +90,3 @@ class Painter:
     def draw(self, job: Job) -> np.ndarray:
         """The pixels of one job, as `minit2i generate -p PROMPT -s SEED` draws them."""
         return self.pipe(job.prompt, generator=job.seed, output_type="np", **self.sampler).images[0]
-
-
-def job_fields(job: Job) -> dict:
-    """A job as plain fields (Ray Data rows)."""
-    return asdict(job)
