@@ -305,3 +305,29 @@ def run_cli_score(score, argv) -> tuple[int, str, str]:
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         code = score.main(argv)
     return code, out.getvalue(), err.getvalue()
+
+
+def test_a_second_run_on_the_same_folder_is_refused_while_the_first_holds_it(reference):
+    from minit2i.batch.store import Store
+
+    prompts, out = reference
+    first = Store(out)
+    try:
+        code, stdout, err = batch(prompts, "--out", out, "-n", "2")
+    finally:
+        first.close()
+    assert_one_line_error(code, stdout, err, "another batch run is writing")
+
+
+@pytest.mark.parametrize("line", [b'{"index": "0", "k": 0, "prompt": "p", "seed": 1, "path": "x", "sha256": ""}\n',
+                                  b"[1, 2]\n", b"not json\n"])
+def test_a_damaged_manifest_line_is_one_line_naming_it(reference, tmp_path, line):
+    import shutil
+
+    prompts, whole = reference
+    out = tmp_path / "run"
+    shutil.copytree(whole, out)
+    with open(out / MANIFEST, "ab") as manifest_file:
+        manifest_file.write(line)
+    code, stdout, err = batch(prompts, "--out", out, "-n", "2")
+    assert_one_line_error(code, stdout, err, f"{out / MANIFEST} line 13")

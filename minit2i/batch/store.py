@@ -135,6 +135,7 @@ class Store:
         for number, line in enumerate(complete.splitlines(), 1):
             entry = parse_json(line, MANIFEST, f"{self.manifest_path} line {number}")
             if not (isinstance(entry, dict) and set(MANIFEST_FIELDS) <= set(entry)
+                    and all(type(entry[key]) is int and entry[key] >= 0 for key in ("index", "k"))
                     and entry["path"] == image_path(entry["index"], entry["k"])):
                 raise MiniT2IError(f"{self.manifest_path} line {number} is not a manifest line; move the folder "
                                    "away to start over, or restore the file")
