@@ -331,3 +331,26 @@ def test_a_damaged_manifest_line_is_one_line_naming_it(reference, tmp_path, line
         manifest_file.write(line)
     code, stdout, err = batch(prompts, "--out", out, "-n", "2")
     assert_one_line_error(code, stdout, err, f"{out / MANIFEST} line 13")
+
+
+@pytest.mark.skipif(importlib.util.find_spec("ray") is None,
+                    reason="needs the ray extra (pip install -e '.[ray]')")
+def test_an_actors_error_reaches_the_user_as_its_own_line():
+    """An actor's MiniT2IError arrives wrapped by Ray (a RayTaskError whose message is the
+    actor's traceback, inside Ray Data's UserCodeException): the engine raises the error itself."""
+    from ray.exceptions import RayTaskError, UserCodeException
+
+    from minit2i.batch.ray_engine import actor_error
+    from minit2i.core.errors import MiniT2IError
+
+    original = MiniT2IError("the image became NaN or Inf at sampling step 3 of 20")
+    wrapped = RayTaskError("MapWorker.__call__", "Traceback (most recent call last):\n ...", original)
+    try:
+        try:
+            raise wrapped.as_instanceof_cause()
+        except Exception as err:
+            raise UserCodeException("UDF failed") from err
+    except UserCodeException as err:
+        assert actor_error(err) is original
+    other = RuntimeError("the raylet died")
+    assert actor_error(other) is other

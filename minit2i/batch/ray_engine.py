@@ -58,9 +58,12 @@ def on_ray(jobs: list[Job], spec: Spec, workers: int | None, address: str | None
         drawn = ray.data.from_items(rows, override_num_blocks=len(rows)).map_batches(
             RayPainter, fn_constructor_kwargs={"spec": spec}, batch_size=1,
             compute=ray.data.ActorPoolStrategy(size=actors), num_cpus=spec.threads, num_gpus=gpus)
-        for batch in drawn.iter_batches(batch_size=None, batch_format="numpy"):
-            for number, pixels, setup in zip(batch["number"], batch["pixels"], batch["setup"]):
-                yield int(number), pixels, json.loads(str(setup))
+        try:
+            for batch in drawn.iter_batches(batch_size=None, batch_format="numpy"):
+                for number, pixels, setup in zip(batch["number"], batch["pixels"], batch["setup"]):
+                    yield int(number), pixels, json.loads(str(setup))
+        except Exception as err:
+            raise actor_error(err) from None
     finally:
         if started:
             ray.shutdown()
@@ -74,3 +77,18 @@ def actor_count(resources: dict, threads: int, gpus: int) -> int:
             raise MiniT2IError("the Ray cluster has no GPU for --backend cupy; add a GPU node or use --backend numpy")
         return count
     return max(1, int(resources.get("CPU", 1) // threads))
+
+
+def actor_error(err: BaseException) -> BaseException:
+    """The MiniT2IError an actor raised (a NaN image, a model file gone), found in the chain of
+    Ray's wrappers, whose own message is the actor's whole traceback; else `err` itself."""
+    from ray.exceptions import RayError
+
+    seen, link = set(), err
+    while link is not None and id(link) not in seen:
+        seen.add(id(link))
+        for candidate in (link, getattr(link, "cause", None)):
+            if isinstance(candidate, MiniT2IError) and not isinstance(candidate, RayError):
+                return candidate
+        link = link.__cause__ or link.__context__ or getattr(link, "cause", None)
+    return err
