@@ -289,22 +289,15 @@ def test_score_reads_the_run_as_evaluate_reads_its_own_draws(tmp_path):
     assert (out / "score-misses.png").exists() == bool(missed)
 
 
-def test_score_refuses_a_run_of_other_prompts(reference):
+def test_score_refuses_a_run_of_other_prompts(reference, capsys):
+    """A run whose prompts name no demo scene: one line, exit 2, nothing written."""
     from minit2i.training import score
 
     _, out = reference
-    code, stdout, err = run_cli_score(score, [str(out)])
-    assert_one_line_error(code, stdout, err.replace("score: error", "minit2i: error"), "names no demo scene")
-
-
-def run_cli_score(score, argv) -> tuple[int, str, str]:
-    import contextlib
-    import io
-
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        code = score.main(argv)
-    return code, out.getvalue(), err.getvalue()
+    assert score.main([str(out)]) == 2
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("score: error: ") and "names no demo scene" in lines[0]
+    assert not (out / "score.md").exists()
 
 
 def test_a_second_run_on_the_same_folder_is_refused_while_the_first_holds_it(reference):

@@ -62,7 +62,7 @@ def on_ray(jobs: list[Job], spec: Spec, workers: int | None, address: str | None
             for batch in drawn.iter_batches(batch_size=None, batch_format="numpy"):
                 for number, pixels, setup in zip(batch["number"], batch["pixels"], batch["setup"]):
                     yield int(number), pixels, json.loads(str(setup))
-        except Exception as err:
+        except Exception as err:  # noqa: BLE001 - raised again, unwrapped where Ray wrapped ours
             raise actor_error(err) from None
     finally:
         if started:
