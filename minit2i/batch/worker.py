@@ -15,6 +15,7 @@ import logging
 import platform
 import zlib
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
@@ -69,8 +70,14 @@ def numerical_setup(spec: Spec) -> dict:
     from threadpoolctl import threadpool_info
 
     with blas_threads(spec.threads):
-        blas = [{key: pool.get(key) for key in ("internal_api", "version", "architecture", "num_threads")}
-                for pool in threadpool_info() if pool["user_api"] == "blas"]
+        pools = [pool for pool in threadpool_info() if pool["user_api"] == "blas"]
+    # NumPy's own (a wheel bundles it in numpy.libs, or numpy/.dylibs), not one that another
+    # library of the process loaded (SciPy's): a driver that imported SciPy must not differ from
+    # its workers. A NumPy linked to a system BLAS has none of its own: then every BLAS counts.
+    pools = [pool for pool in pools if Path(pool["filepath"]).parent.name == "numpy.libs"
+             or Path(pool["filepath"]).parent.parent.name == "numpy"] or pools
+    blas = [{key: pool.get(key) for key in ("internal_api", "version", "architecture", "num_threads")}
+            for pool in pools]
     return {"backend": spec.backend, "precision": spec.precision, "blas_threads": spec.threads, "blas": blas,
             "numpy": np.__version__, "pillow": PIL.__version__, "zlib": zlib.ZLIB_RUNTIME_VERSION,
             "python": platform.python_version()}
