@@ -347,3 +347,13 @@ def test_an_actors_error_reaches_the_user_as_its_own_line():
         assert actor_error(err) is original
     other = RuntimeError("the raylet died")
     assert actor_error(other) is other
+
+
+def test_words_the_model_does_not_know_are_one_warning_for_the_whole_file(tmp_path):
+    """Two of three prompts with unknown words, two images each: one warning line, not one per image."""
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("a zebra circle\na red circle\na blue giraffe\n")
+    code, _, err = batch(prompts, "--out", tmp_path / "run", "-n", "2")
+    assert code == 0, err
+    assert err.splitlines() == ["minit2i: warning: 2 of 3 prompts have words the model does not know "
+                                "(the first, prompt 0: 'zebra')"]

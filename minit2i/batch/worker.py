@@ -11,6 +11,7 @@ sets it with threadpoolctl around each call, which overrides both) and the worke
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import platform
 import zlib
@@ -87,13 +88,26 @@ class Painter:
     """A worker's pipeline, loaded once, on the run's BLAS threads: `draw(job)` -> uint8 [H, W, 3]."""
 
     def __init__(self, spec: Spec):
-        # Workers report through the driver: the prompt notes were shown there, once.
-        logging.getLogger("minit2i").setLevel(logging.ERROR)
-        self.pipe = spec.open_pipeline().load()
+        with notes_held():
+            self.pipe = spec.open_pipeline().load()
         self.pipe.set_progress_bar_config(disable=True)
         self.sampler = dict(spec.sampler)
         self.setup = numerical_setup(spec)
 
     def draw(self, job: Job) -> np.ndarray:
         """The pixels of one job, as `minit2i generate -p PROMPT -s SEED` draws them."""
-        return self.pipe(job.prompt, generator=job.seed, output_type="np", **self.sampler).images[0]
+        with notes_held():
+            return self.pipe(job.prompt, generator=job.seed, output_type="np", **self.sampler).images[0]
+
+
+@contextlib.contextmanager
+def notes_held():
+    """The library's notes and warnings (logger "minit2i") held back in the block: the driver
+    showed them once for the whole prompt file, a worker would repeat them for every image."""
+    notes = logging.getLogger("minit2i")
+    level = notes.level
+    notes.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        notes.setLevel(level)
