@@ -88,6 +88,14 @@ def blas_threads(threads: int | None):
         yield
 
 
+def use_blas_threads(threads: int | None) -> None:
+    """`blas_threads` for the rest of the process, for a notebook, whose cells share no `with`."""
+    if threads is not None:
+        from threadpoolctl import threadpool_limits
+
+        threadpool_limits(limits=threads, user_api="blas")
+
+
 def current_blas_threads() -> int | None:
     """The thread count of the BLAS library NumPy runs on (threadpoolctl), or None if unknown."""
     from threadpoolctl import threadpool_info
