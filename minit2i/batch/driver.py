@@ -7,7 +7,6 @@ import dataclasses
 import hashlib
 import logging
 import sys
-import threading
 import time
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
@@ -108,13 +107,10 @@ def draw(store: Store, jobs: list[Job], spec: Spec, setup: dict, engine: str, wo
         return
     by_number = {job.number: job for job in jobs}
     bar = tqdm(total=total, initial=done, unit="image", desc="images", disable=not progress, file=sys.stderr)
-    manifest_lock = threading.Lock()
 
     def write(job: Job, pixels) -> None:
-        png = png_bytes(pixels)
-        with manifest_lock:
-            store.write_image(job.index, job.k, job.prompt, job.seed, png)
-            bar.update(1)
+        store.write_image(job.index, job.k, job.prompt, job.seed, png_bytes(pixels))
+        bar.update(1)
 
     pending: deque = deque()
     writer = ThreadPoolExecutor(WRITER_THREADS, thread_name_prefix="png-writer")

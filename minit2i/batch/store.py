@@ -17,6 +17,7 @@ import fcntl
 import hashlib
 import json
 import os
+import threading
 from pathlib import Path
 
 from minit2i.core.checks import created_folder, parse_json, read_json_object
@@ -86,12 +87,13 @@ def differences(recorded: dict, wanted: dict, prefix: str = "") -> list[str]:
 
 class Store:
     """A run folder opened by one driver (an exclusive lock on its manifest): what is done, and
-    the writing of images and their manifest lines."""
+    the writing of images and their manifest lines (from several threads at once)."""
 
     def __init__(self, out: Path):
         self.root = open_folder(out)
         self.manifest_path = self.root / MANIFEST
         self.manifest = open(self.manifest_path, "a+b")
+        self.appending = threading.Lock()
         try:
             fcntl.flock(self.manifest.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
@@ -158,7 +160,8 @@ class Store:
         if not (path.is_file() and path.read_bytes() == png):
             write_durably(path, png)
         entry = {"index": index, "k": k, "prompt": prompt, "seed": seed, "path": relative, "sha256": sha256_hex(png)}
-        self.manifest.write((json.dumps(entry, ensure_ascii=False) + "\n").encode("utf-8"))
-        self.manifest.flush()
-        os.fsync(self.manifest.fileno())
+        with self.appending:  # writer threads write their PNGs side by side, their lines one at a time
+            self.manifest.write((json.dumps(entry, ensure_ascii=False) + "\n").encode("utf-8"))
+            self.manifest.flush()
+            os.fsync(self.manifest.fileno())
         return entry
