@@ -22,7 +22,7 @@ import pytest
 from PIL import Image
 
 from minit2i.batch.store import MANIFEST, image_path
-from tests.test_bad_inputs import assert_one_line_error, run_cli
+from test_bad_inputs import assert_one_line_error, run_cli
 
 STEPS = ["--steps", "3", "-q"]
 PROMPTS = ["a large red circle at the left on a gray background", "a small blue square at the top on a white background",
