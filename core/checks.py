@@ -299,6 +299,16 @@ def writable_folder(folder: Path, flag: str) -> Path:
     return folder
 
 
+def created_folder(folder: Path, flag: str) -> Path:
+    """`folder`, created with its parents if missing, if this process can create files in it."""
+    if not folder.exists():
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+        except OSError as err:
+            raise MiniT2IError(f"cannot create {flag} {folder}: {err.strerror}; choose another {flag}") from None
+    return writable_folder(folder, flag)
+
+
 # A prompt's length in characters, checked before anything else is done with it: the model reads
 # its first 255 tokens (prompt_length - 1), about 1,000 characters of English, and the tokenizer
 # encodes all it is given (a 10 MB prompt took 1.6 GB and 30 s).
