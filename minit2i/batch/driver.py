@@ -13,7 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timezone
 from pathlib import Path
 
-from minit2i.core.checks import Range, user_path
+from minit2i.core.checks import Range, user_path, walk
 from minit2i.core.errors import MiniT2IError
 from minit2i.core.images import png_bytes
 from minit2i.core.threads import check_threads, current_blas_threads
@@ -167,10 +167,12 @@ def run_record(spec: Spec, files, request, prompts_sha256: str, prompt_count: in
 
 
 def files_sha256(paths) -> str:
-    """One sha256 over the bytes of `paths` in order (a folder: its files in sorted order)."""
+    """One sha256 over the bytes of `paths` in order (a folder: its files in sorted order, listed
+    by the bounded walk of model folders)."""
     digest = hashlib.sha256()
     for path in map(Path, paths):
-        for file in sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]:
+        files = (path / name for name, entry in walk(path) if entry.is_file()) if path.is_dir() else [path]
+        for file in sorted(files):
             with open(file, "rb") as f:
                 while chunk := f.read(HASH_CHUNK):
                     digest.update(chunk)
