@@ -380,7 +380,7 @@ def build_page(gradio, models: Models, default: str, pictures: Path | None = Non
             seed, step = settings["seed"], settings["step"]
             yield [f"{model_name}, seed {seed}: done", insides.image,
                     MiniT2IPipelineOutput([insides.image], insides.result.timings, insides.result.step_times,
-                                          backend_name, PRECISION).timing_table(),
+                                          backend_name, PRECISION, insides.result.blas_threads).timing_table(),
                     [(x0, f"step {i}") for i, x0 in enumerate(insides.x0_steps)],
                     list(zip(heat_maps(insides.attention), word_captions(insides.words, insides.attention))),
                     insides.cond_x0, insides.uncond_x0, insides.x0_steps[step]]
