@@ -215,14 +215,15 @@ def walk(root: Path, enter: Callable[[str], bool] = lambda name: True) -> Iterat
         for entry in found:
             listed += 1
             if listed > LISTING_LIMIT:
-                raise MiniT2IError(f"{root} holds more than {LISTING_LIMIT:,} files and folders; it is not a model "
-                                   "folder: check the path")
+                raise MiniT2IError(f"{root} holds more than {LISTING_LIMIT:,} files and folders, more than any folder "
+                                   "this program reads: check the path")
             name = f"{folder}/{entry.name}" if folder else entry.name
             yield name, entry
             if is_folder(entry) and enter(name):
                 if depth + 1 >= LISTING_DEPTH:
-                    raise MiniT2IError(f"{root / name} is nested more than {LISTING_DEPTH} folders deep under {root}; "
-                                       "a model folder is not: check the path, or move that folder out")
+                    raise MiniT2IError(f"{root / name} is nested more than {LISTING_DEPTH} folders deep under {root}, "
+                                       "deeper than any folder this program reads: check the path, or move that "
+                                       "folder out")
                 pending.append((name, depth + 1))
 
 

@@ -24,8 +24,10 @@ from minit2i.core.checks import user_path, walk, writable_folder
 # The largest request body: a page request is a prompt (at most 20,000 characters) and a dozen
 # numbers, a few kB of JSON.
 BODY_LIMIT = 2**20
-# The pictures Gradio writes for the page: the oldest are removed when the folder holds more.
-PICTURES_LIMIT = 256 * 2**20
+# The pictures Gradio writes for the page: the oldest are removed when the folder holds more (two
+# requests of 100 steps at 512 x 512; each picture is a file in a folder of its own, so the
+# folder's entries stay well within the listing's limit).
+PICTURES_LIMIT = 64 * 2**20
 TEMP_VARIABLE = "GRADIO_TEMP_DIR"
 
 
