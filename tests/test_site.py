@@ -7,6 +7,7 @@ The side-by-side cutter (docsite/sidebyside.py) is checked on small sources firs
 
 from __future__ import annotations
 
+import ast
 import html
 import importlib.util
 import json
@@ -74,11 +75,29 @@ def test_cuda_comments_are_prose_except_inside_a_macro():
 
 
 def test_a_section_of_the_spec_becomes_a_link_to_its_heading():
-    anchors = sidebyside.model_anchors((ROOT / "docs" / "model.md").read_text())
+    anchors = sidebyside.section_anchors((ROOT / "docs" / "model.md").read_text())
     doc = "model" + ".md"  # spelled in pieces: tests/test_docs.py checks the section numbers this file names
-    linked = sidebyside.link_model_sections(f"see {doc} 3.10 and {doc} 9.9", "../docs/model.md", anchors)
+    linked = sidebyside.link_sections(f"see {doc} 3.10 and {doc} 9.9", doc, "../docs/model.md", anchors)
     assert linked == (f"see [{doc} 3.10](../docs/model.md#310-double-stream-block-with-joint-attention-over-txt-img)"
                       f" and {doc} 9.9")
+
+
+def test_a_section_of_the_concepts_page_becomes_a_link_to_its_heading():
+    anchors = sidebyside.section_anchors((ROOT / "docs" / "concepts.md").read_text())
+    linked = sidebyside.link_sections("concepts.md 3 and model.md 3", "concepts.md", "../docs/concepts.md", anchors)
+    assert linked == "[concepts.md 3](../docs/concepts.md#3-classifier-free-guidance) and model.md 3"
+
+
+def test_every_reference_module_names_its_concepts_section():
+    """A reader of the code finds the idea it implements: each module's docstring cites a section
+    of the concepts page that exists (the site links it)."""
+    anchors = sidebyside.section_anchors((ROOT / "docs" / "concepts.md").read_text())
+    for path in sorted((ROOT / "reference").glob("*.py")):
+        if path.name == "__init__.py":
+            continue
+        docstring = ast.get_docstring(ast.parse(path.read_text()))
+        cited = re.findall(r"concepts\.md,? (\d+)", docstring)
+        assert cited and set(cited) <= set(anchors), f"{path.name} cites concepts sections {cited}"
 
 
 def test_a_fence_outlasts_the_backticks_in_the_code():
