@@ -140,9 +140,11 @@ def final_layer(img, final):
 def mmjit_forward(params, config: MMJiTConfig, images, context, mask, on_layer=None):
     r"""Predict the clean image x0 (concepts.md 1-4, model.md 3):
 
-    $$\mathrm{txt} \leftarrow \mathrm{Preamble}_j(\mathrm{txt}),\ j = 1..P; \qquad
-    (\mathrm{img}, \mathrm{txt}) \leftarrow \mathrm{Double}_i(\mathrm{img}, \mathrm{txt}),\ i = 1..D; \qquad
-    x_0 = \mathrm{unpatchify}(\mathrm{Final}(\mathrm{img}))$$
+    $$\mathrm{txt} \leftarrow \mathrm{Preamble}_j(\mathrm{txt}), \quad j = 1..P$$
+
+    $$(\mathrm{img}, \mathrm{txt}) \leftarrow \mathrm{Double}_i(\mathrm{img}, \mathrm{txt}), \quad i = 1..D$$
+
+    $$x_0 = \mathrm{unpatchify}\big(\mathrm{Final}(\mathrm{img})\big)$$
 
     images [B, C, H, W] (H, W multiples of the patch size), context [B, L, txt_input_size],
     mask [B, L] (1 real token, 0 padding) -> x0 [B, C, H, W], in the dtype of `images` (and of

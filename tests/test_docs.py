@@ -305,7 +305,7 @@ def test_every_shape_table_of_the_reading_guide_gives_the_demo_models_shapes():
     tokenizer, t5, mmjit_section, student_section = (text for title, text in sections.items()
                                                      if title.split(". ")[1].startswith(("Tokenizer", "T5", "MMJiT",
                                                                                          "The four-step")))
-    assert f"ids  int64   {ids_shape}" in tokenizer.split("    demo ")[1]
+    assert f"ids  int64   {ids_shape}" in tokenizer.split("    demo ")[1].splitlines()[0]
     assert f"context {context_shape}" in demo_column(t5)
     mmjit_cells = demo_column(mmjit_section)
     for stage, label in (("patch_embed", "img "), ("txt_embed", "txt "), ("final_layer", ""),

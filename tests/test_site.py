@@ -144,12 +144,17 @@ def rows(html: str) -> list[str]:
 def test_the_mmjit_page_puts_prose_and_equations_beside_the_code(site):
     folder, _ = site
     page = (folder / "reference" / "mmjit.py" / "index.html").read_text()
-    double_block = next(row for row in rows(page) if 'class="nf">double_block</span>' in row)
-    prose, code = double_block.split('<div class="sbs-code">')
+    page_rows = rows(page)
+    at = next(i for i, row in enumerate(page_rows) if 'class="nf">double_block</span>' in row)
+    prose, code = page_rows[at].split('<div class="sbs-code">')
     assert "Double-stream block with joint attention" in prose and '<math xmlns' in prose and 'display="block"' in prose
-    assert '"""' not in code and "merge_heads" in code
+    assert '"""' not in code and "length" in code
+    # A comment inside the function is a margin note: the reason beside the lines it explains.
+    note, noted = page_rows[at + 1].split('<div class="sbs-code">')
+    assert "No attention mask" in note and "merge_heads" in noted
     assert "arithmatex" not in page, "an equation was left unconverted"
     assert 'href="../../model/#310-double-stream-block-with-joint-attention-over-txt-img"' in prose
+    assert 'href="../../concepts/#4-the-text-encoder-and-joint-attention"' in page_rows[0]
 
 
 def test_links_in_the_guides_open_the_side_by_side_rows(site):
@@ -158,6 +163,32 @@ def test_links_in_the_guides_open_the_side_by_side_rows(site):
     assert 'href="../reference/mmjit.py/#double_block"' in guide
     assert 'href="../accelerated/t5.py/#t5_encode"' in guide
     assert not re.search(r'href="[^"]*\.py"', guide), "a link still points at a raw source file"
+
+
+# What a browser shows as text: code, preformatted blocks, scripts, styles and rendered maths left out.
+NOT_PROSE = re.compile(r"<(code|pre|script|style|math|textarea)\b.*?</\1>", re.DOTALL)
+# Maths left as source: a `$$`, or `$...$` around a formula within one line.
+STRAY_MATH = re.compile(r"\$\$|\$[^\s$][^$\n]*?[^\s$]\$|\$[^\s$]\$")
+
+
+def stray_maths(page_html: str) -> list[str]:
+    """Each piece of a built page's text (its article, code and rendered maths left out) that is
+    still maths between dollar signs."""
+    article = re.search(r"<article\b.*?</article>", page_html, re.DOTALL)
+    text = html.unescape(re.sub(r"<[^>]+>", "", NOT_PROSE.sub("", article.group(0) if article else page_html)))
+    return STRAY_MATH.findall(text)
+
+
+def test_no_page_shows_maths_as_dollar_signs(site):
+    """Every page of the site: an equation the build did not render (a display equation indented
+    too little inside a list item ends the list and shows its dollars) would be read as source."""
+    folder, _ = site
+    pages = sorted(folder.rglob("*.html"))
+    assert len(pages) > 100
+    assert {str(page.relative_to(folder)): stray_maths(page.read_text()) for page in pages
+            if stray_maths(page.read_text())} == {}
+    assert stray_maths("<article><p>$<math>x</math>$ and $$</p><code>$a$</code></article>") == ["$$", "$$"]
+    assert stray_maths("<p>set $x = 1$ or $y$, costs $5, and $HOME</p>") == ["$x = 1$", "$y$"]
 
 
 def test_a_kernel_page_starts_with_its_numpy_twin(site):
@@ -200,6 +231,25 @@ def test_the_walkthrough_page_shows_every_figure_the_notebook_draws(site):
     assert len(drawn) == (ROOT / notebook).read_text().count("plt.show()") >= 8
     assert shown == drawn
     assert sorted(p.name for p in (ROOT / "docs" / "figures").glob("walkthrough-*.png")) == drawn
+
+
+def test_the_walkthrough_page_folds_its_plotting_code(site):
+    """Each figure's matplotlib code is folded under the code that computes what it shows: every
+    line that calls pyplot or an axis is inside a closed <details>, and what is left open is the
+    model's code, less than 60 % of the notebook's."""
+    folder, _ = site
+    notebook = "notebooks/walkthrough.py"
+    page = (folder / notebook / "index.html").read_text()
+    folded = re.findall(r'<details class="plotting">.*?</details>', page, re.DOTALL)
+    assert len(folded) == len(notebook_page.figure_names(notebook)) + 1  # + the cell of drawing helpers
+    shown = re.sub(r'<details class="plotting">.*?</details>', "", page, flags=re.DOTALL)
+    blocks = [html.unescape(re.sub(r"<[^>]+>", "", block))
+              for block in re.findall(r"<pre><span></span><code>(.*?)</code></pre>", shown, re.DOTALL)]
+    source_lines = [line for line in (ROOT / notebook).read_text().splitlines()
+                    if line.strip() and not line.startswith("#")]
+    lines = [line for block in blocks for line in block.splitlines() if line in source_lines]  # code, not printout
+    assert not [line for line in lines if re.search(r"\bplt\.|\baxes\[|\baxis\.set_", line)]
+    assert 0 < len(lines) < 0.6 * len(source_lines)
 
 
 def test_every_figure_of_the_figure_script_is_committed():
