@@ -314,3 +314,35 @@ def test_every_shape_table_of_the_reading_guide_gives_the_demo_models_shapes():
     assert f"x0 {x0_shape}" in mmjit_cells
     student_cells = demo_column(student_section)
     assert student["aux_tokens"] in student_cells and student["txt_embed"] in student_cells
+
+
+def test_the_four_vs_twenty_figure_labels_every_state_in_one_time_convention():
+    """Both rows in the base sampler's time (0 noise, 1 data): the teacher's 20 states at 0.05, 0.10,
+    ..., 1.00, and each of the student's 4 under the teacher state of the same time (its own clock,
+    1 noise, 0 data, would label them 0.75, ..., 0.00)."""
+    pytest.importorskip("matplotlib", reason="the figure scripts need the [docs] extra (matplotlib)")
+    concept_figures = load_script("concept_figures")
+    figure = concept_figures.four_vs_twenty_figure()
+    columns = concept_figures.FOUR_VS_TWENTY_COLUMNS
+    grid = np.array(figure.axes, dtype=object).reshape(-1, columns)
+    titles = [[axis.get_title() if axis.axison else None for axis in row] for row in grid]
+    base = [title for row in titles[0::2] for title in row]
+    assert base == [f"t = {step / 20:.2f}" for step in range(1, 21)]
+    student = [(r, c, title) for r, row in enumerate(titles[1::2]) for c, title in enumerate(row) if title]
+    assert len(student) == 4
+    assert all(title == titles[2 * r][c] for r, c, title in student)
+
+
+def load_script(name: str):
+    """A module of scripts/ (no package), imported as when it runs from there."""
+    import sys
+
+    sys.path.insert(0, str(ROOT / "scripts"))
+    try:
+        spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    finally:
+        sys.path.remove(str(ROOT / "scripts"))
+    return module
+

@@ -303,3 +303,36 @@ def test_code_and_equations_fit_a_1280_pixel_window(site, tmp_path, page):
     report = overflow_at_width(folder / page / "index.html", tmp_path / "profile")
     assert report["window"] == WINDOW_WIDTH and report["checked"] > 0
     assert report["page"] <= WINDOW_WIDTH and report["wide"] == [], report
+
+
+IMAGE_PROBE = """<script>
+addEventListener("load", () => {
+  document.body.dataset.images = JSON.stringify([...document.querySelectorAll("article img")]
+    .map(e => [e.getAttribute("src").split("/").pop(), e.getBoundingClientRect().width, e.naturalWidth]));
+});
+</script>"""
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="needs Chromium (Debian: apt-get install chromium)")
+def test_the_four_vs_twenty_states_are_shown_at_their_own_size_at_1280_pixels(site, tmp_path):
+    """Each 64 x 64 state of concept-four-vs-twenty.png is drawn at 64 screen pixels or more in a
+    1280-pixel window: a tile's width in the figure (its axes at the script's 100 dpi) scaled by
+    the width the page gives the picture over the picture's own."""
+    folder, _ = site
+    page = folder / "concepts" / "index.html"
+    probe = page.with_name("image-probe.html")
+    probe.write_text(page.read_text().replace("</body>", IMAGE_PROBE + "</body>"))
+    result = subprocess.run([CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                             "--no-first-run", f"--user-data-dir={tmp_path / 'profile'}",
+                             f"--window-size={WINDOW_WIDTH},2000", "--virtual-time-budget=10000", "--dump-dom",
+                             probe.as_uri()], capture_output=True, text=True, timeout=120)
+    found = re.search(r'data-images="([^"]*)"', result.stdout)
+    assert found, f"the probe did not run: {result.stderr[-2000:]}"
+    shown = {name: (width, natural) for name, width, natural in json.loads(html.unescape(found.group(1)))}
+    width, natural = shown["concept-four-vs-twenty.png"]
+    concept_figures = load(ROOT / "scripts" / "concept_figures.py")
+    figure = concept_figures.four_vs_twenty_figure()
+    figure.set_dpi(100)
+    tile = figure.axes[0].get_window_extent().width
+    assert tile * width / natural >= 64, (tile, width, natural)
+
