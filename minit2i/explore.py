@@ -194,6 +194,21 @@ def word_captions(words: list[str], attention: np.ndarray) -> list[str]:
     return [f"{word}: {100 * share:.1f}%" for word, share in zip(words, attention.mean(axis=(1, 2)))]
 
 
+def selector_class(gradio):
+    """`gradio.Slider` whose value reaches the handler as sent, so that the page's own check answers a
+    step or block out of range (one line on the page naming the range: `check_position`), not
+    Gradio's bounds check (a pop-up, against the bounds the page was first drawn with)."""
+
+    class Selector(gradio.Slider):
+        def get_block_name(self) -> str:
+            return "slider"  # drawn by Gradio's own slider
+
+        def preprocess(self, payload):
+            return payload
+
+    return Selector
+
+
 def build_page(gradio, models: Models, default: str):
     """The page (a `gradio.Blocks`), not yet served; `default` is the model it opens with."""
     gr = gradio
@@ -232,10 +247,11 @@ def build_page(gradio, models: Models, default: str):
         gr.Markdown("## Step by step\nThe selectors look at the finished run again: moving them samples "
                     "nothing, it only runs the two forwards of the chosen step that the maps below need.")
         with gr.Row():
-            step = gr.Slider(FIRST, start["steps"], value=start["step"], step=1, label="step (1 = first)",
-                             elem_id="step")
-            block = gr.Slider(FIRST, models.files(default).mmjit.config.depth_double, value=start["block"], step=1,
-                              label="double block (1 = first)", elem_id="block")
+            selector = selector_class(gr)
+            step = selector(FIRST, start["steps"], value=start["step"], step=1, label="step (1 = first)",
+                            elem_id="step")
+            block = selector(FIRST, models.files(default).mmjit.config.depth_double, value=start["block"], step=1,
+                             label="double block (1 = first)", elem_id="block")
         with gr.Row():
             panels = []
             for name, label in (("state", "the state x_t the step starts from"),
@@ -292,9 +308,11 @@ def build_page(gradio, models: Models, default: str):
                     MiniT2IPipelineOutput([insides.image], insides.result.timings, insides.result.step_times,
                                           backend_name, PRECISION).timing_table(),
                     [(x0, f"step {i + FIRST}") for i, x0 in enumerate(insides.x0_steps)],
-                    *maps, state, x0, velocity, session, session.runs_line(), gr.Slider(maximum=steps, value=step)]
+                    *maps, state, x0, velocity, session, session.runs_line(), selector_class(gr)(maximum=steps, value=step)]
 
         def select(session, step, block):
+            if session.run is None:  # nothing generated yet: the numbers are for the next run
+                return [gr.skip()] * 8
             try:
                 insides = look_again(models, session, step, block)
             except MiniT2IError as err:
@@ -309,14 +327,20 @@ def build_page(gradio, models: Models, default: str):
                 return [f"**error:** {err}"] + [gr.skip()] * 9
             return ["", chosen["steps"], chosen["cfg_scale"], gr.Row(visible=chosen["student"]),
                     *chosen["guidance_interval"], chosen["width"], chosen["height"], chosen["step"],
-                    gr.Slider(maximum=depth, value=chosen["block"])]
+                    selector_class(gr)(maximum=depth, value=chosen["block"])]
 
         run.click(generate, [prompt, model, backend, seed, steps, guidance, t_min, t_max, width, height, step, block,
                              kept],
                   [status, image, timings, x0_steps, attention, cond, uncond, guided, *panels, kept, runs, step],
                   api_name="generate")
-        for selector in (step, block):
-            selector.release(select, [kept, step, block], [status, *looked], api_name=False)
+        def fit_step(steps, step):
+            if not isinstance(steps, int) or steps < FIRST:
+                return gr.skip()  # Generate will say what is wrong with it
+            return selector_class(gr)(maximum=steps, value=min(step, steps))
+
+        for chosen in (step, block):
+            chosen.release(select, [kept, step, block], [status, *looked], api_name=False)
+        steps.change(fit_step, [steps, step], [step], api_name=False)
         model.change(choose_model, [model], [status, steps, guidance, interval_row, t_min, t_max, width, height, step,
                                              block], api_name="defaults")
         compare_section(gr, models, default, kept, runs, [prompt, model, backend, seed, steps, guidance, t_min, t_max,

@@ -130,13 +130,31 @@ def test_five_requests_at_once_queue_and_all_complete(client, tmp_path):
 
 
 def test_page_shows_every_panel(client):
-    status, image, timings, x0_steps, attention, cond, uncond, guided = ask(client)
+    """Steps are numbered from 1, as in the docs: step 3 is the third x0 of the strip."""
+    status, image, timings, x0_steps, attention, cond, uncond, guided, state, x0, velocity, runs, _ = ask(client)
     assert status == f"demo, seed {SEED}: done"
     assert timings.startswith("timings (numpy, fp32):") and f"step {STEPS}" in timings
-    assert [item["caption"] for item in x0_steps] == [f"step {i}" for i in range(STEPS)]
+    assert [item["caption"] for item in x0_steps] == [f"step {i}" for i in range(1, STEPS + 1)]
     assert [item["caption"].split(":")[0] for item in attention] == PROMPT.split()
-    np.testing.assert_array_equal(read_pixels(guided), read_pixels(x0_steps[REQUEST["step"]]["image"]))
+    third = read_pixels(x0_steps[REQUEST["step"] - 1]["image"])
+    np.testing.assert_array_equal(read_pixels(guided), third)
+    np.testing.assert_array_equal(read_pixels(x0), third)
+    assert not np.array_equal(read_pixels(state), third) and not np.array_equal(read_pixels(velocity), third)
     assert read_pixels(image).shape == read_pixels(cond).shape == read_pixels(uncond).shape == (64, 64, 3)
+    assert runs.startswith("sampling runs on this page: ")
+
+
+def test_compare_shows_both_settings_of_one_prompt_and_seed(client, tmp_path):
+    """The left side is the form's (the demo, 6 steps), the right side the student's 4 steps: each
+    picture is what `minit2i generate` draws with those settings."""
+    status, label_a, image_a, steps_a, label_b, image_b, steps_b, _ = client.submit(
+        *list(REQUEST.values())[:10], "demo-mf", 4, 2.0,
+        api_name="/compare").result(timeout=REQUEST_LIMIT_S)
+    assert status == f"seed {SEED}: both done"
+    assert label_a.startswith(f"**demo**: {STEPS} steps, guidance 2") and label_b.startswith("**demo-mf**: 4 steps")
+    assert (len(steps_a), len(steps_b)) == (STEPS, 4)
+    np.testing.assert_array_equal(read_pixels(image_a), generated_pixels(tmp_path, "demo", STEPS, 2.0))
+    np.testing.assert_array_equal(read_pixels(image_b), generated_pixels(tmp_path, "demo-mf", 4, 2.0))
 
 
 def test_student_with_its_interval_draws_generates_pixels(client, tmp_path):
@@ -147,10 +165,10 @@ def test_student_with_its_interval_draws_generates_pixels(client, tmp_path):
 
 
 def test_choosing_a_model_fills_in_its_settings(client):
-    """The student's steps, guidance and interval, its size, and the middle step and block."""
+    """The student's steps, guidance and interval, its size, and the middle step and block (from 1)."""
     defaults = sampling_defaults(open_model(*demo_model("demo-mf")[:2]))
     expected = ["", defaults["steps"], defaults["cfg_scale"], *defaults["guidance_interval"], 64, 64,
-                defaults["steps"] // 2, 2]
+                defaults["steps"] // 2 + 1, {"__type__": "update", "maximum": 4, "value": 3}]  # block: of its 4
     assert list(client.predict("demo-mf", api_name="/defaults")) == expected
     assert client.predict("nope", api_name="/defaults")[0].startswith("**error:** unknown model 'nope'")
 
@@ -160,7 +178,8 @@ def test_choosing_a_model_fills_in_its_settings(client):
     ({"steps": 0}, "must be an integer in [1, 10000], found 0"),
     ({"width": 62}, "--width 62 is not a positive multiple of the patch size 4"),
     ({"model": "nope"}, "unknown model 'nope'; choose one of demo, demo-mf"),
-    ({"step": STEPS}, f"step {STEPS} is outside 0..{STEPS - 1}"),
+    ({"step": 0}, f"step 0 is outside 1..{STEPS}"),
+    ({"block": 5}, "block 5 is outside 1..4"),
 ])
 def test_bad_input_is_one_message_and_the_next_request_works(client, changes, message):
     status = ask(client, **changes)[0]

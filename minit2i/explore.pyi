@@ -1,0 +1,402 @@
+"""`minit2i explore`: a local web page that shows the model's insides (docs/explore.md).
+
+For a prompt, seed, steps, guidance (and a Mean Flow student's guidance interval), model and
+backend, the page shows the picture and its timing table; for a chosen step, the state x_t, the
+clean-image prediction x0 and the velocity side by side, with x0 at every step in a strip; the
+word-to-patch attention map of every prompt word at a chosen double block; the conditional and
+unconditional predictions of that step; and two settings of the same prompt and seed side by side.
+The step and block selectors look at the finished run again, without sampling
+(`explore_tutor`): steps and blocks are numbered from 1, as in the docs, and every panel links the
+section of the concepts page (served by the same server) that explains it.
+
+The page is Gradio's, the convention for model demos: its queue runs the work off the request
+thread one request at a time (the others wait their turn) with a progress bar, and a bad input is
+one line on the page while the server goes on serving. Gradio is imported only here, when the
+subcommand runs (the optional extra `explore`).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+
+import numpy as np
+
+from minit2i.core.errors import MiniT2IError
+
+from .api import MiniT2IPipeline, MiniT2IPipelineOutput
+from .arguments import add_model_arguments, model_paths
+from .console import emit
+from .demo_models import DEMO_MODELS, demo_model
+from .explore_tutor import (
+    ATTENTION_SINKS,
+    CONCEPTS_ROUTE,
+    FIRST,
+    KEPT_FOR_S,
+    Kept,
+    compare_label,
+    concepts_markdown,
+    look_again,
+    look_for,
+    other_model,
+    sample_run,
+)
+from .insides import finished_x0_pixels, step_pictures
+from .pipeline import BACKENDS, ModelFiles, check_backend, is_student, sampling_defaults
+
+DEFAULT_HOST = "127.0.0.1"  # this machine only: the page runs any prompt on it
+DEFAULT_PORT = 7860  # Gradio's
+PRECISION = "fp32"  # what every backend runs
+# The interval fields of a model that has none (hidden on the page).
+UNUSED_INTERVAL = (0.0, 1.0)
+# The heat maps: each patch drawn as a square of this many pixels.
+MAP_PATCH_PIXELS = 8
+# Pictures of 64 x 64 pixels are shown larger, as squares of pixels (not blurred), and the galleries
+# as tall as their pictures.
+SHOWN_SIZE = 256
+PAGE_CSS = ("img { image-rendering: pixelated; } "
+            ".picture img { width: 100%; height: 100%; object-fit: contain; } "
+            ".gallery .grid-wrap.fixed-height { height: auto !important; min-height: 0 !important; "
+            "max-height: none !important; } "
+            ".look-for { font-size: 0.85em; opacity: 0.85; }")
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("explore", help="a local web page showing the model's insides",
+                       description="Serve a web page (Gradio) that generates a prompt and shows the clean-image "
+                                   "prediction of every step, each word's attention map and the conditional and "
+                                   "unconditional predictions. Without --model: the demo models. Needs the "
+                                   "`explore` extra: pip install -e \".[explore]\".")
+    p.add_argument("--host", default=DEFAULT_HOST, help=f"address to bind (default {DEFAULT_HOST}: this machine only)")
+    p.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"port to serve on (default {DEFAULT_PORT})")
+    add_model_arguments(p)
+    p.add_argument("-q", "--quiet", action="store_true", help="no notes on stderr")
+    p.set_defaults(run=run_explore)
+
+
+def run_explore(args) -> int:
+    """Check the model given (headers only), then serve the page until interrupted."""
+    gradio = import_gradio()
+    check_port(args.host, args.port)
+    models = Models(model_sources(args))
+    page = build_page(gradio, models, default=next(iter(models.sources)))
+    page.queue(default_concurrency_limit=1).launch(prevent_thread_lock=True,
+                                                    **launch_settings(gradio, args.host, args.port))
+    emit(f"minit2i explore: http://{args.host}:{args.port}/ (Ctrl-C stops the server)")
+    try:  # serve until Ctrl-C or SIGTERM, which `console.guarded` reports (Gradio's own wait would swallow them)
+        threading.Event().wait()
+    finally:
+        page.close()
+
+
+def import_gradio():
+    """Gradio, with its usage analytics off (the page talks to this machine only)."""
+    os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
+    try:
+        import gradio
+    except ImportError:
+        raise MiniT2IError('minit2i explore needs Gradio; install the extra: pip install -e ".[explore]"') from None
+    return gradio
+
+
+def check_port(host: str, port: int) -> None:
+    """Refuse a port that is out of range or taken, or an address this machine cannot bind, in one line."""
+    if not 1 <= port <= 65535:
+        raise MiniT2IError(f"--port {port} is not a port; use one in 1..65535, e.g. --port {DEFAULT_PORT}")
+    try:
+        with socket.create_server((host, port)):
+            pass
+    except OSError as err:
+        reason = os.strerror(err.errno) if err.errno else err  # without the address, which the line names already
+        raise MiniT2IError(f"cannot serve on {host}:{port} ({reason}); pass another --port or --host") from None
+
+
+def launch_settings(gradio, host: str, port: int) -> dict:
+    """`Blocks.launch` arguments: no share link, no server-side rendering process, and the system's
+    fonts instead of the default theme's web fonts, so nothing is fetched from the internet."""
+    local_fonts = gradio.themes.Default(font=["ui-sans-serif", "system-ui", "sans-serif"],
+                                        font_mono=["ui-monospace", "monospace"])
+    return {"server_name": host, "server_port": port, "share": False, "ssr_mode": False, "quiet": True,
+            "theme": local_fonts, "css": PAGE_CSS}
+
+
+def model_sources(args) -> dict[str, dict]:
+    """{name shown on the page: `MiniT2IPipeline.open` arguments}, the one the page opens with first:
+    the model given at start-up (checked now, from its headers, so a bad path fails before the server
+    starts), and the demo models."""
+    sources = {name: {"pretrained_model_name_or_path": name} for name in DEMO_MODELS}
+    if args.model is None or demo_model(args.model) is not None:
+        first = args.model or next(iter(DEMO_MODELS))
+        return {first: sources[first], **sources}
+    model, t5 = model_paths(args)
+    given = {"pretrained_model_name_or_path": model, "t5": t5, "tokenizer": args.tokenizer, "variant": args.variant,
+             "jax_tree": args.jax_tree}
+    MiniT2IPipeline.open(**given)
+    return {str(args.model): given, **sources}
+
+
+class Models:
+    """The models the page offers, each opened once and loaded once per backend (a pipeline of the
+    Python API each), kept as long as the server runs."""
+
+    def __init__(self, sources: dict[str, dict]):
+        self.sources = sources
+        self._opened, self._pipelines = {}, {}
+        self._lock = threading.Lock()  # the defaults of a model change can be asked during a run
+
+    def files(self, name: str) -> ModelFiles:
+        """The model's configs and headers (no tensor)."""
+        if name not in self.sources:
+            raise MiniT2IError(f"unknown model {name!r}; choose one of {', '.join(self.sources)} (another model: "
+                               "start minit2i explore --model PATH)")
+        with self._lock:
+            if name not in self._opened:
+                self._opened[name] = MiniT2IPipeline.open(**self.sources[name]).files
+            return self._opened[name]
+
+    def pipeline(self, name: str, backend: str) -> MiniT2IPipeline:
+        """The model on `backend`, its tensors read and its runner made on first use."""
+        files = self.files(name)
+        with self._lock:
+            if (name, backend) not in self._pipelines:
+                self._pipelines[name, backend] = MiniT2IPipeline(files, backend, PRECISION).load()
+            return self._pipelines[name, backend]
+
+
+def settings_for(models: Models, name: str) -> dict:
+    """The page's defaults for a model: its steps, guidance, size and (a student's) interval, the
+    middle step and the middle double block to look at."""
+    files = models.files(name)
+    defaults = sampling_defaults(files)
+    return {"guidance_interval": UNUSED_INTERVAL, **defaults, "step": defaults["steps"] // 2 + FIRST,
+            "block": files.mmjit.config.depth_double // 2 + FIRST, "student": is_student(files)}
+
+
+def look(models: Models, name: str, backend: str, on_step, prompt: str, **settings):
+    """A finished run on the cached model, looked at its `step` and `block` (numbered from 1)."""
+    kept = Kept(sample_run(models, name, backend, PRECISION, on_step, prompt, **settings), name, backend, 1)
+    return look_again(models, kept, settings["step"], settings["block"])
+
+
+def heat_maps(attention: np.ndarray) -> list[np.ndarray]:
+    """float [n_words, grid_h, grid_w] -> one uint8 [grid_h * p, grid_w * p, 3] picture per word, each
+    patch a square of p = MAP_PATCH_PIXELS, all on one scale (0 black, the largest weight of any word
+    white), brightness rising with the weight through red and yellow."""
+    scaled = attention / max(float(attention.max()), np.finfo(np.float32).tiny)
+    ramp = np.stack([np.clip(3 * scaled - offset, 0, 1) for offset in range(3)], axis=-1)  # black-red-yellow-white
+    pixels = np.round(255 * ramp).astype(np.uint8)
+    return [np.repeat(np.repeat(word, MAP_PATCH_PIXELS, axis=0), MAP_PATCH_PIXELS, axis=1) for word in pixels]
+
+
+def word_captions(words: list[str], attention: np.ndarray) -> list[str]:
+    """'red: 12%' per word: the share of the image patches' attention that goes to its tokens."""
+    return [f"{word}: {100 * share:.1f}%" for word, share in zip(words, attention.mean(axis=(1, 2)))]
+
+
+def selector_class(gradio):
+    """`gradio.Slider` whose value reaches the handler as sent, so that the page's own check answers a
+    step or block out of range (one line on the page naming the range: `check_position`), not
+    Gradio's bounds check (a pop-up, against the bounds the page was first drawn with)."""
+from gradio.events import Dependency
+
+    class Selector(gradio.Slider):
+        def get_block_name(self) -> str:
+            return "slider"  # drawn by Gradio's own slider
+
+        def preprocess(self, payload):
+            return payload
+
+    return Selector
+
+
+def build_page(gradio, models: Models, default: str):
+    """The page (a `gradio.Blocks`), not yet served; `default` is the model it opens with."""
+    gr = gradio
+    start = settings_for(models, default)
+    with gr.Blocks(title="minit2i explore") as page:
+        kept = gr.State(Kept(), time_to_live=KEPT_FOR_S)
+        gr.Markdown("# minit2i explore\nGenerate a picture and look inside the model: the state, the clean-image "
+                    "prediction and the velocity of every step, which image patches attend to each word, and "
+                    f"what guidance changes. Every panel links the idea it shows on the [concepts page]"
+                    f"({CONCEPTS_ROUTE}).")
+        with gr.Row():
+            with gr.Column(scale=1):
+                prompt = gr.Textbox(label="prompt", value="a large red circle at the left on a gray background",
+                                    elem_id="prompt")
+                with gr.Row():
+                    model = gr.Dropdown(list(models.sources), value=default, label="model", allow_custom_value=True,
+                                        elem_id="model")
+                    backend = gr.Dropdown(list(BACKENDS), value="numpy", label="backend", elem_id="backend")
+                with gr.Row():
+                    seed = gr.Number(1, label="seed", precision=0, elem_id="seed")
+                    steps = gr.Number(start["steps"], label="steps", precision=0, elem_id="steps")
+                    guidance = gr.Number(start["cfg_scale"], label="guidance", elem_id="guidance")
+                with gr.Row(visible=start["student"]) as interval_row:
+                    t_min = gr.Number(start["guidance_interval"][0], label="guidance interval: t_min")
+                    t_max = gr.Number(start["guidance_interval"][1], label="t_max")
+                with gr.Row():
+                    width = gr.Number(start["width"], label="width", precision=0, elem_id="width")
+                    height = gr.Number(start["height"], label="height", precision=0, elem_id="height")
+                run = gr.Button("Generate", variant="primary", elem_id="generate")
+                status = gr.Markdown("", elem_id="status")
+                runs = gr.Markdown(Kept().runs_line(), elem_id="runs")
+            with gr.Column(scale=1):
+                image = gr.Image(label="image", format="png", interactive=False, height=SHOWN_SIZE,
+                                 elem_id="image", elem_classes="picture")
+                timings = gr.Textbox(label="timings", lines=8, interactive=False, elem_id="timings")
+        gr.Markdown("## Step by step\nThe selectors look at the finished run again: moving them samples "
+                    "nothing, it only runs the two forwards of the chosen step that the maps below need.")
+        with gr.Row():
+            selector = selector_class(gr)
+            step = selector(FIRST, start["steps"], value=start["step"], step=1, label="step (1 = first)",
+                            elem_id="step")
+            block = selector(FIRST, models.files(default).mmjit.config.depth_double, value=start["block"], step=1,
+                             label="double block (1 = first)", elem_id="block")
+        with gr.Row():
+            panels = []
+            for name, label in (("state", "the state x_t the step starts from"),
+                                ("x0", "its clean-image prediction x0"),
+                                ("velocity", "the velocity of the step")):
+                with gr.Column():
+                    panels.append(gr.Image(label=label, format="png", interactive=False, height=SHOWN_SIZE,
+                                           elem_id=f"step-{name}", elem_classes="picture"))
+                    gr.Markdown(look_for(name), elem_classes="look-for")
+        gr.Markdown("### The clean-image prediction at every step")
+        x0_steps = gr.Gallery(label="x0 at every step", format="png", columns=10, elem_id="x0-steps",
+                              elem_classes="gallery")
+        gr.Markdown(look_for("x0_steps"), elem_classes="look-for")
+        gr.Markdown("## Which image patches look at each word\nAt the chosen step and double block: for every "
+                    "patch, the attention its query pays to the word's tokens (mean over heads; black 0, white "
+                    "the largest weight on the page). The caption is the word's share of all the patches' attention.")
+        attention = gr.Gallery(label="attention of the image patches to each word", format="png", columns=6,
+                               elem_id="attention", elem_classes="gallery")
+        gr.Markdown(look_for("attention"), elem_classes="look-for")
+        gr.Markdown(ATTENTION_SINKS, elem_id="sinks")
+        gr.Markdown("## Guidance at the chosen step\nThe conditional prediction (with the prompt), the "
+                    "unconditional one (an all-zero text mask) and the guided one the sampler used. A Mean Flow "
+                    "student is guided inside the network: its two are made with guidance 1 (none).")
+        with gr.Row():
+            cond = gr.Image(label="conditional", format="png", interactive=False, height=SHOWN_SIZE,
+                             elem_id="cond", elem_classes="picture")
+            uncond = gr.Image(label="unconditional", format="png", interactive=False, height=SHOWN_SIZE,
+                             elem_id="uncond", elem_classes="picture")
+            guided = gr.Image(label="guided", format="png", interactive=False, height=SHOWN_SIZE,
+                             elem_id="guided", elem_classes="picture")
+        gr.Markdown(look_for("guidance"), elem_classes="look-for")
+        looked = [*panels, attention, cond, uncond, guided]
+
+        def shown(run_kept: Kept, insides, step_number):
+            """The selectors' panels for `insides` at the page's `step_number`."""
+            return [*step_pictures(run_kept.run, step_number - FIRST),
+                    list(zip(heat_maps(insides.attention), word_captions(insides.words, insides.attention))),
+                    insides.cond_x0, insides.uncond_x0, insides.x0_steps[step_number - FIRST]]
+
+        def generate(prompt, model_name, backend_name, seed, steps, guidance, t_min, t_max, width, height, step,
+                     block, session, progress=gr.Progress()):  # noqa: B008 (Gradio finds its progress bar by this default)
+            try:
+                student = settings_for(models, model_name)["student"]
+                finished = sample_run(models, model_name, backend_name, PRECISION,
+                                      lambda info: progress((info.index + 1, steps), desc="sampling"), prompt,
+                                      seed=seed, steps=steps, guidance_scale=guidance, width=width, height=height,
+                                      step=step, block=block, interval=(t_min, t_max) if student else None)
+                session = Kept(finished, model_name, backend_name, session.sampling_runs + 1)
+                insides = look_again(models, session, step, block)
+            except (MiniT2IError, OSError) as err:
+                return [f"**error:** {err}"] + [gr.skip()] * 13
+            state, x0, velocity, *maps = shown(session, insides, step)
+            return [f"{model_name}, seed {seed}: done", insides.image,
+                    MiniT2IPipelineOutput([insides.image], insides.result.timings, insides.result.step_times,
+                                          backend_name, PRECISION).timing_table(),
+                    [(x0, f"step {i + FIRST}") for i, x0 in enumerate(insides.x0_steps)],
+                    *maps, state, x0, velocity, session, session.runs_line(), selector_class(gr)(maximum=steps, value=step)]
+
+        def select(session, step, block):
+            try:
+                insides = look_again(models, session, step, block)
+            except MiniT2IError as err:
+                return [f"**error:** {err}"] + [gr.skip()] * 7
+            return [f"step {step}, block {block}: from the finished run", *shown(session, insides, step)]
+
+        def choose_model(model_name):
+            try:
+                chosen = settings_for(models, model_name)
+                depth = models.files(model_name).mmjit.config.depth_double
+            except MiniT2IError as err:
+                return [f"**error:** {err}"] + [gr.skip()] * 9
+            return ["", chosen["steps"], chosen["cfg_scale"], gr.Row(visible=chosen["student"]),
+                    *chosen["guidance_interval"], chosen["width"], chosen["height"], chosen["step"],
+                    selector_class(gr)(maximum=depth, value=chosen["block"])]
+
+        run.click(generate, [prompt, model, backend, seed, steps, guidance, t_min, t_max, width, height, step, block,
+                             kept],
+                  [status, image, timings, x0_steps, attention, cond, uncond, guided, *panels, kept, runs, step],
+                  api_name="generate")
+        for selector in (step, block):
+            selector.release(select, [kept, step, block], [status, *looked], api_name=False)
+        model.change(choose_model, [model], [status, steps, guidance, interval_row, t_min, t_max, width, height, step,
+                                             block], api_name="defaults")
+        compare_section(gr, models, default, kept, runs, [prompt, model, backend, seed, steps, guidance, t_min, t_max,
+                                                          width, height])
+    with page.route("Concepts", f"/{CONCEPTS_ROUTE}"):  # the page every panel links
+        gr.Markdown(concepts_markdown(), header_links=True, elem_id="concepts",
+                    latex_delimiters=[{"left": "$$", "right": "$$", "display": True},
+                                      {"left": "$", "right": "$", "display": False}])
+    return page
+
+
+def compare_section(gr, models: Models, default: str, kept, runs, form: list) -> None:
+    """Two settings of the form's prompt and seed side by side: the form's (left) and another model,
+    steps and guidance (right), each its picture and its x0 at every step. Neither run is kept."""
+    other = other_model(list(models.sources), default)
+    right = settings_for(models, other)
+    gr.Markdown("## Compare two settings\nThe same prompt and seed under two settings: the left side is the "
+                "form above, the right side is chosen here (try guidance 0, 2 and 7, or the teacher's 20 steps "
+                "against the student's 4).")
+    with gr.Row():
+        model = gr.Dropdown(list(models.sources), value=other, label="right side: model", allow_custom_value=True,
+                            elem_id="compare-model")
+        steps = gr.Number(right["steps"], label="steps", precision=0, elem_id="compare-steps")
+        guidance = gr.Number(right["cfg_scale"], label="guidance", elem_id="compare-guidance")
+    button = gr.Button("Compare", elem_id="compare")
+    status = gr.Markdown("", elem_id="compare-status")
+    sides = []
+    with gr.Row():
+        for side in ("a", "b"):
+            with gr.Column():
+                sides += [gr.Markdown("", elem_id=f"compare-{side}-label"),
+                          gr.Image(label="image", format="png", interactive=False, height=SHOWN_SIZE,
+                                   elem_id=f"compare-{side}", elem_classes="picture"),
+                          gr.Gallery(label="x0 at every step", format="png", columns=5, elem_id=f"compare-{side}-steps",
+                                     elem_classes="gallery")]
+    gr.Markdown(look_for("compare"), elem_classes="look-for")
+
+    def compare(prompt, model_a, backend_name, seed, steps_a, guidance_a, t_min, t_max, width, height, model_b,
+                steps_b, guidance_b, session, progress=gr.Progress()):  # noqa: B008 (as generate's)
+        shown = []
+        try:
+            for name, steps, guidance in ((model_a, steps_a, guidance_a), (model_b, steps_b, guidance_b)):
+                chosen = settings_for(models, name)
+                interval = ((t_min, t_max) if name == model_a else chosen["guidance_interval"]) if chosen["student"] \
+                    else None
+                finished = sample_run(models, name, backend_name, PRECISION,
+                                      lambda info: progress((info.index + 1, steps), desc=f"sampling {name}"), prompt,
+                                      seed=seed, steps=steps, guidance_scale=guidance, width=width, height=height,
+                                      step=FIRST, block=FIRST, interval=interval)
+                session = Kept(session.run, session.model, session.backend, session.sampling_runs + 1)
+                result = finished.result
+                shown += [compare_label(name, finished.request, sum(result.step_times)), result.pixels[0],
+                          [(x0, f"step {i + FIRST}") for i, x0 in enumerate(finished_x0_pixels(finished))]]
+        except (MiniT2IError, OSError) as err:
+            return [f"**error:** {err}"] + [gr.skip()] * 8
+        return [f"seed {seed}: both done", *shown, session, session.runs_line()]
+
+    def choose(model_name):
+        try:
+            chosen = settings_for(models, model_name)
+        except MiniT2IError as err:
+            return [f"**error:** {err}", gr.skip(), gr.skip()]
+        return ["", chosen["steps"], chosen["cfg_scale"]]
+
+    button.click(compare, [*form, model, steps, guidance, kept], [status, *sides, kept, runs], api_name="compare")
+    model.change(choose, [model], [status, steps, guidance], api_name=False)
