@@ -35,9 +35,9 @@ def concepts_dir(package: Path = Path(__file__).resolve().parent) -> Path:
 
 
 def section_anchor(heading: str) -> str:
-    """The id a rendered Markdown heading gets (GitHub's rule, which Gradio's Markdown follows):
-    lower case, punctuation dropped, spaces as hyphens."""
-    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+    """The id Gradio's Markdown gives a heading: "h-" and GitHub's slug of it (lower case,
+    punctuation dropped, spaces as hyphens)."""
+    return "h-" + re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
 
 
 def concepts_sections(text: str) -> dict[int, tuple[str, str]]:

@@ -185,3 +185,27 @@ def test_bad_input_is_one_message_and_the_next_request_works(client, changes, me
     status = ask(client, **changes)[0]
     assert status.startswith("**error:** ") and message in status and "\n" not in status
     assert ask(client)[0] == f"demo, seed {SEED}: done"
+
+
+def test_the_served_concepts_page_carries_its_figures_and_no_dead_links():
+    """The explore server shows docs/concepts.md itself: every figure inlined (it has no file route),
+    links to other pages of the docs left as their text (those pages are the docs site's)."""
+    import re
+
+    from minit2i.explore_tutor import concepts_dir, concepts_markdown
+
+    source = (concepts_dir() / "concepts.md").read_text()
+    served = concepts_markdown()
+    figures = re.findall(r"!\[[^\]]*\]\(figures/", source)
+    assert len(figures) >= 6 and served.count("](data:image/png;base64,") == len(figures)
+    assert re.findall(r"(?<!!)\[[^\]]+\]\((?!data:)[^)]*\)", served) == []
+    assert "[`sample`](" not in served and "`sample`" in served
+
+
+def test_every_panel_note_links_a_section_of_the_concepts_page():
+    from minit2i.explore_tutor import LOOK_FOR, concepts_dir, concepts_sections, look_for
+
+    sections = concepts_sections((concepts_dir() / "concepts.md").read_text())
+    for panel, (_, section) in LOOK_FOR.items():
+        assert f"(concepts#{sections[section][1]})" in look_for(panel)
+    assert sections[2][1] == "h-2-why-the-network-predicts-x0-and-how-x0-becomes-a-velocity"
