@@ -43,7 +43,7 @@ from .explore_tutor import (
     sample_run,
 )
 from .insides import finished_x0_pixels, step_pictures
-from .pipeline import BACKENDS, ModelFiles, check_backend, is_student, sampling_defaults
+from .pipeline import BACKENDS, ModelFiles, is_student, sampling_defaults
 
 DEFAULT_HOST = "127.0.0.1"  # this machine only: the page runs any prompt on it
 DEFAULT_PORT = 7860  # Gradio's
@@ -387,7 +387,8 @@ def compare_section(gr, models: Models, default: str, kept, runs, form: list) ->
                 interval = ((t_min, t_max) if name == model_a else chosen["guidance_interval"]) if chosen["student"] \
                     else None
                 finished = sample_run(models, name, backend_name, PRECISION,
-                                      lambda info: progress((info.index + 1, steps), desc=f"sampling {name}"), prompt,
+                                      lambda info, steps=steps, name=name: progress((info.index + 1, steps),
+                                                                                    desc=f"sampling {name}"), prompt,
                                       seed=seed, steps=steps, guidance_scale=guidance, width=width, height=height,
                                       step=FIRST, block=FIRST, interval=interval)
                 session = Kept(session.run, session.model, session.backend, session.sampling_runs + 1)

@@ -27,7 +27,10 @@ CONCEPTS_ROUTE = "concepts"  # the concepts page, served beside the explore page
 KEPT_FOR_S = 3600
 
 
-def concepts_dir(package: Path = Path(__file__).resolve().parent) -> Path:
+PACKAGE = Path(__file__).resolve().parent
+
+
+def concepts_dir(package: Path = PACKAGE) -> Path:
     """Where docs/concepts.md and its figures are: `docs_data/` inside an installed package
     (pyproject.toml ships them there), else `docs/` beside the package (a source checkout)."""
     shipped = package / "docs_data"
@@ -68,20 +71,20 @@ def concept_link(section: int, text: str | None = None) -> str:
 
 # Under each panel: (what to look for, the concepts section that explains it).
 LOOK_FOR = {
-    "state": ("The state x_t the step starts from: pure noise at step 1, the picture after the last; it moves "
-              "along a straight line from the noise to the image.", 1),
-    "x0": ("The network's guess of the finished picture: the shape and its place are there after a few steps, "
-           "while x_t is still mostly noise.", 2),
-    "velocity": ("The direction the step moves x_t, (x0 - x_t) over the time left, on its own scale: early it "
-                 "carries the whole picture, late only the last corrections.", 2),
-    "x0_steps": ("Read the strip left to right: the guess sharpens while the state it is made from loses "
-                 "its noise.", 2),
-    "attention": ("A colour or shape word lights up on the patches where that shape is drawn; change the block "
-                  "and the step to see where and when.", 4),
-    "guidance": ("The guided prediction goes past the conditional one, away from the unconditional: what the "
-                 "prompt adds is exaggerated.", 3),
-    "compare": ("Guidance 0 ignores the prompt and large guidance overshoots it; the student's 4 steps land "
-                "where the teacher's 20 do.", 6),
+    "state": (("The state x_t the step starts from: pure noise at step 1, the picture after the last; it moves "
+               "along a straight line from the noise to the image."), 1),
+    "x0": (("The network's guess of the finished picture: the shape and its place are there after a few steps, "
+            "while x_t is still mostly noise."), 2),
+    "velocity": (("The direction the step moves x_t, (x0 - x_t) over the time left, on its own scale: early it "
+                  "carries the whole picture, late only the last corrections."), 2),
+    "x0_steps": (("Read the strip left to right: the guess sharpens while the state it is made from loses "
+                  "its noise."), 2),
+    "attention": (("A colour or shape word lights up on the patches where that shape is drawn; change the block "
+                   "and the step to see where and when."), 4),
+    "guidance": (("The guided prediction goes past the conditional one, away from the unconditional: what the "
+                  "prompt adds is exaggerated."), 3),
+    "compare": (("Guidance 0 ignores the prompt and large guidance overshoots it; the student's 4 steps land "
+                 "where the teacher's 20 do."), 6),
 }
 ATTENTION_SINKS = (
     "**Attention sinks.** The brightest maps often belong to small words such as \"a\" and \"on\". That is "

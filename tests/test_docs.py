@@ -243,7 +243,7 @@ def test_a_dangling_reference_would_be_caught(sections):
 
 def guide_sections() -> dict[str, str]:
     """{numbered heading of docs/reading-guide.md: its text}."""
-    parts = re.split(r"^## (\d+\. .*)$", (ROOT / "docs" / "reading-guide.md").read_text(), flags=re.M)
+    parts = re.split(r"^## (\d+\. .*)$", (ROOT / "docs" / "reading-guide.md").read_text(), flags=re.MULTILINE)
     return dict(zip(parts[1::2], parts[2::2]))
 
 

@@ -172,7 +172,7 @@ def test_every_panel_links_its_concepts_section_served_by_the_page(page):
         for link in sorted(links):
             page.get(link)
             anchor = link.split("#")[1]
-            WebDriverWait(page, PAGE_LIMIT_S).until(lambda d: d.find_elements(By.ID, anchor))
+            WebDriverWait(page, PAGE_LIMIT_S).until(lambda d, anchor=anchor: d.find_elements(By.ID, anchor))
         figures = page.find_elements(By.CSS_SELECTOR, "#concepts img")
         assert len(figures) >= 6 and all(page.execute_script("return arguments[0].naturalWidth", f) > 0
                                           for f in figures)
