@@ -194,21 +194,6 @@ def word_captions(words: list[str], attention: np.ndarray) -> list[str]:
     return [f"{word}: {100 * share:.1f}%" for word, share in zip(words, attention.mean(axis=(1, 2)))]
 
 
-def selector_class(gradio):
-    """`gradio.Slider` whose value reaches the handler as sent, so that the page's own check answers a
-    step or block out of range (one line on the page naming the range: `check_position`), not
-    Gradio's bounds check (a pop-up, against the bounds the page was first drawn with)."""
-
-    class Selector(gradio.Slider):
-        def get_block_name(self) -> str:
-            return "slider"  # drawn by Gradio's own slider
-
-        def preprocess(self, payload):
-            return payload
-
-    return Selector
-
-
 def build_page(gradio, models: Models, default: str):
     """The page (a `gradio.Blocks`), not yet served; `default` is the model it opens with."""
     gr = gradio
@@ -247,11 +232,10 @@ def build_page(gradio, models: Models, default: str):
         gr.Markdown("## Step by step\nThe selectors look at the finished run again: moving them samples "
                     "nothing, it only runs the two forwards of the chosen step that the maps below need.")
         with gr.Row():
-            selector = selector_class(gr)
-            step = selector(FIRST, start["steps"], value=start["step"], step=1, label="step (1 = first)",
-                            elem_id="step")
-            block = selector(FIRST, models.files(default).mmjit.config.depth_double, value=start["block"], step=1,
-                             label="double block (1 = first)", elem_id="block")
+            # Numbers the page checks itself (one line naming the range), not sliders, whose bounds Gradio
+            # would check with a pop-up of its own; a click on the strip below chooses a step too.
+            step = gr.Number(start["step"], label="step (1 = first)", precision=0, elem_id="step")
+            block = gr.Number(start["block"], label="double block (1 = first)", precision=0, elem_id="block")
         with gr.Row():
             panels = []
             for name, label in (("state", "the state x_t the step starts from"),
@@ -306,9 +290,9 @@ def build_page(gradio, models: Models, default: str):
             state, x0, velocity, *maps = shown(session, insides, step)
             return [f"{model_name}, seed {seed}: done", insides.image,
                     MiniT2IPipelineOutput([insides.image], insides.result.timings, insides.result.step_times,
-                                          backend_name, PRECISION).timing_table(),
+                                          backend_name, PRECISION, insides.result.blas_threads).timing_table(),
                     [(x0, f"step {i + FIRST}") for i, x0 in enumerate(insides.x0_steps)],
-                    *maps, state, x0, velocity, session, session.runs_line(), selector_class(gr)(maximum=steps, value=step)]
+                    *maps, state, x0, velocity, session, session.runs_line(), step]
 
         def select(session, step, block):
             if session.run is None:  # nothing generated yet: the numbers are for the next run
@@ -322,12 +306,11 @@ def build_page(gradio, models: Models, default: str):
         def choose_model(model_name):
             try:
                 chosen = settings_for(models, model_name)
-                depth = models.files(model_name).mmjit.config.depth_double
             except MiniT2IError as err:
                 return [f"**error:** {err}"] + [gr.skip()] * 9
             return ["", chosen["steps"], chosen["cfg_scale"], gr.Row(visible=chosen["student"]),
                     *chosen["guidance_interval"], chosen["width"], chosen["height"], chosen["step"],
-                    selector_class(gr)(maximum=depth, value=chosen["block"])]
+                    chosen["block"]]
 
         run.click(generate, [prompt, model, backend, seed, steps, guidance, t_min, t_max, width, height, step, block,
                              kept],
@@ -336,10 +319,15 @@ def build_page(gradio, models: Models, default: str):
         def fit_step(steps, step):
             if not isinstance(steps, int) or steps < FIRST:
                 return gr.skip()  # Generate will say what is wrong with it
-            return selector_class(gr)(maximum=steps, value=min(step, steps))
+            return min(step, steps) if isinstance(step, int) else gr.skip()
+
+        def pick(session, block, chosen: gr.SelectData):
+            return [chosen.index + FIRST, *select(session, chosen.index + FIRST, block)]
 
         for chosen in (step, block):
-            chosen.release(select, [kept, step, block], [status, *looked], api_name=False)
+            chosen.blur(select, [kept, step, block], [status, *looked], api_name=False)
+            chosen.submit(select, [kept, step, block], [status, *looked], api_name=False)
+        x0_steps.select(pick, [kept, block], [step, status, *looked], api_name=False)
         steps.change(fit_step, [steps, step], [step], api_name=False)
         model.change(choose_model, [model], [status, steps, guidance, interval_row, t_min, t_max, width, height, step,
                                              block], api_name="defaults")

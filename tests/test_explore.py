@@ -168,7 +168,7 @@ def test_choosing_a_model_fills_in_its_settings(client):
     """The student's steps, guidance and interval, its size, and the middle step and block (from 1)."""
     defaults = sampling_defaults(open_model(*demo_model("demo-mf")[:2]))
     expected = ["", defaults["steps"], defaults["cfg_scale"], *defaults["guidance_interval"], 64, 64,
-                defaults["steps"] // 2 + 1, {"__type__": "update", "maximum": 4, "value": 3}]  # block: of its 4
+                defaults["steps"] // 2 + 1, 3]
     assert list(client.predict("demo-mf", api_name="/defaults")) == expected
     assert client.predict("nope", api_name="/defaults")[0].startswith("**error:** unknown model 'nope'")
 
