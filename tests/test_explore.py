@@ -209,3 +209,20 @@ def test_every_panel_note_links_a_section_of_the_concepts_page():
     for panel, (_, section) in LOOK_FOR.items():
         assert f"(concepts#{sections[section][1]})" in look_for(panel)
     assert sections[2][1] == "h-2-why-the-network-predicts-x0-and-how-x0-becomes-a-velocity"
+
+
+def test_a_regular_install_ships_the_concepts_page_and_its_figures():
+    """pyproject.toml maps docs/ to minit2i.docs_data, whose package data globs match concepts.md and
+    every figure it shows (a glob that missed one would leave an installed explore page without it)."""
+    import fnmatch
+    import re
+
+    from minit2i.explore_tutor import concepts_dir
+
+    tomllib = pytest.importorskip("tomllib")
+    setup = tomllib.loads((concepts_dir().parent / "pyproject.toml").read_text())["tool"]["setuptools"]
+    assert "minit2i.docs_data" in setup["packages"] and setup["package-dir"]["minit2i.docs_data"] == "docs"
+    patterns = setup["package-data"]["minit2i.docs_data"]
+    figures = re.findall(r"!\[[^\]]*\]\((figures/[^)]+)\)", (concepts_dir() / "concepts.md").read_text())
+    for name in ["concepts.md", *figures]:
+        assert any(fnmatch.fnmatch(name, pattern) for pattern in patterns), name
