@@ -286,13 +286,13 @@ def build_page(gradio, models: Models, default: str):
                 session = Kept(finished, model_name, backend_name, session.sampling_runs + 1)
                 insides = look_again(models, session, step, block)
             except (MiniT2IError, OSError) as err:
-                return [f"**error:** {err}"] + [gr.skip()] * 13
-            state, x0, velocity, *maps = shown(session, insides, step)
+                return [f"**error:** {err}"] + [gr.skip()] * 12
+            state, prediction, velocity, *maps = shown(session, insides, step)
             return [f"{model_name}, seed {seed}: done", insides.image,
                     MiniT2IPipelineOutput([insides.image], insides.result.timings, insides.result.step_times,
                                           backend_name, PRECISION, insides.result.blas_threads).timing_table(),
                     [(x0, f"step {i + FIRST}") for i, x0 in enumerate(insides.x0_steps)],
-                    *maps, state, x0, velocity, session, session.runs_line(), step]
+                    *maps, state, prediction, velocity, session, session.runs_line()]
 
         def select(session, step, block):
             if session.run is None:  # nothing generated yet: the numbers are for the next run
@@ -314,8 +314,9 @@ def build_page(gradio, models: Models, default: str):
 
         run.click(generate, [prompt, model, backend, seed, steps, guidance, t_min, t_max, width, height, step, block,
                              kept],
-                  [status, image, timings, x0_steps, attention, cond, uncond, guided, *panels, kept, runs, step],
+                  [status, image, timings, x0_steps, attention, cond, uncond, guided, *panels, kept, runs],
                   api_name="generate")
+
         def fit_step(steps, step):
             if not isinstance(steps, int) or steps < FIRST:
                 return gr.skip()  # Generate will say what is wrong with it

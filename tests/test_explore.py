@@ -131,7 +131,7 @@ def test_five_requests_at_once_queue_and_all_complete(client, tmp_path):
 
 def test_page_shows_every_panel(client):
     """Steps are numbered from 1, as in the docs: step 3 is the third x0 of the strip."""
-    status, image, timings, x0_steps, attention, cond, uncond, guided, state, x0, velocity, runs, _ = ask(client)
+    status, image, timings, x0_steps, attention, cond, uncond, guided, state, x0, velocity, runs = ask(client)
     assert status == f"demo, seed {SEED}: done"
     assert timings.startswith("timings (numpy, fp32, BLAS threads 1):") and f"step {STEPS}" in timings
     assert [item["caption"] for item in x0_steps] == [f"step {i}" for i in range(1, STEPS + 1)]
