@@ -233,7 +233,7 @@ def build_page(gradio, models: Models, default: str):
                     "nothing, it only runs the two forwards of the chosen step that the maps below need.")
         with gr.Row():
             # Numbers the page checks itself (one line naming the range), not sliders, whose bounds Gradio
-            # would check with a pop-up of its own; a click on the strip below chooses a step too.
+            # would check with a pop-up of its own.
             step = gr.Number(start["step"], label="step (1 = first)", precision=0, elem_id="step")
             block = gr.Number(start["block"], label="double block (1 = first)", precision=0, elem_id="block")
         with gr.Row():
@@ -322,13 +322,9 @@ def build_page(gradio, models: Models, default: str):
                 return gr.skip()  # Generate will say what is wrong with it
             return min(step, steps) if isinstance(step, int) else gr.skip()
 
-        def pick(session, block, chosen: gr.SelectData):
-            return [chosen.index + FIRST, *select(session, chosen.index + FIRST, block)]
-
         for chosen in (step, block):
             chosen.blur(select, [kept, step, block], [status, *looked], api_name=False)
             chosen.submit(select, [kept, step, block], [status, *looked], api_name=False)
-        x0_steps.select(pick, [kept, block], [step, status, *looked], api_name=False)
         steps.change(fit_step, [steps, step], [step], api_name=False)
         model.change(choose_model, [model], [status, steps, guidance, interval_row, t_min, t_max, width, height, step,
                                              block], api_name="defaults")

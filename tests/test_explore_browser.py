@@ -1,5 +1,7 @@
 """`minit2i explore` in a real browser: headless Chromium (Debian's chromium and chromium-driver),
-driven by Selenium, types a prompt, generates, and reads the files the page shows."""
+driven by Selenium, types a prompt, generates, and reads the files the page shows; then looks at
+other steps and blocks of the finished run, compares two settings and follows the panels' links
+to the concepts page the server serves."""
 
 from __future__ import annotations
 
