@@ -19,6 +19,7 @@ from minit2i.core.checks import human_size
 from minit2i.core.errors import MiniT2IError
 from minit2i.core.images import to_pixels
 from minit2i.core.mean_flow_config import MeanFlowConfig
+from minit2i.core.threads import blas_threads
 from minit2i.reference.layers import attention_weights, joint_rope
 from minit2i.reference.mean_flow import unrotated_prefix
 from minit2i.reference.mean_flow_sampler import step_lengths
@@ -34,6 +35,7 @@ from .pipeline import (
     generate,
     is_student,
     make_runner,
+    run_threads,
     sampling_defaults,
     seeded_noise,
     validate,
@@ -121,7 +123,9 @@ def sample_and_keep(model: Model, request: Request, runner, reference: NumpyRunn
 
     result = generate(model, runner, request, collect, states[0][None])
     ids, mask = model.tokenizer([request.prompt])
-    return FinishedRun(request, np.stack(states), np.stack(x0s), reference.encode(ids, mask), mask,
+    with blas_threads(run_threads(request, model)):  # the reference's own forwards, sized as generate's
+        context = reference.encode(ids, mask)
+    return FinishedRun(request, np.stack(states), np.stack(x0s), context, mask,
                        model.tokenizer.word_positions(request.prompt), result)
 
 
@@ -145,9 +149,10 @@ def look_at(model: Model, reference: NumpyRunner, run: FinishedRun, step: int, b
     request = run.request
     check_position(step, request.steps, "step", "--steps")
     check_position(block, model.mmjit.config.depth_double, "block", "the model's double blocks")
-    stages, (cond, uncond) = predictions(model, reference, request, step, run.states[step][None], run.context,
-                                         run.mask)
-    attention = word_attention(reference, stages, block, run.words, request.height, request.width)
+    with blas_threads(run_threads(request, model)):
+        stages, (cond, uncond) = predictions(model, reference, request, step, run.states[step][None], run.context,
+                                             run.mask)
+        attention = word_attention(reference, stages, block, run.words, request.height, request.width)
     return Insides(run.result.pixels[0], finished_x0_pixels(run), [word for word, _ in run.words], attention, cond,
                    uncond, run.result)
 
