@@ -1530,7 +1530,7 @@ def test_generated_page_requests(page_models, fields):
     except MiniT2IError as err:
         assert "\n" not in str(err)
     else:
-        assert 0 <= settings["step"] < settings["steps"] and 0 <= settings["block"] < 4
+        assert 1 <= settings["step"] <= settings["steps"] and 1 <= settings["block"] <= 4  # the page counts from 1
     try:
         settings_for(page_models, fields.get("model_name", "demo"))
     except MiniT2IError as err:
