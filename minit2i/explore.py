@@ -102,12 +102,12 @@ def serve(args, pictures: Path) -> None:
     check_port(args.host, args.port)
     models = Models(model_sources(args))
     page = build_page(gradio, models, default=next(iter(models.sources)), pictures=pictures)
-    page.queue(default_concurrency_limit=1).launch(prevent_thread_lock=True,
-                                                    **launch_settings(gradio, args.host, args.port))
     if not is_loopback(args.host):
         print(printable(f"minit2i explore: warning: --host {args.host} serves the page to other machines: anyone "
                         f"who reaches it can run prompts on this one (default {DEFAULT_HOST}: this machine only)"),
-              file=sys.stderr)
+              file=sys.stderr, flush=True)
+    page.queue(default_concurrency_limit=1).launch(prevent_thread_lock=True,
+                                                    **launch_settings(gradio, args.host, args.port))
     emit(f"minit2i explore: http://{args.host}:{args.port}/ (Ctrl-C stops the server)")
     try:  # serve until Ctrl-C or SIGTERM, which `console.guarded` reports (Gradio's own wait would swallow them)
         threading.Event().wait()
