@@ -207,13 +207,19 @@ def training_batch(recipe: Recipe, tokenizer: PromptTokenizer, step: int, image_
         ("t", t.astype(np.float32)), ("noise", noise))}
 
 
-def v_loss(params: dict, mmjit: MMJiTConfig, t5: T5Config, batch: dict, a_min: float) -> torch.Tensor:
-    """Mean squared velocity error of the x0 prediction (scalar)."""
+def v_loss(params: dict, mmjit: MMJiTConfig, t5: T5Config, batch: dict, a_min: float,
+           predict_x0=None) -> torch.Tensor:
+    """Mean squared velocity error of the x0 prediction (scalar). `predict_x0(mmjit_params, x_t
+    [B, C, H, W], t [B, 1, 1, 1], context, mask) -> x0`, if given, stands for the network's own
+    x0 (the watch-it-learn ablations: another prediction target, fewer positions)."""
     mmjit_params, t5_params = split_tree(params)
     t = batch["t"][:, None, None, None]
     x_t = t * batch["images"] + (1 - t) * NOISE_SCALE * batch["noise"]
     context = t5_encode(t5_params, t5, batch["ids"], batch["mask"])
-    x0 = mmjit_forward(mmjit_params, mmjit, x_t, context, batch["mmjit_mask"])
+    if predict_x0 is None:
+        x0 = mmjit_forward(mmjit_params, mmjit, x_t, context, batch["mmjit_mask"])
+    else:
+        x0 = predict_x0(mmjit_params, x_t, t, context, batch["mmjit_mask"])
     return (((x0 - batch["images"]) / torch.clamp(1 - t, min=a_min)) ** 2).mean()
 
 

@@ -1,0 +1,91 @@
+"""Run the watch-it-learn experiments and draw their sheets for docs/concepts.md (the `train` extra):
+
+    python scripts/ablation_figures.py             # every run into runs/ablations/, then the sheets
+
+Each experiment is one `python -m minit2i.training.learn --out runs/ablations/NAME SWITCHES`
+command (EXPERIMENTS), the baseline the same command without switches; a finished run is only
+read again, an interrupted one resumes. Each sheet (docs/figures/ablation-*.png) shows the data's
+row, then for each run its samples at the middle snapshot and at the end, labelled; the script
+prints the checker's final counts of every run as the table concepts.md quotes. Runs are
+deterministic on one thread, so the sheets come out byte for byte the same.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from make_figures import FIGURES
+from minit2i.console import emit
+from minit2i.core.images import save_png
+from minit2i.training import learn
+from minit2i.training.train import read_log
+
+RUNS = Path("runs/ablations")
+# name: (the switches, a label of at most ten characters for the sheet)
+EXPERIMENTS = {
+    "baseline": ([], "x0 (model)"),
+    "velocity": (["--predict", "velocity"], "velocity"),
+    "noise": (["--predict", "noise"], "noise"),
+    "patch8": (["--patch", "8"], "x0, p 8"),
+    "patch8-velocity": (["--patch", "8", "--predict", "velocity"], "v, p 8"),
+    "no-caption-drop": (["--caption-drop", "0"], "drop 0"),
+    "rope-only": (["--positions", "rope"], "RoPE only"),
+    "sincos-only": (["--positions", "sincos"], "sin/cos"),
+    "no-positions": (["--positions", "none"], "none"),
+}
+# The sheet of each concepts.md section: the runs it sets beside each other.
+SHEETS = {
+    "ablation-prediction.png": ("baseline", "velocity", "noise", "patch8", "patch8-velocity"),
+    "ablation-caption-drop.png": ("baseline", "no-caption-drop"),
+    "ablation-positions.png": ("baseline", "rope-only", "sincos-only", "no-positions"),
+}
+
+
+def run_all() -> None:
+    for name, (switches, _) in EXPERIMENTS.items():
+        emit(f"--- {name}: learn --out {RUNS / name} {' '.join(switches)}")
+        if learn.main(["--out", str(RUNS / name), *switches]) != 0:
+            sys.exit(f"the {name} run failed")
+
+
+def final_report(name: str) -> tuple[int, dict]:
+    """(the last snapshot step, the checker's report there) of a finished run."""
+    steps = learn.rows_taken(RUNS / name)
+    reports = {r["step"]: r["eval"] for r in read_log(RUNS / name / "log.jsonl") if "eval" in r}
+    return steps[-1], reports[steps[-1]]
+
+
+def sheet(names: tuple[str, ...]):
+    """The data's row, then each run's rows at its middle and last snapshots, labelled."""
+    rows, labels = [learn.data_row(learn.LEARN_MMJIT.image_size)], ["the data"]
+    for name in names:
+        steps = learn.rows_taken(RUNS / name)
+        for step in (steps[-2], steps[-1]):
+            rows.append(learn.read_row(learn.row_path(RUNS / name, step), len(learn.SHEET_SCENES),
+                                       learn.LEARN_MMJIT.image_size))
+            labels.append(f"{EXPERIMENTS[name][1]}\n{step}")
+    return learn.sample_sheet(rows, labels)
+
+
+def score_table() -> str:
+    """A markdown table: each run's command switches and the checker's final counts."""
+    lines = ["| run | switches | " + " | ".join(learn.ATTRIBUTES) + " |",
+             "| --- | --- |" + " --- |" * len(learn.ATTRIBUTES)]
+    for name, (switches, _) in EXPERIMENTS.items():
+        _, report = final_report(name)
+        counts = learn.right_counts(report)
+        lines.append(f"| {name} | `{' '.join(switches) or '(none)'}` | "
+                     + " | ".join(str(counts[a]) for a in learn.ATTRIBUTES) + " |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    run_all()
+    for filename, names in SHEETS.items():
+        save_png(sheet(names), FIGURES / filename)
+    emit(score_table())
+
+
+if __name__ == "__main__":
+    main()
