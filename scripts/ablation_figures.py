@@ -27,12 +27,12 @@ EXPERIMENTS = {
     "baseline": ([], "x0 (model)"),
     "velocity": (["--predict", "velocity"], "velocity"),
     "noise": (["--predict", "noise"], "noise"),
+    "no-positions": (["--positions", "none"], "none"),
+    "no-caption-drop": (["--caption-drop", "0"], "drop 0"),
     "patch8": (["--patch", "8"], "x0, p 8"),
     "patch8-velocity": (["--patch", "8", "--predict", "velocity"], "v, p 8"),
-    "no-caption-drop": (["--caption-drop", "0"], "drop 0"),
-    "rope-only": (["--positions", "rope"], "RoPE only"),
     "sincos-only": (["--positions", "sincos"], "sin/cos"),
-    "no-positions": (["--positions", "none"], "none"),
+    "rope-only": (["--positions", "rope"], "RoPE only"),
 }
 # The sheet of each concepts.md section: the runs it sets beside each other.
 SHEETS = {
