@@ -43,10 +43,14 @@ SHEETS = {
 
 
 def run_all() -> None:
+    """Each experiment's run, finished or resumed; a failed run stops nothing after it."""
+    failed = []
     for name, (switches, _) in EXPERIMENTS.items():
         emit(f"--- {name}: learn --out {RUNS / name} {' '.join(switches)}")
         if learn.main(["--out", str(RUNS / name), *switches]) != 0:
-            sys.exit(f"the {name} run failed")
+            failed.append(name)
+    if failed:
+        sys.exit(f"these runs failed: {', '.join(failed)}; their errors are above")
 
 
 def final_report(name: str) -> tuple[int, dict]:
