@@ -19,7 +19,8 @@ from make_figures import FIGURES
 from minit2i.console import emit
 from minit2i.core.images import save_png
 from minit2i.training import learn
-from minit2i.training.train import read_log
+from minit2i.training.evaluate import evaluation_scenes
+from minit2i.training.train import compact_log, read_log
 
 RUNS = Path("runs/ablations")
 # name: (the switches, a label of at most ten characters for the sheet)
@@ -40,6 +41,9 @@ SHEETS = {
     "ablation-caption-drop.png": ("baseline", "no-caption-drop"),
     "ablation-positions.png": ("baseline", "rope-only", "sincos-only", "no-positions"),
 }
+# The runs also drawn and read back at guidance 1 (the conditional prediction alone, no
+# unconditional branch): whether a run draws well without guidance, or guidance breaks it.
+UNGUIDED = ("baseline", "no-caption-drop")
 
 
 def run_all() -> None:
@@ -60,8 +64,14 @@ def final_report(name: str) -> tuple[int, dict]:
     return steps[-1], reports[steps[-1]]
 
 
+def finished_run(name: str):
+    """The finished run `name` (learn.AblationRun at its last checkpoint)."""
+    return learn.run_of(learn.parse_args(["--out", str(RUNS / name), *EXPERIMENTS[name][0]]))
+
+
 def sheet(names: tuple[str, ...]):
-    """The data's row, then each run's rows at its middle and last snapshots, labelled."""
+    """The data's row, then each run's rows at its middle and last snapshots (guidance 3), and for
+    the UNGUIDED runs the last one again at guidance 1, labelled."""
     rows, labels = [learn.data_row(learn.LEARN_MMJIT.image_size)], ["the data"]
     for name in names:
         steps = learn.rows_taken(RUNS / name)
@@ -69,18 +79,28 @@ def sheet(names: tuple[str, ...]):
             rows.append(learn.read_row(learn.row_path(RUNS / name, step), len(learn.SHEET_SCENES),
                                        learn.LEARN_MMJIT.image_size))
             labels.append(f"{EXPERIMENTS[name][1]}\n{step}")
+        if name in UNGUIDED:
+            rows.append(learn.sheet_row(finished_run(name), 1.0))
+            labels.append(f"{EXPERIMENTS[name][1]}\n{steps[-1]}, g 1")
     return learn.sample_sheet(rows, labels)
 
 
 def score_table() -> str:
-    """A markdown table: each run's command switches and the checker's final counts."""
-    lines = ["| run | switches | " + " | ".join(learn.ATTRIBUTES) + " |",
-             "| --- | --- |" + " --- |" * len(learn.ATTRIBUTES)]
+    """A markdown table: each run's switches, its last 10-step mean loss and the checker's final
+    counts (guidance 3), and the UNGUIDED runs' counts at guidance 1."""
+    lines = ["| run | switches | loss | " + " | ".join(learn.ATTRIBUTES) + " |",
+             "| --- | --- | --- |" + " --- |" * len(learn.ATTRIBUTES)]
+    scenes = evaluation_scenes(learn.EVAL_PROMPTS, seeds=1)
     for name, (switches, _) in EXPERIMENTS.items():
-        _, report = final_report(name)
-        counts = learn.right_counts(report)
-        lines.append(f"| {name} | `{' '.join(switches) or '(none)'}` | "
-                     + " | ".join(str(counts[a]) for a in learn.ATTRIBUTES) + " |")
+        step, report = final_report(name)
+        loss = [r for r in compact_log(read_log(RUNS / name / "log.jsonl"), step) if "loss" in r][-1]["loss"]
+        reports = [("", report)]
+        if name in UNGUIDED:
+            reports.append((", guidance 1", finished_run(name).evaluate(scenes, learn.SAMPLE_STEPS, 1.0)))
+        for suffix, counted in reports:
+            counts = learn.right_counts(counted)
+            lines.append(f"| {name}{suffix} | `{' '.join(switches) or '(none)'}` | {loss:.4f} | "
+                         + " | ".join(str(counts[a]) for a in learn.ATTRIBUTES) + " |")
     return "\n".join(lines)
 
 

@@ -51,8 +51,8 @@ from minit2i.core.errors import MiniT2IError
 from minit2i.core.images import grid, save_png
 
 from . import shapes
-from .charts import font, loss_chart
 from .ablations import POSITION_CHOICES, PREDICTIONS, AblationRun, Variant
+from .charts import font, loss_chart
 from .evaluate import ATTRIBUTES, draw_scenes, evaluation_scenes
 from .train import (CHECKPOINT, DEFAULT_EXPORT, DEMO_MMJIT, DEMO_T5, Recipe, Run, check_export_dir,
                     check_writable_parent, compact_log, read_log, torch_encoder, train_steps)
@@ -102,12 +102,19 @@ def snapshot(run: Run, eval_scenes) -> None:
     """Draw the sheet's row with the EMA weights, read back `eval_scenes` with the checker (into
     the log, as train.py's evaluations), and save the row (last: a row on disk is a finished
     snapshot)."""
-    draw = run.sampler(SAMPLE_STEPS, CFG_SCALE)
-    row = draw_scenes([(scene, seed, False) for seed, scene in enumerate(SHEET_SCENES)], run.tokenizer,
-                      torch_encoder(run), draw, run.mmjit.image_size)
+    row = sheet_row(run, CFG_SCALE)
     run.log({"step": run.step, "eval": run.evaluate(eval_scenes, SAMPLE_STEPS, CFG_SCALE)})
     (run.folder / ROWS).mkdir(exist_ok=True)
-    save_png(grid(list(row), len(row)), row_path(run.folder, run.step))
+    save_png(row, row_path(run.folder, run.step))
+
+
+def sheet_row(run: Run, cfg_scale: float) -> np.ndarray:
+    """uint8 [S, S * n, 3]: the EMA weights' samples of the n SHEET_SCENES, scene i with seed i, at
+    guidance `cfg_scale`."""
+    draw = run.sampler(SAMPLE_STEPS, cfg_scale)
+    row = draw_scenes([(scene, seed, False) for seed, scene in enumerate(SHEET_SCENES)], run.tokenizer,
+                      torch_encoder(run), draw, run.mmjit.image_size)
+    return grid(list(row), len(row))
 
 
 def learn(run: Run, eval_prompts: int) -> None:
@@ -270,22 +277,26 @@ def check_arguments(args) -> None:
     check_export_dir(out / DEFAULT_EXPORT, out)
 
 
+def run_of(args) -> AblationRun:
+    """The run the checked arguments describe, resumed from --out's checkpoint if there is one."""
+    recipe = dataclasses.replace(LEARN_RECIPE, steps=args.steps, caption_drop=args.caption_drop)
+    return AblationRun(args.out, recipe, dataclasses.replace(LEARN_MMJIT, patch_size=args.patch), LEARN_T5,
+                       Variant(args.predict, args.positions))
+
+
 def main(argv=None) -> int:
     def command() -> int:
         args = parse_args(argv)
         check_arguments(args)
         torch.set_num_threads(args.threads)
         args.out.mkdir(parents=True, exist_ok=True)
-        recipe = dataclasses.replace(LEARN_RECIPE, steps=args.steps, caption_drop=args.caption_drop)
-        variant = Variant(args.predict, args.positions)
-        run = AblationRun(args.out, recipe, dataclasses.replace(LEARN_MMJIT, patch_size=args.patch), LEARN_T5,
-                          variant)
+        run = run_of(args)
         if run.step > args.steps:
             raise MiniT2IError(f"--out {args.out} holds a run at step {run.step}, past --steps {args.steps}; pass "
                                f"--steps {run.step} or more, or choose a new folder")
         learn(run, args.eval_prompts)
         write_results(run)
-        if not variant.is_the_model:
+        if not run.variant.is_the_model:
             emit("not exported: minit2i generate draws with the model's x0 prediction and both position signals")
             return 0
         export = args.out / DEFAULT_EXPORT
