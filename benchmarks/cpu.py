@@ -18,9 +18,15 @@ This file lives outside tests/ on purpose: pytest never collects it.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import os
+import statistics
+import subprocess
+import sys
+import tempfile
 import time
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -29,8 +35,11 @@ import torch.nn.functional as F
 from minit2i.core.mean_flow_config import MEAN_FLOW_B16, MEAN_FLOW_RECIPE, MeanFlowConfig
 from minit2i.core.mmjit_config import MMJIT_B16, MMJiTConfig
 from minit2i.core.t5_config import T5_FLAN_LARGE, T5Config
+from minit2i.core.threads import THREAD_VARIABLES, available_cores, blas_threads, block_product_flops, threads_for
 from minit2i.core.weights import nest
+from minit2i.api import MiniT2IPipeline
 from minit2i.demo_models import random_mmjit_weights, random_t5_weights
+from minit2i.pipeline import make_request, run_threads
 from minit2i.reference.layers import attention
 from minit2i.reference.mean_flow import mean_flow_forward
 from minit2i.reference.mean_flow_sampler import sample_mean_flow
@@ -39,10 +48,16 @@ from minit2i.reference.sampler import initial_noise
 from minit2i.reference.t5 import t5_encode
 from minit2i.training import torch_model as torch_peer
 
+try:  # run as a script: benchmarks/ is on sys.path
+    from load import busy_processes, load_average
+except ImportError:  # imported as benchmarks.cpu
+    from benchmarks.load import busy_processes, load_average
+
 BATCH = 2  # one conditional + one unconditional row, as classifier-free guidance runs them
 TEXT_LENGTH = 256
 ROOFLINE_SIZE = 2048
 SEED = 0
+DEMO_PROMPT = "a large red circle at the left on a gray background"  # the README's first command
 
 
 # ---------------------------------------------------------------------------------------------
@@ -155,10 +170,10 @@ def bench_joint_attention(config: MMJiTConfig, size: int, repeats: int) -> dict:
                       BATCH * 4 * tokens**2 * config.hidden_size, repeats)
 
 
-def bench_mean_flow_image(student: MeanFlowConfig, t5: T5Config, size: int, repeats: int) -> dict:
-    """One Mean Flow image end to end: T5 on the prompt, then the student's sampler (4 forwards of
-    batch 1 over A + L text tokens). Both sides run the reference's sampler loop
-    (`sample_mean_flow`); only the networks differ, so the row compares the networks' cost."""
+def mean_flow_image_case(student: MeanFlowConfig, t5: T5Config, size: int):
+    """(run_numpy, run_torch, FLOPs) of one Mean Flow image end to end: T5 on the prompt, then the
+    student's sampler (4 forwards of batch 1 over A + L text tokens). Both sides run the
+    reference's sampler loop (`sample_mean_flow`); only the networks differ."""
     params, t5_params = nest(random_mmjit_weights(student, SEED)), nest(random_t5_weights(t5, SEED))
     rng = np.random.default_rng(SEED + 4)
     ids = rng.integers(0, t5.vocab_size, (1, TEXT_LENGTH))
@@ -184,6 +199,13 @@ def bench_mean_flow_image(student: MeanFlowConfig, t5: T5Config, size: int, repe
         return torch.from_numpy(sample_mean_flow(torch_denoise, noise, context, mask, steps, omega, interval))
 
     flops = t5_flops(t5, 1, TEXT_LENGTH) + steps * mmjit_flops(student, 1, size, prefix + TEXT_LENGTH)
+    return run_numpy, run_torch, flops
+
+
+def bench_mean_flow_image(student: MeanFlowConfig, t5: T5Config, size: int, repeats: int) -> dict:
+    """One Mean Flow image, NumPy against PyTorch (`mean_flow_image_case`)."""
+    run_numpy, run_torch, flops = mean_flow_image_case(student, t5, size)
+    steps = MEAN_FLOW_RECIPE["steps"]
     return comparison(f"MF image {size}x{size}: T5 + {steps} x student b1", run_numpy, run_torch, flops, repeats)
 
 
@@ -200,18 +222,126 @@ def bench_t5(config: T5Config, repeats: int) -> dict:
 
 
 # ---------------------------------------------------------------------------------------------
+# BLAS threads: the count the project chooses against one thread and every core
+
+
+def demo_image_case():
+    """(run(threads), chosen count): the demo model's default image (the README's first command)
+    through the Python API, in process; `threads` None lets the pipeline choose."""
+    pipe = MiniT2IPipeline.from_pretrained("demo")
+    pipe.set_progress_bar_config(disable=True)
+
+    def run(threads):
+        pipe.threads = threads
+        return pipe(DEMO_PROMPT, generator=1, output_type="np").images
+
+    return run, run_threads(make_request(pipe.files, DEMO_PROMPT, {}), pipe.files)
+
+
+def mean_flow_threads_case(student: MeanFlowConfig, t5: T5Config, size: int):
+    """(run(threads), chosen count): the B/16-MF image of `mean_flow_image_case` in NumPy."""
+    run_numpy, _, _ = mean_flow_image_case(student, t5, size)
+    tokens = (size // student.patch_size) ** 2 + student.num_aux_tokens + TEXT_LENGTH
+
+    def run(threads):
+        with blas_threads(threads):
+            return run_numpy()
+
+    return run, threads_for(block_product_flops(student, 1, tokens))
+
+
+def mmjit_threads_case(config: MMJiTConfig, size: int):
+    """(run(threads), chosen count): one guided B/16 forward (batch 2) at `size`."""
+    params = nest(random_mmjit_weights(config, SEED))
+    rng = np.random.default_rng(SEED + 1)
+    images = rng.standard_normal((BATCH, config.in_channels, size, size), dtype=np.float32)
+    context = rng.standard_normal((BATCH, TEXT_LENGTH, config.txt_input_size), dtype=np.float32)
+    mask = np.ones((BATCH, TEXT_LENGTH), dtype=np.float32)
+    tokens = (size // config.patch_size) ** 2 + TEXT_LENGTH
+
+    def run(threads):
+        with blas_threads(threads):
+            return mmjit_forward(params, config, images, context, mask)
+
+    return run, threads_for(block_product_flops(config, BATCH, tokens))
+
+
+def thread_rows(cases: list[tuple[str, object, int]], repeats: int) -> list[dict]:
+    """Each case at its chosen count, one thread and every core, the three taking turns."""
+    cores = available_cores()
+    rows = []
+    for name, run, chosen in cases:
+        seconds, _ = best_times({"chosen_s": lambda: run(chosen), "one_s": lambda: run(1),
+                                 "all_s": lambda: run(cores)}, repeats)
+        rows.append({"name": name, "threads": chosen, **seconds})
+    return rows
+
+
+def generate_command_times(repeats: int) -> dict:
+    """`minit2i generate` on the demo model as a user types it, with no *_NUM_THREADS variable
+    and with OPENBLAS_NUM_THREADS=1, in turns: the fastest and the median wall time of each, and
+    whether their PNGs are the same bytes."""
+    command = [str(Path(sys.executable).with_name("minit2i")), "generate", "-q", "-p", DEMO_PROMPT, "-s", "1"]
+    plain = {k: v for k, v in os.environ.items() if k not in THREAD_VARIABLES}
+    sides = {"default": plain, "OPENBLAS_NUM_THREADS=1": {**plain, "OPENBLAS_NUM_THREADS": "1"}}
+    seconds = {name: [] for name in sides}
+    with tempfile.TemporaryDirectory() as folder:
+        for _ in range(repeats):
+            for name, env in sides.items():
+                start = time.perf_counter()
+                subprocess.run([*command, "-o", os.path.join(folder, f"{name}.png")], env=env, check=True,
+                               capture_output=True)
+                seconds[name].append(time.perf_counter() - start)
+        pngs = {Path(folder, f"{name}.png").read_bytes() for name in sides}
+    return {"seconds": seconds, "same_png": len(pngs) == 1}
+
+
+def print_thread_table(title: str, rows: list[dict], command: dict) -> None:
+    cores = available_cores()
+    print(f"\n{title} (load {load_average()})")
+    header = f"{'case':<40} {'chosen':>6} {'chosen s':>9} {'1 thr s':>8} {f'{cores} thr s':>8} " \
+             f"{'ch / 1':>7} {'ch / all':>8}"
+    print(header)
+    print("-" * len(header))
+    for r in rows:
+        print(f"{r['name']:<40} {r['threads']:6d} {r['chosen_s']:9.3f} {r['one_s']:8.3f} {r['all_s']:8.3f} "
+              f"{r['chosen_s'] / r['one_s']:7.2f} {r['chosen_s'] / r['all_s']:8.2f}")
+    best = {name: min(times) for name, times in command["seconds"].items()}
+    median = {name: statistics.median(times) for name, times in command["seconds"].items()}
+    print(f"minit2i generate (demo), fastest / median of {len(command['seconds']['default'])}: "
+          f"no variable {best['default']:.2f} / {median['default']:.2f} s, OPENBLAS_NUM_THREADS=1 "
+          f"{best['OPENBLAS_NUM_THREADS=1']:.2f} / {median['OPENBLAS_NUM_THREADS=1']:.2f} s, ratio "
+          f"{median['default'] / median['OPENBLAS_NUM_THREADS=1']:.2f} (medians); "
+          f"same PNG bytes: {'yes' if command['same_png'] else 'NO'}")
+
+
+def bench_threads(student: MeanFlowConfig, mmjit: MMJiTConfig, t5: T5Config, size: int, repeats: int) -> None:
+    """The thread table on a quiet machine, then under two busy processes this function starts."""
+    demo, demo_chosen = demo_image_case()
+    cases = [("demo image 64x64, 20 steps (API)", demo, demo_chosen),
+             (f"B/16-MF image {size}x{size} (T5 + 4 steps)", *mean_flow_threads_case(student, t5, size)),
+             (f"B/16 MMJiT forward {size}x{size} b{BATCH}", *mmjit_threads_case(mmjit, size))]
+    for title, load in (("BLAS threads, quiet", contextlib.nullcontext()),
+                        ("BLAS threads, two busy processes", busy_processes(2))):
+        with load:
+            rows = thread_rows(cases, repeats)
+            command = generate_command_times(max(3, repeats))
+        print_thread_table(title, rows, command)
+
+
+# ---------------------------------------------------------------------------------------------
 # Reporting
 
 
 def thread_report() -> str:
-    """Thread counts of both libraries (numpy's BLAS pool via threadpoolctl when installed)."""
-    try:
-        from threadpoolctl import threadpool_info
-        blas = ", ".join(f"{i['internal_api']} {i['num_threads']}" for i in threadpool_info())
-    except ImportError:
-        keys = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
-        blas = ", ".join(f"{k}={os.environ[k]}" for k in keys if k in os.environ) or "BLAS default (all cores)"
-    return f"cores {os.cpu_count()}; torch threads {torch.get_num_threads()}; numpy: {blas}"
+    """Thread counts of both libraries (NumPy's BLAS pool as threadpoolctl reads it) and any
+    *_NUM_THREADS variable set."""
+    from threadpoolctl import threadpool_info
+
+    blas = ", ".join(f"{i['internal_api']} {i['num_threads']}" for i in threadpool_info())
+    variables = ", ".join(f"{k}={os.environ[k]}" for k in THREAD_VARIABLES if k in os.environ) or "none"
+    return f"cores {available_cores()}; torch threads {torch.get_num_threads()}; numpy BLAS: {blas} " \
+           f"(at start; each row sets its own); *_NUM_THREADS set: {variables}"
 
 
 def print_table(rows: list[dict], roofline: float) -> None:
@@ -230,6 +360,8 @@ def print_table(rows: list[dict], roofline: float) -> None:
 
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--part", choices=("all", "torch", "threads"), default="all",
+                        help="torch: NumPy against PyTorch; threads: the chosen BLAS threads against one and all")
     parser.add_argument("--repeats", type=int, default=3, help="timed calls per forward; the fastest counts")
     parser.add_argument("--size", type=int, default=512, help="image side in pixels (multiple of 16)")
     parser.add_argument("--quick", action="store_true",
@@ -246,7 +378,16 @@ def main(argv=None) -> None:
         t5 = dataclasses.replace(T5_FLAN_LARGE, num_layers=2)
         size, repeats = 256, 1
     print(thread_report())
-    print(f"numpy {np.__version__}, torch {torch.__version__}")
+    print(f"numpy {np.__version__}, torch {torch.__version__}; {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, "
+          f"load {load_average()}")
+    if args.part in ("all", "torch"):
+        bench_torch(mmjit, student, t5, size, repeats)
+    if args.part in ("all", "threads"):
+        bench_threads(student, mmjit, t5, size, repeats)
+
+
+def bench_torch(mmjit: MMJiTConfig, student: MeanFlowConfig, t5: T5Config, size: int, repeats: int) -> None:
+    """The NumPy reference against PyTorch: the roofline, then one row per component."""
     gemm = matmul_roofline()
     roofline = max(gemm.values())  # what this machine can do; both columns are measured against it
     print(f"float32 GEMM ({ROOFLINE_SIZE}^3): numpy {gemm['numpy']:.0f} GFLOP/s, torch {gemm['torch']:.0f} GFLOP/s;"

@@ -7,7 +7,8 @@
 
 `from_pretrained` takes what `minit2i generate --model` takes (a demo model's name, a Hub repo id
 or a path, with `t5=`, `variant=`, `jax_tree=`, `tokenizer=`) and `backend=` and `precision=` as
-`--backend` and `--precision`; it checks the backend, reads the configs and headers, then the
+`--backend` and `--precision`, and `threads=` as `--threads` (NumPy's BLAS threads; by default as
+many as the size of the work pays for, `minit2i.core.threads`); it checks the backend, reads the configs and headers, then the
 tensors, once. A call takes the keywords of diffusers' pipelines, each the twin of a flag:
 
     prompt (-p; or a list of prompts)     num_inference_steps (--steps)   guidance_scale (--cfg-scale)
@@ -41,6 +42,7 @@ import numpy as np
 from minit2i.core.errors import MiniT2IError
 from minit2i.core.images import to_pixels
 from minit2i.core.mmjit_config import DEFAULT_VARIANT
+from minit2i.core.threads import check_threads
 from minit2i.reference.sampler import noise_from
 
 from .pipeline import (
@@ -72,6 +74,7 @@ class MiniT2IPipelineOutput:
     step_times: list[float]  # each sampler step
     backend: str
     precision: str
+    blas_threads: int | None = None  # NumPy's BLAS threads during the call
 
     def timing_table(self) -> str:
         """Tokenize, T5, each step's forward, total: one aligned table, as `generate` prints it."""
@@ -84,7 +87,8 @@ class MiniT2IPipelineOutput:
             rows += [(f"steps 4-{len(steps)} (mean)", sum(steps[3:]) / len(steps[3:]))]
         rows += [("sampling", self.timings["sampling"]), ("total", self.timings["total"])]
         width = max(len(name) for name, _ in rows)
-        lines = [f"timings ({self.backend}, {self.precision}):"]
+        threads = "" if self.blas_threads is None else f", BLAS threads {self.blas_threads}"
+        lines = [f"timings ({self.backend}, {self.precision}{threads}):"]
         lines += [f"  {name:<{width}}  {seconds * 1000:10.1f} ms" for name, seconds in rows]
         return "\n".join(lines)
 
@@ -96,27 +100,30 @@ class MiniT2IPipeline:
     read by `load` (`from_pretrained` does), else by the first call, after that call's checks.
     """
 
-    def __init__(self, files: ModelFiles, backend: str = "numpy", precision: str = "fp32"):
+    def __init__(self, files: ModelFiles, backend: str = "numpy", precision: str = "fp32", threads: int | None = None):
         self.files, self.backend, self.precision = files, backend, precision
+        self.threads = threads  # BLAS threads asked for; None: chosen per call from its size
         self.model = None  # minit2i.pipeline.Model once loaded
         self.runner = None
         self.progress_bar_config: dict = {}
 
     @classmethod
     def open(cls, pretrained_model_name_or_path, t5=None, *, variant: str = DEFAULT_VARIANT, backend: str = "numpy",
-             precision: str = "fp32", tokenizer=None, jax_tree: str | None = None) -> MiniT2IPipeline:
+             precision: str = "fp32", tokenizer=None, jax_tree: str | None = None,
+             threads: int | None = None) -> MiniT2IPipeline:
         """The pipeline with the model's configs and headers read and checked, no tensor yet."""
+        threads = check_threads(threads)
         check_backend(backend, precision)
         files = open_model(pretrained_model_name_or_path, t5, tokenizer, variant, jax_tree)
-        return cls(files, backend, precision)
+        return cls(files, backend, precision, threads)
 
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path, t5=None, *, variant: str = DEFAULT_VARIANT,
                         backend: str = "numpy", precision: str = "fp32", tokenizer=None,
-                        jax_tree: str | None = None) -> MiniT2IPipeline:
+                        jax_tree: str | None = None, threads: int | None = None) -> MiniT2IPipeline:
         """`open`, then read the tensors of both networks and set up the backend."""
         return cls.open(pretrained_model_name_or_path, t5, variant=variant, backend=backend, precision=precision,
-                        tokenizer=tokenizer, jax_tree=jax_tree).load()
+                        tokenizer=tokenizer, jax_tree=jax_tree, threads=threads).load()
 
     def load(self) -> MiniT2IPipeline:
         """Read the tensors (once) and make the backend's runner."""
@@ -168,7 +175,8 @@ class MiniT2IPipeline:
             note_prompt(self.files.tokenizer, text)
         result = self._run(request, generators, callback_on_step_end)
         images = result.pixels if output_type == "np" else [pil_image(pixels) for pixels in result.pixels]
-        return MiniT2IPipelineOutput(images, result.timings, result.step_times, self.backend, self.precision)
+        return MiniT2IPipelineOutput(images, result.timings, result.step_times, self.backend, self.precision,
+                                     result.blas_threads)
 
     def _run(self, request: Request, generators, callback_on_step_end):
         """`minit2i.pipeline.generate` with a progress bar and the callback; its Result."""
@@ -186,7 +194,7 @@ class MiniT2IPipeline:
                 callback_on_step_end(self, info.index, info.t, {"latents": info.x, "x0": info.x0})
 
         try:
-            return generate(self.model, self.runner, request, on_step, noise)
+            return generate(self.model, self.runner, request, on_step, noise, self.threads)
         finally:
             bar.close()
 

@@ -37,6 +37,13 @@ def add_variant_arguments(parser) -> None:
                              "student's params), `minit2i info` lists the trees")
 
 
+def add_threads_argument(parser) -> None:
+    """--threads: NumPy's BLAS threads (default: as many as the size of the work pays for)."""
+    parser.add_argument("--threads", type=int, default=None, metavar="N",
+                        help="BLAS threads of the NumPy backend (default: one for small models such as the demo, "
+                             "every core for the real ones; OMP_NUM_THREADS and the like, if set, are obeyed)")
+
+
 def say(args, message: str) -> None:
     """A note on stderr, unless -q."""
     if not args.quiet:

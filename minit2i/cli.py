@@ -15,10 +15,11 @@ from pathlib import Path
 from minit2i.core.checks import user_path, writable_folder
 from minit2i.core.errors import MiniT2IError
 from minit2i.core.mmjit_config import DEFAULT_VARIANT
+from minit2i.core.threads import check_threads
 
 # Every subcommand, named here: a module missing from an install fails the import loudly.
 from . import convert, explore, golden, trace
-from .arguments import add_model_arguments, add_variant_arguments, model_paths
+from .arguments import add_model_arguments, add_threads_argument, add_variant_arguments, model_paths
 from .console import LINE_LIMIT, OneLineFormatter, OneLineParser, emit, guarded, printable
 
 
@@ -106,6 +107,7 @@ def add_generate_parser(sub) -> None:
                         "on the CPU: slow, no GPU needed)")
     p.add_argument("--precision", default="fp32", metavar="fp32|fp16|bf16",
                    help="fp32 (default); fp16 and bf16 on cupy and cudasim; fp64 on numpy")
+    add_threads_argument(p)
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar or timing table")
     p.set_defaults(run=run_generate)
 
@@ -124,12 +126,13 @@ def run_generate(args) -> int:
             "num_images_per_prompt": args.batch_count, "generator": args.seed, "a_min": args.a_min,
             "guidance_interval": args.guidance_interval}
     check_call(**call)
+    threads = check_threads(args.threads, "--threads")
     check_backend(args.backend, args.precision)
     outputs = [check_writable(p) for p in output_paths(Path(args.output), args.batch_count)]
     preview_dir = _preview_dir(args.preview_dir)
     model, t5 = model_paths(args)
     pipe = MiniT2IPipeline.open(model, t5, variant=args.variant, backend=args.backend, precision=args.precision,
-                                tokenizer=args.tokenizer, jax_tree=args.jax_tree)
+                                tokenizer=args.tokenizer, jax_tree=args.jax_tree, threads=threads)
     pipe.set_progress_bar_config(disable=args.quiet, file=sys.stderr)
 
     def save_preview(pipe, step_index, timestep, tensors):

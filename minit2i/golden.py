@@ -53,6 +53,7 @@ from minit2i.core.images import to_pixels
 from minit2i.core.mean_flow_config import MEAN_FLOW_TINY, MeanFlowConfig
 from minit2i.core.mmjit_config import MMJIT_TINY, MMJiTConfig
 from minit2i.core.t5_config import T5_TINY, T5Config
+from minit2i.core.threads import blas_threads, chosen_threads
 from minit2i.core.tokenizer import PromptTokenizer, make_t5_style_tokenizer
 from minit2i.core.weights import LoadedWeights, nest
 from minit2i.reference.layers import cast_tree
@@ -535,6 +536,13 @@ def _folder_argument(text: str) -> Path:
 
 
 def run(args) -> int:
+    # Every recipe is a tiny model, its products far below FLOPS_PER_THREAD: the thread count
+    # `threads_for` gives the smallest work (the demo PNG's `generate` sizes its own, the same).
+    with blas_threads(chosen_threads(None, 0.0)):
+        return _run(args)
+
+
+def _run(args) -> int:
     if args.action == "record":
         names = record(args.dir, args.force)
         emit(f"recorded {len(names)} arrays into {printable(str(args.dir), None)}: {', '.join(names)}")

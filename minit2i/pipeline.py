@@ -32,6 +32,7 @@ from minit2i.core.errors import MiniT2IError
 from minit2i.core.images import to_pixels
 from minit2i.core.mean_flow_config import MEAN_FLOW_RECIPE, MeanFlowConfig
 from minit2i.core.mmjit_config import BASE_RECIPE, DEFAULT_VARIANT
+from minit2i.core.threads import block_product_flops, blas_threads, chosen_threads, current_blas_threads
 from minit2i.core.tokenizer import PromptTokenizer
 from minit2i.core.weights import LoadedWeights
 from minit2i.reference.sampler import DEFAULT_A_MIN, initial_noise
@@ -157,6 +158,7 @@ class Result:
     images: np.ndarray  # float32 [B, 3, H, W], the sampler's final state
     timings: dict[str, float] = field(default_factory=dict)
     step_times: list[float] = field(default_factory=list)
+    blas_threads: int | None = None  # NumPy's BLAS threads during the run (None: no BLAS library found)
 
 
 @dataclass
@@ -322,21 +324,34 @@ def validate(request: Request, model: Model | ModelFiles, given=("width", "heigh
                                f"use e.g. --{name} {lower} or {lower + patch}")
 
 
+def forward_size(request: Request, model: Model | ModelFiles) -> tuple[int, int]:
+    """(rows, tokens) of the request's MMJiT forwards: [cond ; uncond] for the whole batch at once
+    (a Mean Flow student: one row an image) over the image and text tokens (a student's
+    auxiliary prefix among the text tokens)."""
+    m = model.mmjit.config
+    student = is_student(model)
+    rows = request.count if student else 2 * request.count
+    text = m.prompt_length + (m.num_aux_tokens if student else 0)
+    return rows, (request.width // m.patch_size) * (request.height // m.patch_size) + text
+
+
+def run_threads(request: Request, model: Model | ModelFiles, threads: int | None = None) -> int | None:
+    """The BLAS threads the request runs on (`minit2i.core.threads.chosen_threads`): `threads` if
+    given, else chosen from the size of its forwards' largest product (None: a *_NUM_THREADS
+    variable of the user's decides)."""
+    return chosen_threads(threads, block_product_flops(model.mmjit.config, *forward_size(request, model)))
+
+
 def estimate_memory(request: Request, model: Model | ModelFiles, itemsize: int = 4) -> int:
     """Bytes of host memory a NumPy run needs: float32 weights (unless `model` holds them already,
     a loaded `Model`) plus the largest MMJiT forward.
 
-    The forward runs [cond ; uncond] for the whole batch at once over N image + text tokens (a
-    Mean Flow student: B rows, its auxiliary prefix among the text tokens); its peak is the
-    attention scores [rows, heads, N, N] (with the softmax temporaries, ~3 copies)
+    The forward runs `forward_size` rows of N image + text tokens; its peak is the attention scores [rows, heads, N, N] (with the softmax temporaries, ~3 copies)
     next to the MLP and qkv activations. An estimate, within a small factor: enough to refuse
     a run that cannot fit instead of failing minutes in with MemoryError.
     """
     m, t = model.mmjit.config, model.t5.config
-    student = is_student(model)
-    rows = request.count if student else 2 * request.count
-    text = m.prompt_length + (m.num_aux_tokens if student else 0)
-    tokens = (request.width // m.patch_size) * (request.height // m.patch_size) + text
+    rows, tokens = forward_size(request, model)
     attention = 3 * rows * m.num_heads * tokens * tokens
     activations = 4 * rows * tokens * (3 * m.hidden_size + 2 * m.mlp_hidden)
     t5 = 3 * request.count * t.num_heads * m.prompt_length ** 2
@@ -378,9 +393,12 @@ def all_finite(array) -> bool:
     return bool((abs(array) < np.inf).all())
 
 
-def generate(model: Model, runner, request: Request, on_step=None, noise: np.ndarray | None = None) -> Result:
+def generate(model: Model, runner, request: Request, on_step=None, noise: np.ndarray | None = None,
+             threads: int | None = None) -> Result:
     """Run one request end to end; `on_step(StepInfo)` is called after every sampler step.
     `noise` float32 [request.count, C, H, W] is the starting state; by default `seeded_noise`.
+    NumPy's matrix products run on `threads` BLAS threads, by default as many as the size of the
+    work pays for (`run_threads`); the Result says how many.
 
     A state with NaN or Inf values stops the run at the step that produced it. NumPy's overflow
     warnings are silenced meanwhile: that one error says it better than a screen of warnings.
@@ -388,8 +406,11 @@ def generate(model: Model, runner, request: Request, on_step=None, noise: np.nda
     validate(request, model)
     if noise is None:
         noise = seeded_noise(request, model.mmjit.config.in_channels)
-    with np.errstate(over="ignore", invalid="ignore", divide="ignore", under="ignore"):
-        return _generate(model, runner, request, on_step, noise)
+    with np.errstate(over="ignore", invalid="ignore", divide="ignore", under="ignore"), \
+            blas_threads(run_threads(request, model, threads)):
+        result = _generate(model, runner, request, on_step, noise)
+        result.blas_threads = current_blas_threads()
+        return result
 
 
 def seeded_noise(request: Request, channels: int) -> np.ndarray:

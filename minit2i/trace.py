@@ -23,12 +23,13 @@ import numpy as np
 
 from minit2i.core.checks import Range
 from minit2i.core.errors import MiniT2IError
+from minit2i.core.threads import blas_threads, check_threads
 from minit2i.reference.mean_flow_sampler import step_lengths
 from minit2i.reference.sampler import initial_noise
 
-from .arguments import add_model_arguments, checked_request
+from .arguments import add_model_arguments, add_threads_argument, checked_request
 from .console import emit
-from .pipeline import BACKENDS, Model, is_student, make_runner, sampling_defaults
+from .pipeline import BACKENDS, Model, is_student, make_runner, run_threads, sampling_defaults
 
 # Default tolerance (rtol, atol) by the less precise side. fp32: float32 rounding reaches ~1e-6
 # of a layer's scale on the tiny and demo models (measured against fp64), so 1e-5 leaves a
@@ -241,6 +242,7 @@ def add_parser(sub) -> None:
     p.add_argument("-W", "--width", type=int, default=None, help="default: the model's image size")
     p.add_argument("-H", "--height", type=int, default=None, help="default: the model's image size")
     add_model_arguments(p)
+    add_threads_argument(p)
     p.add_argument("--rtol", type=float, default=None, help="default: by the less precise side")
     p.add_argument("--atol", type=float, default=None, help="default: by the less precise side")
     p.add_argument("-q", "--quiet", action="store_true", help="no note about the demo model")
@@ -254,10 +256,12 @@ def run(args) -> int:
     rtol, atol = default_tolerance(a, b)
     tolerance = (rtol if args.rtol is None else TOLERANCE_RANGE.check("--rtol", args.rtol),
                  atol if args.atol is None else TOLERANCE_RANGE.check("--atol", args.atol))
+    threads = check_threads(args.threads, "--threads")
     given = {"seed": args.seed} | {name: value for name, value in (("width", args.width), ("height", args.height))
                                    if value is not None}
     sides = [(side.backend, side.precision) for side in (a, b)]
     files, request, _ = checked_request(args, given, sides, memory_itemsize=8)  # side A may run in float64
-    diffs = trace(files.load(), a, b, args.prompt, args.seed, request.width, request.height, tolerance)
+    with blas_threads(run_threads(request, files, threads)):
+        diffs = trace(files.load(), a, b, args.prompt, args.seed, request.width, request.height, tolerance)
     emit(format_report(diffs, a, b, tolerance))
     return 0 if first_divergence(diffs) is None else 1

@@ -28,9 +28,10 @@ import matplotlib.pyplot as plt
 import numpy as np
 
 from minit2i.core.images import to_pixels
+from minit2i.core.threads import use_blas_threads
 from minit2i.core.weights import nest
 from minit2i.demo_models import DEMO_MODEL_DIR
-from minit2i.pipeline import load_model, sampling_defaults
+from minit2i.pipeline import load_model, make_request, run_threads, sampling_defaults
 from minit2i.reference import layers, mmjit, sampler, t5
 
 # huggingface_hub's progress bars (unused: the demo model is local) ask for ipywidgets in Jupyter.
@@ -44,6 +45,9 @@ model = load_model(folder / "transformer", folder / "t5")
 config, t5_config = model.mmjit.config, model.t5.config
 mmjit_params, t5_params = nest(model.mmjit.tensors), nest(model.t5.tensors)
 settings = sampling_defaults(model)
+# NumPy's matrix products on as many threads as this model's size pays for, as `generate` runs
+# them: one for the demo model (more would wait on each other; docs/benchmarks.md, BLAS threads).
+use_blas_threads(run_threads(make_request(model, PROMPT, {}), model))
 print(config)
 print(settings)
 

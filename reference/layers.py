@@ -46,12 +46,16 @@ def rms_norm(x, weight, eps: float = NORM_EPS):
     $$y = \frac{x}{\sqrt{\frac{1}{D}\sum_{i} x_i^2 + \epsilon}} \odot w$$
     """
     inv_rms = 1.0 / np.sqrt(np.mean(np.square(x), axis=-1, keepdims=True) + x.dtype.type(eps))
-    return x * inv_rms * weight
+    y = x * inv_rms
+    y *= weight  # in place: one [..., D] temporary fewer than x * inv_rms * weight
+    return y
 
 
 def silu(x):
-    """[...] -> [...]: x * sigmoid(x)."""
-    return x / (1.0 + np.exp(-x))
+    """[...] -> [...]: x * sigmoid(x) = x / (1 + exp(-x))."""
+    denominator = np.exp(-x)
+    denominator += 1.0  # in place, and the quotient into the same array: one temporary, not three
+    return np.divide(x, denominator, out=denominator)
 
 
 def swiglu(x, w1, w2, w3):
@@ -71,10 +75,16 @@ def gelu_tanh(x):
 
 def softmax(scores):
     """[..., K] -> [..., K] over the last axis, in place on `scores` to spare memory."""
+    weights = softmax_numerator(scores)
+    weights /= weights.sum(axis=-1, keepdims=True)
+    return weights
+
+
+def softmax_numerator(scores):
+    """[..., K] -> [..., K]: exp(scores - max over K), in place: a softmax before the division by
+    each row's sum (subtracting the max changes nothing after that division, and keeps exp finite)."""
     scores -= scores.max(axis=-1, keepdims=True)
-    np.exp(scores, out=scores)
-    scores /= scores.sum(axis=-1, keepdims=True)
-    return scores
+    return np.exp(scores, out=scores)
 
 
 def split_heads(x, num_heads: int):
@@ -95,8 +105,11 @@ def attention(q, k, v, scale: float, bias=None):
     $$O = \mathrm{softmax}\big(s\,q\,k^\top + \mathrm{bias}\big)\,v$$
 
     q [B, H, Lq, Dh], k/v [B, H, Lk, Dh], bias broadcastable to [B, H, Lq, Lk] -> [B, H, Lq, Dh].
+    The softmax's division by each row's sum comes after the product with v, where it divides
+    Dh values a query instead of Lk: the same maths, one pass over the [Lq, Lk] table fewer.
     """
-    return attention_weights(q, k, scale, bias) @ v
+    weights = softmax_numerator(attention_scores(q, k, scale, bias))
+    return (weights @ v) / weights.sum(axis=-1, keepdims=True)
 
 
 def attention_weights(q, k, scale: float, bias=None):
@@ -106,10 +119,15 @@ def attention_weights(q, k, scale: float, bias=None):
 
     q [B, H, Lq, Dh], k [B, H, Lk, Dh], bias broadcastable to [B, H, Lq, Lk] -> [B, H, Lq, Lk].
     """
+    return softmax(attention_scores(q, k, scale, bias))
+
+
+def attention_scores(q, k, scale: float, bias=None):
+    """q [B, H, Lq, Dh], k [B, H, Lk, Dh] -> s q k^T + bias [B, H, Lq, Lk], before the softmax."""
     scores = (q * q.dtype.type(scale)) @ np.swapaxes(k, -1, -2)  # scale q: Lk/Dh times fewer multiplies
     if bias is not None:
         scores += bias
-    return softmax(scores)
+    return scores
 
 
 def apply_rope(x, cos, sin):
@@ -123,7 +141,10 @@ def apply_rope(x, cos, sin):
     """
     half = x.shape[-1] // 2
     x1, x2 = x[..., :half], x[..., half:]
-    return np.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
+    rotated = np.empty_like(x)  # each half written in place: no concatenated copy
+    np.subtract(x1 * cos, x2 * sin, out=rotated[..., :half])
+    np.add(x2 * cos, x1 * sin, out=rotated[..., half:])
+    return rotated
 
 
 # ---------------------------------------------------------------------------------------------

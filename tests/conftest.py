@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 
 import numpy as np
 import pytest
@@ -10,9 +11,29 @@ import pytest
 from minit2i.core.mean_flow_config import MEAN_FLOW_TINY
 from minit2i.core.mmjit_config import MMJIT_TINY
 from minit2i.core.t5_config import T5_TINY
+from minit2i.core.threads import THREAD_VARIABLES, blas_threads, variable_set
 from minit2i.demo_models import write_model
+from minit2i.pipeline import make_request, open_model, run_threads
 
 TINY_SEED = 1234
+
+
+@pytest.fixture(scope="session", autouse=True)
+def blas_threads_of_tiny_models():
+    """The suite's own NumPy work on the BLAS threads the project chooses for the demo model's
+    image (`run_threads`: one, unless the user set a *_NUM_THREADS variable): every model the
+    tests run is that small or smaller. Commands run through `generate` choose for themselves."""
+    files = open_model("demo")
+    with blas_threads(run_threads(make_request(files, "a circle", {}), files)):
+        yield
+
+
+def pytest_collection_finish(session):
+    """PyTorch's tests (training, the peers) are of the same tiny models: one intra-op thread, as
+    the training commands use by default; only where a test module imported torch."""
+    torch = sys.modules.get("torch")
+    if torch is not None and variable_set() is None:
+        torch.set_num_threads(1)
 
 
 @pytest.fixture(scope="session")
@@ -38,7 +59,8 @@ def rng():
 
 
 def pytest_report_header(config):
-    return f"BLAS threads: OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset')}"
+    return "BLAS threads: chosen per model (tiny: 1), " + (
+        ", ".join(f"{name}={os.environ[name]}" for name in THREAD_VARIABLES if os.environ.get(name)) or "no *_NUM_THREADS set")
 
 
 class HFCache:

@@ -164,7 +164,7 @@ def test_timings_cover_every_stage_and_step(pipe):
     assert len(output.step_times) == 2 and all(t > 0 for t in output.step_times)
     assert output.timings["total"] >= output.timings["sampling"] > 0  # the run's span holds the sampler's
     table = output.timing_table().splitlines()
-    assert table[0] == "timings (numpy, fp32):"
+    assert table[0] == f"timings (numpy, fp32, BLAS threads {output.blas_threads}):"
     assert [line.split()[0] for line in table[1:]] == ["tokenize", "T5", "step", "step", "sampling", "total"]
 
 

@@ -13,6 +13,7 @@ from PIL import Image
 
 from minit2i import api, pipeline
 from minit2i.cli import main
+from minit2i.core.threads import THREAD_VARIABLES
 from minit2i.demo_models import DEMO_MODEL_DIR
 from minit2i.reference.pipeline import NumpyRunner
 
@@ -44,12 +45,14 @@ def leftovers(folder) -> list[str]:
 # Happy paths
 
 
-def test_writes_png_of_requested_size_and_prints_timings(tmp_path, capsys):
+def test_writes_png_of_requested_size_and_prints_timings(tmp_path, capsys, monkeypatch):
+    for name in THREAD_VARIABLES:  # the thread count the project chooses, not a user's
+        monkeypatch.delenv(name, raising=False)
     code, out, err = generate(capsys, "-p", "a red circle", *SMALL, "-o", "circle.png")
     assert code == 0, err
     with Image.open(tmp_path / "circle.png") as image:
         assert image.format == "PNG" and image.size == (64, 48) and image.mode == "RGB"
-    assert "timings (numpy, fp32):" in out
+    assert "timings (numpy, fp32, BLAS threads 1):" in out  # the demo model's size: one thread
     for row in ("tokenize", "T5 encoder", "step 1", "step 2", "sampling", "total"):
         assert row in out
     assert "step 3" not in out
@@ -114,7 +117,7 @@ def test_size_steps_and_guidance_default_to_the_models(tmp_path, capsys, monkeyp
     class Stop(Exception):
         pass
 
-    def record(model, runner, request, on_step=None, noise=None):
+    def record(model, runner, request, on_step=None, noise=None, threads=None):
         seen.append(request)
         raise Stop
 

@@ -132,7 +132,7 @@ def test_five_requests_at_once_queue_and_all_complete(client, tmp_path):
 def test_page_shows_every_panel(client):
     status, image, timings, x0_steps, attention, cond, uncond, guided = ask(client)
     assert status == f"demo, seed {SEED}: done"
-    assert timings.startswith("timings (numpy, fp32):") and f"step {STEPS}" in timings
+    assert timings.startswith("timings (numpy, fp32, BLAS threads 1):") and f"step {STEPS}" in timings
     assert [item["caption"] for item in x0_steps] == [f"step {i}" for i in range(STEPS)]
     assert [item["caption"].split(":")[0] for item in attention] == PROMPT.split()
     np.testing.assert_array_equal(read_pixels(guided), read_pixels(x0_steps[REQUEST["step"]]["image"]))
