@@ -5,8 +5,9 @@
 Each experiment is one `python -m minit2i.training.learn --out runs/ablations/NAME SWITCHES`
 command (EXPERIMENTS), the baseline the same command without switches; a finished run is only
 read again, an interrupted one resumes. Each sheet (docs/figures/ablation-*.png) shows the data's
-row, then for each run its samples at the middle snapshot and at the end, labelled; the script
-prints the checker's final counts of every run as the table concepts.md quotes. Runs are
+row, then for each run its samples at the middle snapshot and at the end, labelled (the caption
+drop's sheet also the final weights at guidance 1); the script prints the checker's final counts
+of every run, as the tables of concepts.md quote them. Runs are
 deterministic on one thread, so the sheets come out byte for byte the same.
 """
 
@@ -35,15 +36,16 @@ EXPERIMENTS = {
     "sincos-only": (["--positions", "sincos"], "sin/cos"),
     "rope-only": (["--positions", "rope"], "RoPE only"),
 }
-# The sheet of each concepts.md section: the runs it sets beside each other.
-SHEETS = {
-    "ablation-prediction.png": ("baseline", "velocity", "noise", "patch8", "patch8-velocity"),
-    "ablation-caption-drop.png": ("baseline", "no-caption-drop"),
-    "ablation-positions.png": ("baseline", "rope-only", "sincos-only", "no-positions"),
-}
 # The runs also drawn and read back at guidance 1 (the conditional prediction alone, no
 # unconditional branch): whether a run draws well without guidance, or guidance breaks it.
 UNGUIDED = ("baseline", "no-caption-drop")
+# The sheet of each concepts.md section: the runs it sets beside each other, and those of them
+# shown again at guidance 1.
+SHEETS = {
+    "ablation-prediction.png": (("baseline", "velocity", "noise", "patch8", "patch8-velocity"), ()),
+    "ablation-caption-drop.png": (("baseline", "no-caption-drop"), UNGUIDED),
+    "ablation-positions.png": (("baseline", "rope-only", "sincos-only", "no-positions"), ()),
+}
 
 
 def run_all() -> None:
@@ -69,9 +71,9 @@ def finished_run(name: str):
     return learn.run_of(learn.parse_args(["--out", str(RUNS / name), *EXPERIMENTS[name][0]]))
 
 
-def sheet(names: tuple[str, ...]):
+def sheet(names: tuple[str, ...], unguided: tuple[str, ...]):
     """The data's row, then each run's rows at its middle and last snapshots (guidance 3), and for
-    the UNGUIDED runs the last one again at guidance 1, labelled."""
+    the `unguided` runs the last one again at guidance 1, labelled."""
     rows, labels = [learn.data_row(learn.LEARN_MMJIT.image_size)], ["the data"]
     for name in names:
         steps = learn.rows_taken(RUNS / name)
@@ -79,7 +81,7 @@ def sheet(names: tuple[str, ...]):
             rows.append(learn.read_row(learn.row_path(RUNS / name, step), len(learn.SHEET_SCENES),
                                        learn.LEARN_MMJIT.image_size))
             labels.append(f"{EXPERIMENTS[name][1]}\n{step}")
-        if name in UNGUIDED:
+        if name in unguided:
             rows.append(learn.sheet_row(finished_run(name), 1.0))
             labels.append(f"{EXPERIMENTS[name][1]}\n{steps[-1]}, g 1")
     return learn.sample_sheet(rows, labels)
@@ -106,8 +108,8 @@ def score_table() -> str:
 
 def main() -> None:
     run_all()
-    for filename, names in SHEETS.items():
-        save_png(sheet(names), FIGURES / filename)
+    for filename, (names, unguided) in SHEETS.items():
+        save_png(sheet(names, unguided), FIGURES / filename)
     emit(score_table())
 
 
