@@ -251,6 +251,16 @@ def writable_folder(folder: Path, flag: str) -> Path:
     return folder
 
 
+def created_folder(folder: Path, flag: str) -> Path:
+    """`folder`, created with its parents if missing, if this process can create files in it."""
+    if not folder.exists():
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+        except OSError as err:
+            raise MiniT2IError(f"cannot create {flag} {folder}: {err.strerror}; choose another {flag}") from None
+    return writable_folder(folder, flag)
+
+
 def check_prompt(prompt) -> str:
     """A prompt is non-blank text that can be encoded as UTF-8 (argv bytes that are not UTF-8
     arrive as lone surrogates, which the tokenizer cannot take)."""

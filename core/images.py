@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
 
 import numpy as np
@@ -54,7 +55,15 @@ def _check_pixels(pixels) -> None:
 
 def _png_writer(pixels: np.ndarray):
     """A function writing uint8 [H, W, 3] as a PNG into an open binary file."""
-    return lambda file: Image.fromarray(np.ascontiguousarray(pixels)).save(file, format="PNG")
+    return lambda file: file.write(png_bytes(pixels))
+
+
+def png_bytes(pixels: np.ndarray) -> bytes:
+    """uint8 [H, W, 3] -> the bytes of its PNG, the same for the same pixels and Pillow (every PNG
+    this project writes is encoded here, so that equal pixels give equal files)."""
+    buffer = io.BytesIO()
+    Image.fromarray(np.ascontiguousarray(pixels)).save(buffer, format="PNG")
+    return buffer.getvalue()
 
 
 def grid(pixels: list[np.ndarray], columns: int) -> np.ndarray:

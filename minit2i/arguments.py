@@ -1,5 +1,6 @@
 """What the subcommands share on the command line: the flags that name a model (generate, trace,
-info, convert), and the order of the cheap checks before a generation (generate, trace).
+info, convert, batch), the sampler's (generate, batch), and the order of the cheap checks before a
+generation (generate, trace).
 """
 
 from __future__ import annotations
@@ -35,6 +36,50 @@ def add_variant_arguments(parser) -> None:
                         help="parameter tree of a JAX (Orbax) checkpoint: params (online), ema (the highest EMA "
                              "key) or ema:KEY; default: the official choice (the highest EMA key; a Mean Flow "
                              "student's params), `minit2i info` lists the trees")
+
+
+def add_sampler_arguments(parser) -> None:
+    """--steps, --cfg-scale, --guidance-interval, -W/-H, -s/--seed, --a-min, --backend and
+    --precision: how each image is drawn (`sampler_keywords` turns them into pipeline keywords)."""
+    from minit2i.core.mean_flow_config import MEAN_FLOW_RECIPE
+    from minit2i.core.mmjit_config import BASE_RECIPE
+    from minit2i.reference.sampler import DEFAULT_A_MIN
+
+    from .api import DEFAULT_SEED
+    from .pipeline import BACKENDS
+
+    parser.add_argument("--steps", type=int, default=None,
+                        help=f"sampler steps (default: the model's; {BASE_RECIPE['steps']} for MiniT2I, "
+                             f"{MEAN_FLOW_RECIPE['steps']} for the Mean Flow student, as official)")
+    parser.add_argument("--cfg-scale", type=float, default=None,
+                        help=f"guidance scale (default: the model's; {BASE_RECIPE['cfg_scale']} for MiniT2I, as "
+                             f"the official pipeline; {MEAN_FLOW_RECIPE['cfg_scale']} for the Mean Flow student, an "
+                             "input of its network)")
+    parser.add_argument("--guidance-interval", type=float, nargs=2, default=None, metavar=("T_MIN", "T_MAX"),
+                        help="Mean Flow students only: the times (1 = noise, 0 = image) between which the student "
+                             "applies guidance (default {} {}, as official)".format(
+                                 *MEAN_FLOW_RECIPE["guidance_interval"]))
+    parser.add_argument("-W", "--width", type=int, default=None,
+                        help="default: the model's training size (512; demo 64)")
+    parser.add_argument("-H", "--height", type=int, default=None,
+                        help="default: the model's training size (512; demo 64)")
+    parser.add_argument("-s", "--seed", type=int, default=DEFAULT_SEED,
+                        help="image i of the run (in order) uses seed + i")
+    parser.add_argument("--a-min", type=float, default=None,
+                        help=f"floor of 1 - t in x0 -> v (default {DEFAULT_A_MIN}, the HF hub pipeline; "
+                             "0.05 = JAX B/16 eval config); not for Mean Flow students")
+    # No argparse choices: an unknown backend or precision gets the message the Python API gives.
+    parser.add_argument("--backend", default="numpy", metavar="|".join(BACKENDS),
+                        help="numpy (reference), cupy (NVIDIA GPU), cudasim (the CuPy twin with its CUDA kernels "
+                             "run on the CPU: slow, no GPU needed)")
+    parser.add_argument("--precision", default="fp32", metavar="fp32|fp16|bf16",
+                        help="fp32 (default); fp16 and bf16 on cupy and cudasim; fp64 on numpy")
+
+
+def sampler_keywords(args) -> dict:
+    """The sampler flags (`add_sampler_arguments`, seed aside) as `MiniT2IPipeline` call keywords."""
+    return {"num_inference_steps": args.steps, "guidance_scale": args.cfg_scale, "height": args.height,
+            "width": args.width, "a_min": args.a_min, "guidance_interval": args.guidance_interval}
 
 
 def add_threads_argument(parser) -> None:

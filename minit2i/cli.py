@@ -1,4 +1,4 @@
-"""`minit2i` command line: generate, info, explore (and the golden, trace and convert tools).
+"""`minit2i` command line: generate, info, batch, explore (and the golden, trace and convert tools).
 
 Flag names follow stable-diffusion.cpp's CLI where it has one (-p, -o, -W, -H, -s, -b,
 --steps, --cfg-scale, --diffusion-model/--t5xxl as aliases of --model/--t5).
@@ -12,14 +12,21 @@ import logging
 import sys
 from pathlib import Path
 
-from minit2i.core.checks import user_path, writable_folder
+from minit2i.core.checks import created_folder, user_path
 from minit2i.core.errors import MiniT2IError
 from minit2i.core.mmjit_config import DEFAULT_VARIANT
 from minit2i.core.threads import check_threads
 
 # Every subcommand, named here: a module missing from an install fails the import loudly.
-from . import convert, explore, golden, trace
-from .arguments import add_model_arguments, add_threads_argument, add_variant_arguments, model_paths
+from . import batch, convert, explore, golden, trace
+from .arguments import (
+    add_model_arguments,
+    add_sampler_arguments,
+    add_threads_argument,
+    add_variant_arguments,
+    model_paths,
+    sampler_keywords,
+)
 from .console import LINE_LIMIT, OneLineFormatter, OneLineParser, emit, guarded, printable
 
 
@@ -56,8 +63,8 @@ def _show_notes(quiet: bool) -> None:
 def build_parser() -> argparse.ArgumentParser:
     parser = OneLineParser(prog="minit2i", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for add_parser in (add_generate_parser, add_info_parser, explore.add_parser, golden.add_parser, trace.add_parser,
-                       convert.add_parser):
+    for add_parser in (add_generate_parser, add_info_parser, batch.add_parser, explore.add_parser, golden.add_parser,
+                       trace.add_parser, convert.add_parser):
         add_parser(sub)
     return parser
 
@@ -67,13 +74,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def add_generate_parser(sub) -> None:
-    from minit2i.core.mean_flow_config import MEAN_FLOW_RECIPE
-    from minit2i.core.mmjit_config import BASE_RECIPE
-    from minit2i.reference.sampler import DEFAULT_A_MIN
-
-    from .api import DEFAULT_SEED
-    from .pipeline import BACKENDS
-
     p = sub.add_parser("generate", help="text to PNG",
                        description="Generate images from a prompt. Without --model/--t5 the "
                                    "demo model is used: a tiny MiniT2I trained on coloured shapes "
@@ -83,30 +83,9 @@ def add_generate_parser(sub) -> None:
                    help="not supported by MiniT2I (its unconditional branch is an all-zero text mask)")
     add_model_arguments(p)
     p.add_argument("-o", "--output", default="output.png", help="PNG path (batches add _0, _1, ...)")
-    p.add_argument("--steps", type=int, default=None,
-                   help=f"sampler steps (default: the model's; {BASE_RECIPE['steps']} for MiniT2I, "
-                        f"{MEAN_FLOW_RECIPE['steps']} for the Mean Flow student, as official)")
-    p.add_argument("--cfg-scale", type=float, default=None,
-                   help=f"guidance scale (default: the model's; {BASE_RECIPE['cfg_scale']} for MiniT2I, as the "
-                        f"official pipeline; {MEAN_FLOW_RECIPE['cfg_scale']} for the Mean Flow student, an input "
-                        "of its network)")
-    p.add_argument("--guidance-interval", type=float, nargs=2, default=None, metavar=("T_MIN", "T_MAX"),
-                   help="Mean Flow students only: the times (1 = noise, 0 = image) between which the student "
-                        "applies guidance (default {} {}, as official)".format(*MEAN_FLOW_RECIPE["guidance_interval"]))
-    p.add_argument("-W", "--width", type=int, default=None, help="default: the model's training size (512; demo 64)")
-    p.add_argument("-H", "--height", type=int, default=None, help="default: the model's training size (512; demo 64)")
-    p.add_argument("-s", "--seed", type=int, default=DEFAULT_SEED, help="image i of a batch uses seed + i")
+    add_sampler_arguments(p)
     p.add_argument("-b", "--batch-count", type=int, default=1)
-    p.add_argument("--a-min", type=float, default=None,
-                   help=f"floor of 1 - t in x0 -> v (default {DEFAULT_A_MIN}, the HF hub pipeline; "
-                        "0.05 = JAX B/16 eval config); not for Mean Flow students")
     p.add_argument("--preview-dir", default=None, help="save the guided x0 of every step here as PNGs")
-    # No argparse choices: an unknown backend or precision gets the message the Python API gives.
-    p.add_argument("--backend", default="numpy", metavar="|".join(BACKENDS),
-                   help="numpy (reference), cupy (NVIDIA GPU), cudasim (the CuPy twin with its CUDA kernels run "
-                        "on the CPU: slow, no GPU needed)")
-    p.add_argument("--precision", default="fp32", metavar="fp32|fp16|bf16",
-                   help="fp32 (default); fp16 and bf16 on cupy and cudasim; fp64 on numpy")
     add_threads_argument(p)
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar or timing table")
     p.set_defaults(run=run_generate)
@@ -121,10 +100,8 @@ def run_generate(args) -> int:
     from .api import MiniT2IPipeline, check_call
     from .pipeline import check_backend, output_paths
 
-    call = {"prompt": args.prompt, "negative_prompt": args.negative_prompt, "num_inference_steps": args.steps,
-            "guidance_scale": args.cfg_scale, "height": args.height, "width": args.width,
-            "num_images_per_prompt": args.batch_count, "generator": args.seed, "a_min": args.a_min,
-            "guidance_interval": args.guidance_interval}
+    call = {"prompt": args.prompt, "negative_prompt": args.negative_prompt, **sampler_keywords(args),
+            "num_images_per_prompt": args.batch_count, "generator": args.seed}
     check_call(**call)
     threads = check_threads(args.threads, "--threads")
     check_backend(args.backend, args.precision)
@@ -151,13 +128,7 @@ def _preview_dir(path) -> Path | None:
     """The --preview-dir folder, created if missing and checked writable before any work."""
     if path is None:
         return None
-    folder = user_path(path)
-    if not folder.exists():
-        try:
-            folder.mkdir(parents=True, exist_ok=True)
-        except OSError as err:
-            raise MiniT2IError(f"cannot create --preview-dir {folder}: {err.strerror}; choose another folder") from None
-    return writable_folder(folder, "--preview-dir")
+    return created_folder(user_path(path), "--preview-dir")
 
 
 # ---------------------------------------------------------------------------------------------

@@ -46,7 +46,7 @@ from typing import Callable
 
 import numpy as np
 
-from minit2i.core.checks import human_size, open_checked, read_json_object, shown, writable_folder
+from minit2i.core.checks import created_folder, human_size, open_checked, read_json_object, shown
 from minit2i.core.errors import MiniT2IError
 from minit2i.core.files import write_atomically
 from minit2i.core.images import to_pixels
@@ -367,12 +367,7 @@ def record(folder: Path = GOLDEN_DIR, force: bool = False) -> list[str]:
 
 def _creatable_folder(folder: Path) -> None:
     """Create the golden folder if needed and check it is writable, before any recipe runs."""
-    if not folder.exists():
-        try:
-            folder.mkdir(parents=True)
-        except OSError as err:
-            raise MiniT2IError(f"cannot create --dir {folder}: {err.strerror}; choose another --dir") from None
-    writable_folder(folder, "--dir")
+    created_folder(folder, "--dir")
 
 
 def _previous_arrays_file(manifest_path: Path) -> str | None:

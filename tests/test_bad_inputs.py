@@ -349,6 +349,32 @@ def test_generated_save_png_inputs(shape, dtype):
             assert pixels.ndim == 3 and pixels.shape[2] == 3 and dtype == np.uint8
 
 
+prompt_lines = st.one_of(json_values.map(json.dumps), st.fixed_dictionaries({"prompt": st.text(max_size=12)},
+                                                                           optional={"id": json_values}).map(json.dumps),
+                         st.text(max_size=20))
+
+
+@FEW
+@given(content=st.one_of(st.binary(max_size=120), st.lists(prompt_lines, max_size=4).map("\n".join).map(str.encode)),
+       flags=st.lists(st.sampled_from([["-n", "2"], ["-n", "0"], ["--threads", "0"], ["--workers", "0"],
+                                       ["--export", "flat"], ["--export", "dpg"], ["-s", "-1"]]), max_size=2))
+def test_generated_prompt_files(tiny, content, flags):
+    """`minit2i batch` on arbitrary prompt-file bytes and flags: one line, exit 2 and no run
+    folder (a bad prompt file, or a DPG export of other than four images a prompt, is refused
+    before the folder is made), or a run whose manifest lists its images."""
+    with tempfile.TemporaryDirectory() as root:
+        prompts, out = Path(root) / "prompts", Path(root) / "out"
+        prompts.write_bytes(content)
+        code, stdout, err = run_cli("batch", prompts, "--out", out, "--model", tiny[0], "--t5", tiny[1], *TINY_ARGS[2:],
+                                    *[flag for pair in flags for flag in pair])
+        assert "Traceback" not in stdout + err
+        if code == 0:
+            assert out.is_dir() and (out / "manifest.jsonl").read_bytes().count(b"\n") >= 1
+        else:
+            assert_one_line_error(code, stdout, err)
+            assert not out.exists()
+
+
 # ---------------------------------------------------------------------------------------------
 # Config inferred from tensor shapes trusts the shapes
 

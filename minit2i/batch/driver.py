@@ -1,0 +1,189 @@
+"""The driver of a batch run: checks, the plan, run.json, and the writing of what the engine
+draws. It alone writes to the run folder; the engine only computes."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import logging
+import sys
+import time
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime, timezone
+from pathlib import Path
+
+from minit2i.core.checks import Range, user_path
+from minit2i.core.errors import MiniT2IError
+from minit2i.core.images import png_bytes
+from minit2i.core.threads import check_threads, current_blas_threads
+
+from .prompts import metadata_line, read_prompts
+from .store import Store, differences
+from .worker import Job, Spec, numerical_setup
+
+ENGINES = ("local", "ray")
+IMAGES_PER_PROMPT = Range(1, 10_000)
+WORKERS = Range(1, 4096)
+# run.json's parts that must match for a run to continue an existing folder (the others, such as
+# the paths the model was read from, may change between runs).
+COMPARED = ("settings", "numerical")
+# PNGs encoded and written beside the engine: two threads keep up with a GPU's images, and a
+# bounded queue holds back an engine that runs ahead of the disk.
+WRITER_THREADS = 2
+MAX_PENDING = 32
+HASH_CHUNK = 2**24
+
+
+@dataclasses.dataclass
+class Summary:
+    """What a run did: images drawn now, done before, in all; seconds spent drawing."""
+
+    drawn: int
+    done_before: int
+    total: int
+    seconds: float
+
+
+def run_batch(prompt_file, out, spec: Spec, images_per_prompt: int = 1, seed: int = 42, engine: str = "local",
+              workers: int | None = None, ray_address: str | None = None, progress: bool = True,
+              command: list[str] | None = None) -> Summary:
+    """Draw `images_per_prompt` images of each prompt of `prompt_file` into the run folder `out`
+    (store.py), continuing what an earlier run with the same settings did there. Image i of the
+    run (prompt index * images_per_prompt + k) is drawn from seed + i. Cheap checks come first:
+    the arguments, the prompt file, the model's configs and headers, then the folder."""
+    from minit2i.api import check_call
+    from minit2i.pipeline import REQUEST_RANGES, check_backend, check_memory, make_request, run_threads
+
+    check_options(images_per_prompt, engine, workers)
+    check_threads(spec.threads, "--threads")
+    check_backend(spec.backend, spec.precision)
+    prompt_path = user_path(prompt_file)
+    prompts = read_prompts(prompt_path)
+    count = len(prompts.prompts) * images_per_prompt
+    given = check_call(prompts.prompts[0], generator=seed, **dict(spec.sampler))
+    REQUEST_RANGES["seed"][1].check("the last image's seed, --seed + prompts x images per prompt - 1", seed + count - 1)
+    pipe = spec.open_pipeline()
+    request = make_request(pipe.files, prompts.prompts[0], given)
+    if spec.backend == "numpy":
+        check_memory(request, pipe.files)
+    # One count for every worker, recorded: the one `generate` would choose (or the user's).
+    spec = dataclasses.replace(spec, threads=run_threads(request, pipe.files, spec.threads)
+                               or current_blas_threads() or 1)
+    store = Store(user_path(out))
+    try:
+        record = run_record(spec, pipe.files, request, prompts.sha256, len(prompts.prompts), images_per_prompt,
+                            seed, prompt_path, command)
+        store.check_run(record, COMPARED)
+        done = store.done()
+        jobs = [Job(i * images_per_prompt + k, i, k, text, seed + i * images_per_prompt + k)
+                for i, text in enumerate(prompts.prompts) for k in range(images_per_prompt)
+                if (i, k) not in done]
+        note_unknown_words(pipe.files.tokenizer, prompts.prompts)
+        for index in dict.fromkeys(job.index for job in jobs):
+            store.write_metadata(index, metadata_line(prompts.metadata[index]))
+        start = time.perf_counter()
+        draw(store, jobs, spec, record["numerical"], engine, workers, ray_address, count - len(jobs), count, progress)
+        return Summary(len(jobs), len(done), count, time.perf_counter() - start)
+    finally:
+        store.close()
+
+
+def check_options(images_per_prompt: int, engine: str, workers: int | None) -> None:
+    IMAGES_PER_PROMPT.check("-n/--images-per-prompt", images_per_prompt)
+    if engine not in ENGINES:
+        raise MiniT2IError(f"--engine must be one of {', '.join(ENGINES)}, found {engine!r}")
+    if workers is not None:
+        WORKERS.check("--workers", workers)
+
+
+def draw(store: Store, jobs: list[Job], spec: Spec, setup: dict, engine: str, workers: int | None,
+         ray_address: str | None, done: int, total: int, progress: bool) -> None:
+    """Run the engine over `jobs`; each image is encoded and written by the writer threads while
+    the engine draws on. Leaving early (an error, Ctrl-C, SIGTERM) lets the writes under way finish."""
+    from tqdm import tqdm
+
+    if not jobs:
+        return
+    by_number = {job.number: job for job in jobs}
+    bar = tqdm(total=total, initial=done, unit="image", desc="images", disable=not progress, file=sys.stderr)
+
+    def write(job: Job, pixels) -> None:
+        store.write_image(job.index, job.k, job.prompt, job.seed, png_bytes(pixels))
+        bar.update(1)
+
+    pending: deque = deque()
+    writer = ThreadPoolExecutor(WRITER_THREADS, thread_name_prefix="png-writer")
+    results = engine_results(jobs, spec, engine, workers, ray_address)
+    try:
+        for number, pixels, worker_setup in results:
+            if worker_setup != setup:
+                changed = differences(setup, worker_setup)
+                raise MiniT2IError(f"a worker draws with another numerical setup than run.json records: "
+                                   f"{changed[0]}; give every worker the same libraries and --threads")
+            pending.append(writer.submit(write, by_number[number], pixels))
+            while pending and (pending[0].done() or len(pending) > MAX_PENDING):
+                pending.popleft().result()
+    finally:
+        results.close()  # ends the engine's workers
+        writer.shutdown(wait=True)
+        bar.close()
+    for future in pending:
+        future.result()
+
+
+def engine_results(jobs: list[Job], spec: Spec, engine: str, workers: int | None, ray_address: str | None):
+    """The engine's (job number, pixels, numerical setup) as jobs finish."""
+    if engine == "ray":
+        from .ray_engine import on_ray
+
+        return on_ray(jobs, spec, workers, ray_address)
+    from .engines import in_process, in_processes
+
+    return in_process(jobs, spec) if workers is None else in_processes(jobs, spec, workers)
+
+
+def run_record(spec: Spec, files, request, prompts_sha256: str, prompt_count: int, images_per_prompt: int,
+               seed: int, prompt_path: Path, command: list[str] | None) -> dict:
+    """run.json: the settings and numerical setup (compared when a run continues), where the
+    model and prompts were read from, the command and the time."""
+    setup = numerical_setup(spec)
+    sampler = {name: getattr(request, name) for name in ("steps", "cfg_scale", "width", "height", "a_min")}
+    sampler["guidance_interval"] = list(request.guidance_interval) if request.guidance_interval else None
+    return {
+        "settings": {
+            "weights_sha256": {"transformer": files_sha256(files.mmjit.files), "t5": files_sha256(files.t5.files),
+                               "tokenizer": files_sha256([files.tokenizer.source])},
+            "variant": spec.variant, "jax_tree": spec.jax_tree, "sampler": sampler,
+            "prompts": {"sha256": prompts_sha256, "count": prompt_count},
+            "images_per_prompt": images_per_prompt, "seed": seed,
+            "seeds": "image i = prompt index * images_per_prompt + k is drawn from seed + i",
+        },
+        "numerical": setup,
+        "sources": {"model": spec.model, "t5": spec.t5, "tokenizer": spec.tokenizer, "prompt_file": str(prompt_path)},
+        "command": command,
+        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+    }
+
+
+def files_sha256(paths) -> str:
+    """One sha256 over the bytes of `paths` in order (a folder: its files in sorted order)."""
+    digest = hashlib.sha256()
+    for path in map(Path, paths):
+        for file in sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]:
+            with open(file, "rb") as f:
+                while chunk := f.read(HASH_CHUNK):
+                    digest.update(chunk)
+    return digest.hexdigest()
+
+
+def note_unknown_words(tokenizer, prompts: list[str]) -> None:
+    """One warning for all prompts with words the model does not know (the first one named)."""
+    first = {text: index for index, text in reversed(list(enumerate(prompts)))}
+    unknown = [(index, words) for text, index in sorted(first.items(), key=lambda item: item[1])
+               if (words := tokenizer.unknown_words(text))]
+    if unknown:
+        index, words = unknown[0]
+        logging.getLogger("minit2i").warning(
+            f"warning: {len(unknown)} of {len(first)} prompts have words the model does not know "
+            f"(the first, prompt {index}: {', '.join(map(repr, words))})")
