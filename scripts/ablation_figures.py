@@ -33,6 +33,7 @@ EXPERIMENTS = {
     "no-caption-drop": (["--caption-drop", "0"], "drop 0"),
     "patch8": (["--patch", "8"], "x0, p 8"),
     "patch8-velocity": (["--patch", "8", "--predict", "velocity"], "v, p 8"),
+    "velocity-wide": (["--predict", "velocity", "--bottleneck", "48"], "v, b 48"),
     "sincos-only": (["--positions", "sincos"], "sin/cos"),
     "rope-only": (["--positions", "rope"], "RoPE only"),
 }
@@ -42,7 +43,7 @@ UNGUIDED = ("baseline", "no-caption-drop")
 # The sheet of each concepts.md section: the runs it sets beside each other, and those of them
 # shown again at guidance 1.
 SHEETS = {
-    "ablation-prediction.png": (("baseline", "velocity", "noise", "patch8", "patch8-velocity"), ()),
+    "ablation-prediction.png": (("baseline", "velocity", "noise", "patch8", "patch8-velocity", "velocity-wide"), ()),
     "ablation-caption-drop.png": (("baseline", "no-caption-drop"), UNGUIDED),
     "ablation-positions.png": (("baseline", "rope-only", "sincos-only", "no-positions"), ()),
 }

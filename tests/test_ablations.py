@@ -119,7 +119,7 @@ def test_a_run_resumes_only_with_the_switches_that_started_it(tmp_path, capsys):
     before = (folder / "checkpoint.safetensors").read_bytes()
     capsys.readouterr()
     for other in (["--predict", "velocity"], ["--predict", "noise", "--caption-drop", "0.2"],
-                  ["--predict", "noise", "--patch", "8"]):
+                  ["--predict", "noise", "--patch", "8"], ["--predict", "noise", "--bottleneck", "48"]):
         code, _ = run_learn("--out", folder, "--steps", 2, "--eval-prompts", 2, *other)
         err = capsys.readouterr().err
         assert code == 2 and err.count("\n") == 1 and "was made with other settings" in err, err
@@ -131,6 +131,8 @@ def test_a_run_resumes_only_with_the_switches_that_started_it(tmp_path, capsys):
     (["--predict", "score"], ["--predict", "score"]),
     (["--positions", "alibi"], ["--positions", "alibi"]),
     (["--patch", "5"], ["--patch", "5"]),
+    (["--bottleneck", "0"], ["--bottleneck", "found 0"]),
+    (["--bottleneck", "193"], ["--bottleneck", "found 193"]),
 ])
 def test_bad_switches_are_one_line_and_make_no_folder(argv, words, tmp_path, capsys):
     code, _ = run_learn("--out", tmp_path / "run", *argv)

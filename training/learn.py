@@ -25,7 +25,8 @@ then the final model's colour and position counts.
 Experiment switches, each a run of the same length beside the default one (docs/concepts.md
 shows them): --predict velocity or noise (the loss stays on the velocity, training/ablations.py),
 --positions rope, sincos or none, --caption-drop (0: guidance has no unconditional branch to
-push from), --patch 8 (four times the numbers per patch through the same 16-channel bottleneck).
+push from), --patch 8 (four times the numbers per patch through the same 16-channel bottleneck),
+--bottleneck (the channels every patch passes through: 48 hides nothing of a 4-pixel patch).
 A run with another prediction or positions is not exported: `minit2i generate` draws with the
 model's x0 and both position signals.
 """
@@ -77,7 +78,7 @@ SHEET_SCENES = tuple(shapes.Scene(*words.split()) for words in (
     "large red circle left black", "small blue square right white", "large yellow triangle top navy",
     "small green cross bottom gray", "large purple square center white", "small orange circle top black",
     "large cyan triangle bottom gray", "small white cross left navy"))
-PATCH_SIZES = (4, 8)  # 8: 8 x 8 x 3 = 192 numbers a patch, through the same bottleneck as 4's 48
+PATCH_SIZES = (4, 8)  # 8: 8 x 8 x 3 = 192 numbers a patch, through the bottleneck 4's 48 go through
 SHEET_SCALE = 3  # each 32 x 32 sample is shown at 96 x 96
 ROWS = "samples"
 
@@ -251,7 +252,9 @@ def parse_args(argv=None):
     p.add_argument("--caption-drop", type=float, default=LEARN_RECIPE.caption_drop,
                    help="share of training captions dropped, the unconditional branch guidance pushes from")
     p.add_argument("--patch", type=int, choices=PATCH_SIZES, default=LEARN_MMJIT.patch_size,
-                   help="patch size in pixels (the bottleneck stays 16 channels)")
+                   help="patch size in pixels")
+    p.add_argument("--bottleneck", type=int, default=LEARN_MMJIT.pca_channels,
+                   help="channels of the patch embedding's bottleneck (a 4-pixel patch holds 48 numbers)")
     p.add_argument("--threads", type=int, default=1,
                    help="torch CPU threads (default 1: on a machine whose cores are busy, two threads ran ten "
                         "times slower than one, each waiting for the other)")
@@ -264,6 +267,7 @@ def check_arguments(args) -> None:
     Range(1, 10**4).check("--eval-prompts", args.eval_prompts)
     Range(1, os.cpu_count() or 1).check("--threads", args.threads)
     Range(0.0, 1.0, integer=False).check("--caption-drop", args.caption_drop)
+    Range(1, 3 * max(PATCH_SIZES) ** 2).check("--bottleneck", args.bottleneck)
     out = args.out
     if not os.path.lexists(out):
         check_writable_parent(out, "--out")
@@ -280,8 +284,8 @@ def check_arguments(args) -> None:
 def run_of(args) -> AblationRun:
     """The run the checked arguments describe, resumed from --out's checkpoint if there is one."""
     recipe = dataclasses.replace(LEARN_RECIPE, steps=args.steps, caption_drop=args.caption_drop)
-    return AblationRun(args.out, recipe, dataclasses.replace(LEARN_MMJIT, patch_size=args.patch), LEARN_T5,
-                       Variant(args.predict, args.positions))
+    mmjit = dataclasses.replace(LEARN_MMJIT, patch_size=args.patch, pca_channels=args.bottleneck)
+    return AblationRun(args.out, recipe, mmjit, LEARN_T5, Variant(args.predict, args.positions))
 
 
 def main(argv=None) -> int:
