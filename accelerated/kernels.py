@@ -383,9 +383,10 @@ def cfg_euler(state, next_input, x0_both, x0_guided, cfg_scale: float, factor):
         (_blocks(n),), (THREADS,), (state, next_input, x0_both, x0_guided, np.int64(n), np.float32(cfg_scale), factor))
 
 
-def euler_step(state, next_input, x0, factor):
-    """One Euler step in place: state float32 [B, ...] += f (x0 - state); next_input [B, ...] (x0's
-    dtype) <- the new state. factor: float32 device array [1] (read at run time, as in cfg_euler)."""
+def student_euler(state, next_input, x0, factor):
+    """The Mean Flow student's Euler step in place (kernel `euler_step`; no guidance branch, unlike
+    cfg_euler): state float32 [B, ...] += f (x0 - state); next_input [B, ...] (x0's dtype) <- the
+    new state. factor: float32 device array [1] (read at run time, as in cfg_euler)."""
     n = state.size
     _check("state", state, np.float32)
     _check("x0", x0, x0.dtype, state.shape)

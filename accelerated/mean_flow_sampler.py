@@ -1,8 +1,8 @@
 """GPU-resident few-step sampler of the Mean Flow student (twin of reference/mean_flow_sampler.py).
 
 As accelerated/sampler.py, but one forward of batch B per step (guidance is a network input, not
-a second branch) followed by one `euler_step` kernel: x <- x + f (x0 - x) on the fp32 state, and
-the next input written in the network dtype. Two scalars change from step to step, the factor f
+a second branch) followed by one `euler_step` kernel (launched by `kernels.student_euler`):
+x <- x + f (x0 - x) on the fp32 state, and the next input written in the network dtype. Two scalars change from step to step, the factor f
 (read by the kernel) and the step length h (read by the network's h embedder); both live in
 device arrays written before each step, so the step captured at step 1 is replayed with the
 values of the moment. omega and the guidance interval are written once. The factors, lengths
@@ -43,7 +43,7 @@ def sample_mean_flow_on_device(denoise: Callable, noise, context, mask, steps: i
 
     def step():
         latest["x0"] = denoise(next_input, h, omega, t_min, t_max, context, mask)
-        kernels.euler_step(state, next_input, latest["x0"], factor)
+        kernels.student_euler(state, next_input, latest["x0"], factor)
 
     def write_scalars(length_and_factor):
         length, f = length_and_factor

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from minit2i.core.mmjit_config import MMJiTConfig
 from minit2i.reference.layers import patchify, unpatchify
-from minit2i.reference.mmjit import run_blocks
 
 from . import kernels
 from .kernels import cp
@@ -165,7 +164,13 @@ def transformer_body(img, txt, params, config: MMJiTConfig, grid_h: int, grid_w:
     [L, Dh/2] and [L + N, Dh/2] -> x0 [B, C, H, W] (C-contiguous). Shared with the Mean Flow
     student, which only brings other tokens and tables.
     """
-    img = run_blocks(img, txt, params, config, txt_rope, rope, report, preamble_block, double_block)
+    for i, block in enumerate(params["txt_preamble_blocks"]):
+        txt = preamble_block(txt, block, txt_rope, config)
+        report(f"preamble.{i}", txt)
+    for i, block in enumerate(params["double_blocks"]):
+        img, txt = double_block(img, txt, block, rope, config)
+        report(f"double.{i}.img", img)
+        report(f"double.{i}.txt", txt)
     out = final_layer(img, params["final_layer"])
     report("final_layer", out)
     return cp.ascontiguousarray(unpatchify(out, grid_h, grid_w, config.patch_size, config.in_channels))

@@ -167,7 +167,7 @@ def kernel_cases(cp, config: MMJiTConfig, size: int, precision: str) -> dict:
                       Component("attention", "attention", 1, 4.0 * batch * heads * joint * joint * padded, 4 * q.size * item)),
         "cfg_euler": (lambda: kernels.cfg_euler(state, next_input, x0_both, guided, 6.0, factor),
                       memory("cfg_euler", state.size * (8 + 4 * item))),
-        "euler_step": (lambda: kernels.euler_step(state, next_input[:1], x0_both[:1], factor),
+        "euler_step": (lambda: kernels.student_euler(state, next_input[:1], x0_both[:1], factor),
                        memory("euler_step", state.size * (8 + 2 * item))),
         "GEMM qkv (cuBLAS)": (lambda: kernels.gemm(gemm_a, gemm_b),
                               Component("GEMM", "gemm", 1, 2.0 * batch * tokens * d * 3 * d,

@@ -14,7 +14,7 @@ runtime defines those hooks itself (libtsan is not linked) to check each access 
 alignment, races and uninitialised shared reads. `source_lines` turns the instruction offsets in its reports into
 source lines.
 
-Libraries are cached under $CUDASIM_CACHE (default ~/.cache/cudasim) by a hash of the prelude,
+Libraries are cached under `$CUDASIM_CACHE` (default `~/.cache/cudasim`) by a hash of the prelude,
 the runtime, the source, the flags and the compiler version, so only the first run builds.
 """
 

@@ -26,9 +26,9 @@ from notebook_page import NOTEBOOKS, page_markdown as notebook_markdown
 from sidebyside import (
     LANGUAGES,
     function_section,
-    link_model_sections,
-    model_anchors,
+    link_sections,
     page_markdown,
+    section_anchors,
     section_markdown,
     sections_of,
     twin_names,
@@ -40,6 +40,8 @@ SOURCE_FOLDERS = ("core", "reference", "accelerated", "cudasim", "minit2i", "tra
                   "tests", "notebooks", "docsite")
 SKIPPED_PARTS = {"__pycache__", ".ipynb_checkpoints"}
 STYLESHEET = "assets/sidebyside.css"
+# The pages the code cites by section number ("model.md 3.6", "concepts.md 4"), linked on its pages.
+CITED_DOCS = ("model.md", "concepts.md")
 LINK = re.compile(r"(!?\[([^\]]*)\]\()([^)\s]+)(\))")
 FENCED = re.compile(r"^(`{3,}).*?^\1[ \t]*$", re.DOTALL | re.MULTILINE)
 IDENTIFIER = re.compile(r"^`([A-Za-z_][\w.]*)(?:\(\))?`$")
@@ -89,12 +91,12 @@ def relative_link(target: str, start: str) -> str:
     return posixpath.relpath(target, posixpath.dirname(start) or ".")
 
 
-def code_page(path: Path, anchors: dict[str, str], twin_map: dict[tuple[str, str], list[str]]) -> str:
-    """The side-by-side page of one source file; a CUDA source first shows its NumPy twins."""
+def code_page(path: Path, anchors: dict[str, dict[str, str]], twin_map: dict[tuple[str, str], list[str]]) -> str:
+    """The side-by-side page of one source file; a CUDA source first shows its NumPy twins.
+    `anchors`: {page the code cites by section ("model.md"): {section number: its anchor}}."""
     name = repository_path(path)
     source = path.read_text()
     language = LANGUAGES[path.suffix]
-    model_link = relative_link("docs/model.md", name)
     rows = []
     for twin_path, function in twin_names(source) if language == "cuda" else []:
         prose = [(f"**NumPy twin**: [`{function}`]({relative_link(twin_path, name)}), the function this kernel "
@@ -107,8 +109,10 @@ def code_page(path: Path, anchors: dict[str, str], twin_map: dict[tuple[str, str
         kernels = twin_map.get((name, section.name), [])
         note = ["", "GPU twin: " + ", ".join(f"[`{posixpath.basename(k)}`]({relative_link(k, name)})"
                                              for k in kernels)] if kernels else []
-        rows.append(section_markdown(section, language, link_model_sections("\n".join(section.prose + note),
-                                                                            model_link, anchors)))
+        prose = "\n".join(section.prose + note)
+        for doc, doc_anchors in anchors.items():
+            prose = link_sections(prose, doc, relative_link(f"{DOCS_FOLDER}/{doc}", name), doc_anchors)
+        rows.append(section_markdown(section, language, prose))
     return page_markdown(name, rows)
 
 
@@ -139,7 +143,7 @@ def on_files(files, config):
     # A folder page reads links as its README does; a link to the README itself finds the page too.
     origins.update({page: f"{path}/README.md" if (ROOT / path).is_dir() else path for path, page in pages.items()})
     pages.update({f"{path}/README.md": page for path, page in generated.items() if (ROOT / path).is_dir()})
-    anchors = model_anchors((docs / "model.md").read_text())
+    anchors = {doc: section_anchors((docs / doc).read_text()) for doc in CITED_DOCS}
     twin_map = twins()
     for path, page in generated.items():
         full = ROOT / path

@@ -14,6 +14,7 @@ page shows; tests/test_site.py checks that the committed figures are the ones th
 from __future__ import annotations
 
 import argparse
+import ast
 import base64
 import json
 import re
@@ -31,6 +32,9 @@ NOTEBOOKS = ("notebooks/walkthrough.py",)
 FIGURES = ROOT / "docs" / "figures"
 # A cell draws one figure per call: the notebook shows every figure with plt.show().
 SHOW = re.compile(r"^\s*plt\.show\(\)", re.MULTILINE)
+# Where a figure's drawing starts in a cell that shows one: its first top-level line that makes a
+# figure or calls pyplot. From there on the cell is matplotlib, folded on the page.
+DRAWING = re.compile(r"^(fig\b.*=\s*plt\.|plt\.)", re.MULTILINE)
 # A hang guard, not a budget: the whole notebook runs in under a minute on an idle 2-core machine
 # (docs/benchmarks.md), so no cell expects more than 60 s; ten times that.
 CELL_TIMEOUT_S = 600
@@ -89,10 +93,36 @@ def page_markdown(path: str) -> str:
             parts.append(cell.source + (RUN_NOTE.format(path=path) if index == 0 else ""))
             continue
         text = next(printed)
-        parts += [f"```python\n{cell.source}\n```"] if cell.source.strip() else []
+        computing, drawing = split_drawing(cell.source)
+        parts += [f"```python\n{computing}\n```"] if computing.strip() else []
+        parts += [folded_drawing(drawing)] if drawing else []
         parts += [f"```text\n{wrapped(text)}\n```"] if text.strip() else []
         parts += [f"![figure {name}]({figure_folder}/{name})" for name in (next(names) for _ in range(count))]
     return FULL_WIDTH + "\n\n".join(parts) + "\n"
+
+
+def split_drawing(source: str) -> tuple[str, str]:
+    """(the code that computes, the code that draws) of a cell: a cell that shows a figure is cut
+    at its first drawing line (`DRAWING`), any other is all computing."""
+    if is_drawing_helpers(source):
+        return "", source.rstrip()
+    start = DRAWING.search(source) if SHOW.search(source) else None
+    if start is None:
+        return source, ""
+    return source[:start.start()].rstrip(), source[start.start():].rstrip()
+
+
+def is_drawing_helpers(source: str) -> bool:
+    """A cell of nothing but function definitions, one of them drawing on a matplotlib axis."""
+    body = ast.parse(source).body
+    return bool(body) and all(isinstance(node, ast.FunctionDef) for node in body) and "axis." in source
+
+
+def folded_drawing(code: str) -> str:
+    """A cell's plotting code, folded: the reader opens it if they want to know how a figure is drawn."""
+    lines = code.count("\n") + 1
+    return (f'<details class="plotting" markdown>\n<summary>the plotting code ({lines} lines)</summary>\n\n'
+            f"```python\n{code}\n```\n\n</details>")
 
 
 def execute(notebook, folder: Path) -> None:

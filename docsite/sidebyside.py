@@ -5,7 +5,7 @@ implementations people read do it: a section starts at every function, class or 
 docstring, and any comment just above it, are its prose) and at every block of whole-line
 comments that follows code (the comment is the prose of the code below it, up to the next
 section). The prose is Markdown: `$...$` is an equation, an indented block is kept as written,
-and `model.md N.M` becomes a link to that section of the spec. The page is Markdown for
+and `model.md N.M` (`concepts.md N`) becomes a link to that section of the spec (of the concepts page). The page is Markdown for
 MkDocs (md_in_html, superfences titled with the lines they show), so it is made from the file on every build
 and cannot drift from it.
 """
@@ -22,7 +22,8 @@ from markdown.extensions.toc import slugify
 
 LANGUAGES = {".py": "python", ".cu": "cuda", ".cuh": "cuda", ".cpp": "cpp", ".h": "cpp"}
 COMMENT_MARKERS = {"python": "#", "cuda": "//", "cpp": "//"}
-MODEL_SECTION = re.compile(r"model\.md,? (?:section )?(\d+(?:\.\d+)?)")
+# "model.md 3.6", "concepts.md 4": a section of a page that the code cites.
+SECTION_REFERENCE = r"{doc},? (?:section )?(\d+(?:\.\d+)?)"
 HEADING = re.compile(r"^#{2,3} (\d+(?:\.\d+)?)\.? .*$", re.MULTILINE)
 # jupytext "percent" cells: the marker lines are notebook structure, not prose.
 CELL_MARKER = re.compile(r"^%%( \[markdown\])?$")
@@ -216,17 +217,17 @@ def sections_of(source: str, language: str) -> list[Section]:
     return assemble(events)
 
 
-def model_anchors(model_doc: str) -> dict[str, str]:
-    """Section number -> the anchor MkDocs gives its heading in docs/model.md."""
-    return {match.group(1): slugify(match.group(0).lstrip("#").strip(), "-") for match in HEADING.finditer(model_doc)}
+def section_anchors(doc: str) -> dict[str, str]:
+    """Section number -> the anchor MkDocs gives its numbered heading in the Markdown `doc`."""
+    return {match.group(1): slugify(match.group(0).lstrip("#").strip(), "-") for match in HEADING.finditer(doc)}
 
 
-def link_model_sections(prose: str, model_link: str, anchors: dict[str, str]) -> str:
-    """`model.md N.M` -> a link to that section (`model_link` is docs/model.md seen from the page's file)."""
+def link_sections(prose: str, doc_name: str, doc_link: str, anchors: dict[str, str]) -> str:
+    """`<doc_name> N.M` -> a link to that section (`doc_link` is the doc seen from the page's file)."""
     def link(match):
         number = match.group(1)
-        return f"[{match.group(0)}]({model_link}#{anchors[number]})" if number in anchors else match.group(0)
-    return MODEL_SECTION.sub(link, prose)
+        return f"[{match.group(0)}]({doc_link}#{anchors[number]})" if number in anchors else match.group(0)
+    return re.sub(SECTION_REFERENCE.format(doc=re.escape(doc_name)), link, prose)
 
 
 def fence(code: str) -> str:

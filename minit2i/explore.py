@@ -1,9 +1,13 @@
 """`minit2i explore`: a local web page that shows the model's insides (docs/explore.md).
 
 For a prompt, seed, steps, guidance (and a Mean Flow student's guidance interval), model and
-backend, the page shows the picture and its timing table, the clean-image prediction of every
-step, the word-to-patch attention map of every prompt word at a chosen step and double block,
-and the conditional and unconditional predictions of that step side by side (`insides.look_inside`).
+backend, the page shows the picture and its timing table; for a chosen step, the state x_t, the
+clean-image prediction x0 and the velocity side by side, with x0 at every step in a strip; the
+word-to-patch attention map of every prompt word at a chosen double block; the conditional and
+unconditional predictions of that step; and two settings of the same prompt and seed side by side.
+The step and block selectors look at the finished run again, without sampling
+(`explore_tutor`): steps and blocks are numbered from 1, as in the docs, and every panel links the
+section of the concepts page (served by the same server) that explains it.
 
 The page is Gradio's, the convention for model demos: its queue runs the work off the request
 thread one request at a time (the others wait their turn) with a progress bar, and a bad input is
@@ -25,7 +29,21 @@ from .api import MiniT2IPipeline, MiniT2IPipelineOutput
 from .arguments import add_model_arguments, model_paths
 from .console import emit
 from .demo_models import DEMO_MODELS, demo_model
-from .pipeline import BACKENDS, ModelFiles, check_backend, is_student, sampling_defaults
+from .explore_tutor import (
+    ATTENTION_SINKS,
+    CONCEPTS_ROUTE,
+    FIRST,
+    KEPT_FOR_S,
+    Kept,
+    compare_label,
+    concepts_markdown,
+    look_again,
+    look_for,
+    other_model,
+    sample_run,
+)
+from .insides import finished_x0_pixels, step_pictures
+from .pipeline import BACKENDS, ModelFiles, is_student, sampling_defaults
 
 DEFAULT_HOST = "127.0.0.1"  # this machine only: the page runs any prompt on it
 DEFAULT_PORT = 7860  # Gradio's
@@ -40,7 +58,8 @@ SHOWN_SIZE = 256
 PAGE_CSS = ("img { image-rendering: pixelated; } "
             ".picture img { width: 100%; height: 100%; object-fit: contain; } "
             ".gallery .grid-wrap.fixed-height { height: auto !important; min-height: 0 !important; "
-            "max-height: none !important; }")
+            "max-height: none !important; } "
+            ".look-for { font-size: 0.85em; opacity: 0.85; }")
 
 
 def add_parser(sub) -> None:
@@ -150,19 +169,14 @@ def settings_for(models: Models, name: str) -> dict:
     middle step and the middle double block to look at."""
     files = models.files(name)
     defaults = sampling_defaults(files)
-    return {"guidance_interval": UNUSED_INTERVAL, **defaults, "step": defaults["steps"] // 2,
-            "block": files.mmjit.config.depth_double // 2, "student": is_student(files)}
+    return {"guidance_interval": UNUSED_INTERVAL, **defaults, "step": defaults["steps"] // 2 + FIRST,
+            "block": files.mmjit.config.depth_double // 2 + FIRST, "student": is_student(files)}
 
 
 def look(models: Models, name: str, backend: str, on_step, prompt: str, **settings):
-    """`look_inside` on the cached model, after the cheap checks (model, backend, request)."""
-    from .insides import inside_request, look_inside
-
-    files = models.files(name)
-    check_backend(backend, PRECISION)
-    inside_request(files, prompt, **settings)
-    pipe = models.pipeline(name, backend)
-    return look_inside(pipe.model, prompt, runner=pipe.runner, on_step=on_step, **settings)
+    """A finished run on the cached model, looked at its `step` and `block` (numbered from 1)."""
+    kept = Kept(sample_run(models, name, backend, PRECISION, on_step, prompt, **settings), name, backend, 1)
+    return look_again(models, kept, settings["step"], settings["block"])
 
 
 def heat_maps(attention: np.ndarray) -> list[np.ndarray]:
@@ -185,8 +199,11 @@ def build_page(gradio, models: Models, default: str):
     gr = gradio
     start = settings_for(models, default)
     with gr.Blocks(title="minit2i explore") as page:
-        gr.Markdown("# minit2i explore\nGenerate a picture and look inside the model: the clean-image prediction "
-                    "of every step, which image patches attend to each word, and what guidance changes.")
+        kept = gr.State(Kept(), time_to_live=KEPT_FOR_S)
+        gr.Markdown("# minit2i explore\nGenerate a picture and look inside the model: the state, the clean-image "
+                    "prediction and the velocity of every step, which image patches attend to each word, and "
+                    f"what guidance changes. Every panel links the idea it shows on the [concepts page]"
+                    f"({CONCEPTS_ROUTE}).")
         with gr.Row():
             with gr.Column(scale=1):
                 prompt = gr.Textbox(label="prompt", value="a large red circle at the left on a gray background",
@@ -205,24 +222,40 @@ def build_page(gradio, models: Models, default: str):
                 with gr.Row():
                     width = gr.Number(start["width"], label="width", precision=0, elem_id="width")
                     height = gr.Number(start["height"], label="height", precision=0, elem_id="height")
-                with gr.Row():
-                    step = gr.Number(start["step"], label="look at step (0 = first)", precision=0, elem_id="step")
-                    block = gr.Number(start["block"], label="double block (0 = first)", precision=0, elem_id="block")
                 run = gr.Button("Generate", variant="primary", elem_id="generate")
                 status = gr.Markdown("", elem_id="status")
+                runs = gr.Markdown(Kept().runs_line(), elem_id="runs")
             with gr.Column(scale=1):
                 image = gr.Image(label="image", format="png", interactive=False, height=SHOWN_SIZE,
                                  elem_id="image", elem_classes="picture")
                 timings = gr.Textbox(label="timings", lines=8, interactive=False, elem_id="timings")
-        gr.Markdown("## The clean-image prediction at every step\nWhat the network predicts the finished picture "
-                    "to be at each step (guided); the sampler moves a little towards it each time.")
+        gr.Markdown("## Step by step\nThe selectors look at the finished run again: moving them samples "
+                    "nothing, it only runs the two forwards of the chosen step that the maps below need.")
+        with gr.Row():
+            # Numbers the page checks itself (one line naming the range), not sliders, whose bounds Gradio
+            # would check with a pop-up of its own.
+            step = gr.Number(start["step"], label="step (1 = first)", precision=0, elem_id="step")
+            block = gr.Number(start["block"], label="double block (1 = first)", precision=0, elem_id="block")
+        with gr.Row():
+            panels = []
+            for name, label in (("state", "the state x_t the step starts from"),
+                                ("x0", "its clean-image prediction x0"),
+                                ("velocity", "the velocity of the step")):
+                with gr.Column():
+                    panels.append(gr.Image(label=label, format="png", interactive=False, height=SHOWN_SIZE,
+                                           elem_id=f"step-{name}", elem_classes="picture"))
+                    gr.Markdown(look_for(name), elem_classes="look-for")
+        gr.Markdown("### The clean-image prediction at every step")
         x0_steps = gr.Gallery(label="x0 at every step", format="png", columns=10, elem_id="x0-steps",
                               elem_classes="gallery")
+        gr.Markdown(look_for("x0_steps"), elem_classes="look-for")
         gr.Markdown("## Which image patches look at each word\nAt the chosen step and double block: for every "
                     "patch, the attention its query pays to the word's tokens (mean over heads; black 0, white "
                     "the largest weight on the page). The caption is the word's share of all the patches' attention.")
         attention = gr.Gallery(label="attention of the image patches to each word", format="png", columns=6,
                                elem_id="attention", elem_classes="gallery")
+        gr.Markdown(look_for("attention"), elem_classes="look-for")
+        gr.Markdown(ATTENTION_SINKS, elem_id="sinks")
         gr.Markdown("## Guidance at the chosen step\nThe conditional prediction (with the prompt), the "
                     "unconditional one (an all-zero text mask) and the guided one the sampler used. A Mean Flow "
                     "student is guided inside the network: its two are made with guidance 1 (none).")
@@ -233,23 +266,42 @@ def build_page(gradio, models: Models, default: str):
                              elem_id="uncond", elem_classes="picture")
             guided = gr.Image(label="guided", format="png", interactive=False, height=SHOWN_SIZE,
                              elem_id="guided", elem_classes="picture")
+        gr.Markdown(look_for("guidance"), elem_classes="look-for")
+        looked = [*panels, attention, cond, uncond, guided]
+
+        def shown(run_kept: Kept, insides, step_number):
+            """The selectors' panels for `insides` at the page's `step_number`."""
+            return [*step_pictures(run_kept.run, step_number - FIRST),
+                    list(zip(heat_maps(insides.attention), word_captions(insides.words, insides.attention))),
+                    insides.cond_x0, insides.uncond_x0, insides.x0_steps[step_number - FIRST]]
 
         def generate(prompt, model_name, backend_name, seed, steps, guidance, t_min, t_max, width, height, step,
-                     block, progress=gr.Progress()):  # noqa: B008 (Gradio finds its progress bar by this default)
+                     block, session, progress=gr.Progress()):  # noqa: B008 (Gradio finds its progress bar by this default)
             try:
                 student = settings_for(models, model_name)["student"]
-                insides = look(models, model_name, backend_name,
-                               lambda info: progress((info.index + 1, steps), desc="sampling"), prompt,
-                               seed=seed, steps=steps, guidance_scale=guidance, width=width, height=height,
-                               step=step, block=block, interval=(t_min, t_max) if student else None)
+                finished = sample_run(models, model_name, backend_name, PRECISION,
+                                      lambda info: progress((info.index + 1, steps), desc="sampling"), prompt,
+                                      seed=seed, steps=steps, guidance_scale=guidance, width=width, height=height,
+                                      step=step, block=block, interval=(t_min, t_max) if student else None)
+                session = Kept(finished, model_name, backend_name, session.sampling_runs + 1)
+                insides = look_again(models, session, step, block)
             except (MiniT2IError, OSError) as err:
-                return [f"**error:** {err}"] + [gr.skip()] * 7
+                return [f"**error:** {err}"] + [gr.skip()] * 12
+            state, prediction, velocity, *maps = shown(session, insides, step)
             return [f"{model_name}, seed {seed}: done", insides.image,
                     MiniT2IPipelineOutput([insides.image], insides.result.timings, insides.result.step_times,
-                                          backend_name, PRECISION).timing_table(),
-                    [(x0, f"step {i}") for i, x0 in enumerate(insides.x0_steps)],
-                    list(zip(heat_maps(insides.attention), word_captions(insides.words, insides.attention))),
-                    insides.cond_x0, insides.uncond_x0, insides.x0_steps[step]]
+                                          backend_name, PRECISION, insides.result.blas_threads).timing_table(),
+                    [(x0, f"step {i + FIRST}") for i, x0 in enumerate(insides.x0_steps)],
+                    *maps, state, prediction, velocity, session, session.runs_line()]
+
+        def select(session, step, block):
+            if session.run is None:  # nothing generated yet: the numbers are for the next run
+                return [gr.skip()] * 8
+            try:
+                insides = look_again(models, session, step, block)
+            except MiniT2IError as err:
+                return [f"**error:** {err}"] + [gr.skip()] * 7
+            return [f"step {step}, block {block}: from the finished run", *shown(session, insides, step)]
 
         def choose_model(model_name):
             try:
@@ -257,10 +309,88 @@ def build_page(gradio, models: Models, default: str):
             except MiniT2IError as err:
                 return [f"**error:** {err}"] + [gr.skip()] * 9
             return ["", chosen["steps"], chosen["cfg_scale"], gr.Row(visible=chosen["student"]),
-                    *chosen["guidance_interval"], chosen["width"], chosen["height"], chosen["step"], chosen["block"]]
+                    *chosen["guidance_interval"], chosen["width"], chosen["height"], chosen["step"],
+                    chosen["block"]]
 
-        run.click(generate, [prompt, model, backend, seed, steps, guidance, t_min, t_max, width, height, step, block],
-                  [status, image, timings, x0_steps, attention, cond, uncond, guided], api_name="generate")
+        run.click(generate, [prompt, model, backend, seed, steps, guidance, t_min, t_max, width, height, step, block,
+                             kept],
+                  [status, image, timings, x0_steps, attention, cond, uncond, guided, *panels, kept, runs],
+                  api_name="generate")
+
+        def fit_step(steps, step):
+            if not isinstance(steps, int) or steps < FIRST:
+                return gr.skip()  # Generate will say what is wrong with it
+            return min(step, steps) if isinstance(step, int) else gr.skip()
+
+        for chosen in (step, block):
+            chosen.blur(select, [kept, step, block], [status, *looked], api_name=False)
+            chosen.submit(select, [kept, step, block], [status, *looked], api_name=False)
+        steps.change(fit_step, [steps, step], [step], api_name=False)
         model.change(choose_model, [model], [status, steps, guidance, interval_row, t_min, t_max, width, height, step,
                                              block], api_name="defaults")
+        compare_section(gr, models, default, kept, runs, [prompt, model, backend, seed, steps, guidance, t_min, t_max,
+                                                          width, height])
+    with page.route("Concepts", f"/{CONCEPTS_ROUTE}"):  # the page every panel links
+        gr.Markdown(concepts_markdown(), header_links=True, elem_id="concepts",
+                    latex_delimiters=[{"left": "$$", "right": "$$", "display": True},
+                                      {"left": "$", "right": "$", "display": False}])
     return page
+
+
+def compare_section(gr, models: Models, default: str, kept, runs, form: list) -> None:
+    """Two settings of the form's prompt and seed side by side: the form's (left) and another model,
+    steps and guidance (right), each its picture and its x0 at every step. Neither run is kept."""
+    other = other_model(list(models.sources), default)
+    right = settings_for(models, other)
+    gr.Markdown("## Compare two settings\nThe same prompt and seed under two settings: the left side is the "
+                "form above, the right side is chosen here (try guidance 0, 2 and 7, or the teacher's 20 steps "
+                "against the student's 4).")
+    with gr.Row():
+        model = gr.Dropdown(list(models.sources), value=other, label="right side: model", allow_custom_value=True,
+                            elem_id="compare-model")
+        steps = gr.Number(right["steps"], label="steps", precision=0, elem_id="compare-steps")
+        guidance = gr.Number(right["cfg_scale"], label="guidance", elem_id="compare-guidance")
+    button = gr.Button("Compare", elem_id="compare")
+    status = gr.Markdown("", elem_id="compare-status")
+    sides = []
+    with gr.Row():
+        for side in ("a", "b"):
+            with gr.Column():
+                sides += [gr.Markdown("", elem_id=f"compare-{side}-label"),
+                          gr.Image(label="image", format="png", interactive=False, height=SHOWN_SIZE,
+                                   elem_id=f"compare-{side}", elem_classes="picture"),
+                          gr.Gallery(label="x0 at every step", format="png", columns=5, elem_id=f"compare-{side}-steps",
+                                     elem_classes="gallery")]
+    gr.Markdown(look_for("compare"), elem_classes="look-for")
+
+    def compare(prompt, model_a, backend_name, seed, steps_a, guidance_a, t_min, t_max, width, height, model_b,
+                steps_b, guidance_b, session, progress=gr.Progress()):  # noqa: B008 (as generate's)
+        shown = []
+        try:
+            for name, steps, guidance in ((model_a, steps_a, guidance_a), (model_b, steps_b, guidance_b)):
+                chosen = settings_for(models, name)
+                interval = ((t_min, t_max) if name == model_a else chosen["guidance_interval"]) if chosen["student"] \
+                    else None
+                finished = sample_run(models, name, backend_name, PRECISION,
+                                      lambda info, steps=steps, name=name: progress((info.index + 1, steps),
+                                                                                    desc=f"sampling {name}"), prompt,
+                                      seed=seed, steps=steps, guidance_scale=guidance, width=width, height=height,
+                                      step=FIRST, block=FIRST, interval=interval)
+                session = Kept(session.run, session.model, session.backend, session.sampling_runs + 1)
+                result = finished.result
+                shown += [compare_label(name, finished.request, sum(result.step_times)), result.pixels[0],
+                          [(x0, f"step {i + FIRST}") for i, x0 in enumerate(finished_x0_pixels(finished))]]
+        except (MiniT2IError, OSError) as err:
+            return [f"**error:** {err}"] + [gr.skip()] * 8
+        return [f"seed {seed}: both done", *shown, session, session.runs_line()]
+
+    def choose(model_name):
+        try:
+            chosen = settings_for(models, model_name)
+        except MiniT2IError as err:
+            return [f"**error:** {err}", gr.skip(), gr.skip()]
+        return ["", chosen["steps"], chosen["cfg_scale"]]
+
+    button.click(compare, [*form, model, steps, guidance, kept], [status, *sides, kept, runs], api_name="compare")
+    model.change(choose, [model], [status, steps, guidance], api_name=False)
+

@@ -216,12 +216,15 @@ def demo_png(recipe: dict, precision: str) -> np.ndarray:
     """
     from PIL import Image
 
-    from .cli import build_parser
+    from . import generate_command
+    from .console import OneLineParser
 
+    parser = OneLineParser(prog="minit2i")
+    generate_command.add_parser(parser.add_subparsers(dest="command", required=True))
     with tempfile.TemporaryDirectory(prefix="minit2i-golden-") as folder:
         output = Path(folder) / "golden.png"
         # The command itself, not the CLI's main: its errors and Ctrl-C reach the caller's handling.
-        args = build_parser().parse_args([*recipe["argv"], "--precision", precision, "--output", str(output)])
+        args = parser.parse_args([*recipe["argv"], "--precision", precision, "--output", str(output)])
         with contextlib.redirect_stdout(io.StringIO()):  # generate prints the output path
             args.run(args)
         return np.asarray(Image.open(output).convert("RGB"))

@@ -15,9 +15,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from minit2i.core.checks import human_size
 from minit2i.core.errors import MiniT2IError
 from minit2i.core.images import to_pixels
 from minit2i.core.mean_flow_config import MeanFlowConfig
+from minit2i.core.threads import blas_threads
 from minit2i.reference.layers import attention_weights, joint_rope
 from minit2i.reference.mean_flow import unrotated_prefix
 from minit2i.reference.mean_flow_sampler import step_lengths
@@ -33,6 +35,7 @@ from .pipeline import (
     generate,
     is_student,
     make_runner,
+    run_threads,
     sampling_defaults,
     seeded_noise,
     validate,
@@ -42,6 +45,12 @@ from .pipeline import (
 # guidance" (its conditional prediction, as the teacher's guided velocity with omega 1 is the
 # conditional one, training/distill.py).
 UNGUIDED = 1.0
+
+
+# The insides the explore page keeps of a finished run, per session, so that another step or block
+# is looked at without sampling again: every state and prediction in float32 (`kept_bytes`). The
+# demo model's 20 steps take 1.9 MiB; B/16's 100 at 512 x 512, 603 MiB, are refused.
+KEPT_RUN_LIMIT = 256 * 2**20
 
 
 @dataclass
@@ -57,6 +66,19 @@ class Insides:
     result: Result  # the generation itself: its pixels and timings
 
 
+@dataclass
+class FinishedRun:
+    """A generation kept whole, so that any step and block can be looked at again without sampling."""
+
+    request: Request
+    states: np.ndarray  # float32 [steps + 1, C, H, W]: the noise, then the state after every step
+    x0s: np.ndarray  # float32 [steps, C, H, W]: the (guided) clean-image prediction of every step
+    context: np.ndarray  # [1, L, Dc]: the prompt through the reference's T5
+    mask: np.ndarray  # [1, L]
+    words: list[tuple[str, list[int]]]  # each prompt word and its token positions
+    result: Result
+
+
 def look_inside(model: Model, prompt: str, *, seed: int, steps: int, guidance_scale: float, width: int, height: int,
                 step: int, block: int, interval: tuple[float, float] | None = None, runner=None,
                 on_step=None) -> Insides:
@@ -70,25 +92,69 @@ def look_inside(model: Model, prompt: str, *, seed: int, steps: int, guidance_sc
     request = inside_request(model, prompt, seed=seed, steps=steps, guidance_scale=guidance_scale, width=width,
                              height=height, step=step, block=block, interval=interval)
     runner = runner or make_runner(model)
-    x0_steps, before = [], {}
+    reference = runner if isinstance(runner, NumpyRunner) else make_runner(model)
+    return look_at(model, reference, sample_and_keep(model, request, runner, reference, on_step), step, block)
+
+
+def kept_bytes(request: Request, channels: int) -> int:
+    """What `sample_and_keep` holds of a run: 2 steps + 1 float32 pictures of C x H x W."""
+    return (2 * request.steps + 1) * channels * request.height * request.width * np.dtype(np.float32).itemsize
+
+
+def check_kept_size(request: Request, channels: int, limit: int = KEPT_RUN_LIMIT) -> None:
+    """Refuse, in one line, a run whose insides would not fit the page's bound (before sampling)."""
+    size = kept_bytes(request, channels)
+    if size > limit:
+        raise MiniT2IError(f"keeping every step of this run ({request.steps} steps at {request.width} x "
+                           f"{request.height}) takes {human_size(size, binary=True)}, over the page's "
+                           f"{human_size(limit, binary=True)} per run; choose fewer steps or a smaller size")
+
+
+def sample_and_keep(model: Model, request: Request, runner, reference: NumpyRunner, on_step=None) -> FinishedRun:
+    """Generate `request` with `runner` and keep every state and prediction (`FinishedRun`); the
+    prompt is encoded again by the reference, whose forwards `look_at` runs."""
+    states, x0s = [seeded_noise(request, model.mmjit.config.in_channels)[0]], []  # the state before the first step
 
     def collect(info):
-        x0_steps.append(to_pixels(runner.to_host(info.x0))[0])
-        if info.index == step - 1:
-            before["x"] = runner.to_host(info.x)
+        states.append(np.asarray(runner.to_host(info.x)[0], np.float32))
+        x0s.append(np.asarray(runner.to_host(info.x0)[0], np.float32))
         if on_step:
             on_step(info)
 
-    noise = seeded_noise(request, model.mmjit.config.in_channels)  # the state before the first step
-    result = generate(model, runner, request, collect, noise)
-    x = before.get("x", noise)
-    reference = runner if isinstance(runner, NumpyRunner) else make_runner(model)
-    ids, mask = model.tokenizer([prompt])
-    context = reference.encode(ids, mask)
-    stages, (cond, uncond) = predictions(model, reference, request, step, x, context, mask)
-    words = model.tokenizer.word_positions(prompt)
-    return Insides(result.pixels[0], x0_steps, [word for word, _ in words],
-                   word_attention(reference, stages, block, words, height, width), cond, uncond, result)
+    result = generate(model, runner, request, collect, states[0][None])
+    ids, mask = model.tokenizer([request.prompt])
+    with blas_threads(run_threads(request, model)):  # the reference's own forwards, sized as generate's
+        context = reference.encode(ids, mask)
+    return FinishedRun(request, np.stack(states), np.stack(x0s), context, mask,
+                       model.tokenizer.word_positions(request.prompt), result)
+
+
+def step_pictures(run: FinishedRun, step: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """uint8 [H, W, 3] x3 of sampling step `step` (0-based): the state x_t it starts from, the clean
+    image x0 predicted there, and the velocity the step follows (the move to the next state over
+    the step's length of time), shown on its own scale (its largest value white or black)."""
+    moved = run.states[step + 1] - run.states[step]
+    velocity = moved / max(float(np.abs(moved).max()), np.finfo(np.float32).tiny)
+    return tuple(to_pixels(picture[None])[0] for picture in (run.states[step], run.x0s[step], velocity))
+
+
+def finished_x0_pixels(run: FinishedRun) -> list[np.ndarray]:
+    """uint8 [H, W, 3] of the clean-image prediction of every step of `run`."""
+    return [to_pixels(x0[None])[0] for x0 in run.x0s]
+
+
+def look_at(model: Model, reference: NumpyRunner, run: FinishedRun, step: int, block: int) -> Insides:
+    """The finished `run` at step `step` and double block `block` (both 0-based): one conditional
+    and one unconditional forward of the reference from the kept state, no sampling."""
+    request = run.request
+    check_position(step, request.steps, "step", "--steps")
+    check_position(block, model.mmjit.config.depth_double, "block", "the model's double blocks")
+    with blas_threads(run_threads(request, model)):
+        stages, (cond, uncond) = predictions(model, reference, request, step, run.states[step][None], run.context,
+                                             run.mask)
+        attention = word_attention(reference, stages, block, run.words, request.height, request.width)
+    return Insides(run.result.pixels[0], finished_x0_pixels(run), [word for word, _ in run.words], attention, cond,
+                   uncond, run.result)
 
 
 def inside_request(model: Model | ModelFiles, prompt: str, *, seed: int, steps: int, guidance_scale: float,
@@ -107,10 +173,11 @@ def inside_request(model: Model | ModelFiles, prompt: str, *, seed: int, steps: 
     return request
 
 
-def check_position(index: int, count: int, name: str, limit: str) -> None:
-    """A 0-based `index` into `count` things (steps, blocks), else one line with the range."""
-    if isinstance(index, bool) or not isinstance(index, (int, np.integer)) or not 0 <= index < count:
-        raise MiniT2IError(f"{name} {index!r} is outside 0..{count - 1} ({limit}: {count}); "
+def check_position(index: int, count: int, name: str, limit: str, first: int = 0) -> None:
+    """An index into `count` things (steps, blocks) counted from `first` (0 in the code, 1 on the
+    explore page), else one line with the range."""
+    if isinstance(index, bool) or not isinstance(index, (int, np.integer)) or not first <= index < first + count:
+        raise MiniT2IError(f"{name} {index!r} is outside {first}..{first + count - 1} ({limit}: {count}); "
                            f"choose a {name} in that range")
 
 

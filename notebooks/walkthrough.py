@@ -142,7 +142,7 @@ pipe.set_progress_bar_config(disable=True)
 
 
 def run_sampler(cfg_scale, seed=SEED):
-    """(states x_0 .. x_N before/after every step, guided x0 of every step, t of every step)."""
+    """(the states: the noise, then the state after every step; guided x0 of every step, t of every step)."""
     steps = []
 
     def keep(pipe, step_index, timestep, tensors):

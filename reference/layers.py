@@ -1,4 +1,5 @@
-"""Small pure layer functions shared by the T5 encoder and MMJiT (NumPy).
+"""Small pure layer functions shared by the T5 encoder and MMJiT (NumPy): attention (concepts.md 4)
+and the two position codes, the sin/cos table and RoPE (concepts.md 5).
 
 Every function works in the dtype of its inputs (float32 for generation, float64 for the
 tracer and tests). Weights use the torch layout: a linear weight is [out, in].

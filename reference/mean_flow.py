@@ -1,4 +1,4 @@
-"""The four-step Mean Flow student (MiniT2I-B/16-MF) in NumPy (model.md 9).
+"""The four-step Mean Flow student (MiniT2I-B/16-MF) in NumPy (model.md 9; concepts.md 6).
 
 It is MMJiT with guidance and time as inputs. Four scalars per sample, h = t - r (the step
 length), omega (the guidance scale), t_min and t_max (the guidance interval), and the pooled
@@ -23,8 +23,8 @@ import numpy as np
 
 from minit2i.core.mean_flow_config import AUX_EMBEDDERS, MeanFlowConfig, aux_token_groups
 
-from .layers import joint_rope, layer_reporter, linear, silu, text_rope
-from .mmjit import embed_image, mask_text, transformer_body
+from .layers import joint_rope, layer_reporter, linear, silu, text_rope, unpatchify
+from .mmjit import double_block, embed_image, final_layer, mask_text, preamble_block
 
 
 @lru_cache(maxsize=8)
@@ -105,12 +105,27 @@ def mean_flow_forward(params, config: MeanFlowConfig, images, h, omega, t_min, t
     img = embed_image(images, params["img_embedder"], config)
     report("patch_embed", img)
     masked = mask_text(context.astype(dtype), mask, params["mask_token"])
+    # The step length, guidance and interval enter as tokens in front of the text, not as a
+    # modulation of every layer: the blocks read them through attention, as they read words.
     prefix = aux_tokens(params, config, masked.mean(axis=1), h, omega, t_min, t_max)
     report("aux_tokens", prefix)
     txt = np.concatenate([prefix, linear(masked, **params["txt_embedder"])], axis=1)
     report("txt_embed", txt)
     grid_h, grid_w = images.shape[2] // config.patch_size, images.shape[3] // config.patch_size
     length = txt.shape[1]
+    txt_rope = text_rope(length, config.head_dim, dtype)
+    # The prefix is conditioning, not a place in the text: in the joint attention it carries no
+    # position (model.md 9.2).
     rope = unrotated_prefix(joint_rope(length, grid_h, grid_w, config.head_dim, dtype), prefix.shape[1])
-    return transformer_body(img, txt, params, config, grid_h, grid_w, text_rope(length, config.head_dim, dtype),
-                            rope, report)
+    # From here on MMJiT's forward, block for block (`mmjit.mmjit_forward`): the prefix rides along
+    # as text.
+    for i, block in enumerate(params["txt_preamble_blocks"]):
+        txt = preamble_block(txt, block, txt_rope, config)
+        report(f"preamble.{i}", txt)
+    for i, block in enumerate(params["double_blocks"]):
+        img, txt = double_block(img, txt, block, rope, config)
+        report(f"double.{i}.img", img)
+        report(f"double.{i}.txt", txt)
+    out = final_layer(img, params["final_layer"])
+    report("final_layer", out)
+    return unpatchify(out, grid_h, grid_w, config.patch_size, config.in_channels)

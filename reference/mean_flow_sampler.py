@@ -1,4 +1,5 @@
-"""The Mean Flow student's few-step sampler (model.md 9.4).
+"""The Mean Flow student's few-step sampler (model.md 9.4; concepts.md 6, its time convention
+concepts.md 7).
 
 Time runs the other way from `sampler.py`: from t = 1 (noise) to t = 0 (data), on a uniform grid.
 Each step is ONE forward of batch B (guidance is an input of the network, not a second branch):

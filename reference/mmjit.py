@@ -1,4 +1,5 @@
-"""MMJiT, the MiniT2I denoiser, in NumPy (model.md 3).
+"""MMJiT, the MiniT2I denoiser, in NumPy (model.md 3): it predicts the clean image (concepts.md 2)
+with joint attention between words and patches (concepts.md 4) and their positions (concepts.md 5).
 
     image [B,3,H,W] --patch embed + sin/cos--> img tokens [B, N, D]
     T5 context [B,L,1024] --mask_token where mask=0--> txt_embedder --> txt tokens [B, L, D]
@@ -94,10 +95,13 @@ def joint_qkv(img, txt, block, rope, config: MMJiTConfig):
     """The joint sequence's q, k, v of a double block, each [B, H, L + N, Dh], text first, q and k
     rotated: img [B, N, D], txt [B, L, D], rope tables (cos, sin) [L + N, Dh/2] (model.md 3.7)."""
     cos, sin = rope
+    # Each stream projects with its own weights: words and patches are different kinds of token ...
     qi, ki, vi = project_qkv(rms_norm(img, **block["img_norm1"]), block["img_qkv"], block["q_norm"],
                              block["k_norm"], config.num_heads)
     qt, kt, vt = project_qkv(rms_norm(txt, **block["txt_norm1"]), block["txt_qkv"], block["q_norm"],
                              block["k_norm"], config.num_heads)
+    # ... but they are scored in one sequence, so a patch can attend to a word and a word to a patch.
+    # RoPE after the concatenation: one table gives the text its 1-D and the image its 2-D positions.
     q = apply_rope(np.concatenate([qt, qi], axis=2), cos, sin)
     k = apply_rope(np.concatenate([kt, ki], axis=2), cos, sin)
     return q, k, np.concatenate([vt, vi], axis=2)
@@ -115,7 +119,9 @@ def double_block(img, txt, block, rope, config: MMJiTConfig):
     $$q = \mathrm{RoPE}([q_t ; q_i]),\; k = \mathrm{RoPE}([k_t ; k_i]),\; v = [v_t ; v_i]$$
     """
     length = txt.shape[1]
+    # No attention mask: padding was replaced by mask_token before the first block (`mask_text`).
     out = merge_heads(attention(*joint_qkv(img, txt, block, rope, config), scale=config.head_dim**-0.5))
+    # The joint output splits back into the streams; each keeps its residual and its own weights.
     img = img + linear(out[:, length:], **block["img_attn_proj"])
     txt = txt + linear(out[:, :length], **block["txt_attn_proj"])
     img = img + swiglu(rms_norm(img, **block["img_norm2"]), **block["img_mlp"])
@@ -132,7 +138,13 @@ def final_layer(img, final):
 
 
 def mmjit_forward(params, config: MMJiTConfig, images, context, mask, on_layer=None):
-    """Predict the clean image x0.
+    r"""Predict the clean image x0 (concepts.md 1-4, model.md 3):
+
+    $$\mathrm{txt} \leftarrow \mathrm{Preamble}_j(\mathrm{txt}), \quad j = 1..P$$
+
+    $$(\mathrm{img}, \mathrm{txt}) \leftarrow \mathrm{Double}_i(\mathrm{img}, \mathrm{txt}), \quad i = 1..D$$
+
+    $$x_0 = \mathrm{unpatchify}\big(\mathrm{Final}(\mathrm{img})\big)$$
 
     images [B, C, H, W] (H, W multiples of the patch size), context [B, L, txt_input_size],
     mask [B, L] (1 real token, 0 padding) -> x0 [B, C, H, W], in the dtype of `images` (and of
@@ -145,33 +157,17 @@ def mmjit_forward(params, config: MMJiTConfig, images, context, mask, on_layer=N
     txt = linear(mask_text(context.astype(dtype), mask, params["mask_token"]), **params["txt_embedder"])
     report("txt_embed", txt)
     grid_h, grid_w = images.shape[2] // config.patch_size, images.shape[3] // config.patch_size
-    length = txt.shape[1]
-    return transformer_body(img, txt, params, config, grid_h, grid_w, text_rope(length, config.head_dim, dtype),
-                            joint_rope(length, grid_h, grid_w, config.head_dim, dtype), report)
-
-
-def transformer_body(img, txt, params, config: MMJiTConfig, grid_h: int, grid_w: int, txt_rope, rope, report):
-    """Everything after the embeddings: preamble blocks (text only, `txt_rope`), double blocks
-    (joint, `rope`), final layer, unpatchify.
-
-    img [B, N, D], txt [B, L, D], rope tables (cos, sin) [L, Dh/2] and [L + N, Dh/2] -> x0
-    [B, C, H, W]. Shared with the Mean Flow student, which only brings other tokens and tables.
-    """
-    img = run_blocks(img, txt, params, config, txt_rope, rope, report, preamble_block, double_block)
-    out = final_layer(img, params["final_layer"])
-    report("final_layer", out)
-    return unpatchify(out, grid_h, grid_w, config.patch_size, config.in_channels)
-
-
-def run_blocks(img, txt, params, config: MMJiTConfig, txt_rope, rope, report, preamble_block, double_block):
-    """The preamble blocks (text only, `txt_rope`), then the double blocks (joint, `rope`), each
-    output reported -> the image tokens [B, N, D]. The twins run their own block functions through
-    this one loop, so all three report the same stages under the same names."""
+    txt_rope = text_rope(txt.shape[1], config.head_dim, dtype)
+    rope = joint_rope(txt.shape[1], grid_h, grid_w, config.head_dim, dtype)
+    # The text first reads itself (the image is not there yet to distract it), ...
     for i, block in enumerate(params["txt_preamble_blocks"]):
         txt = preamble_block(txt, block, txt_rope, config)
         report(f"preamble.{i}", txt)
+    # ... then both streams meet in every double block's one joint attention.
     for i, block in enumerate(params["double_blocks"]):
         img, txt = double_block(img, txt, block, rope, config)
         report(f"double.{i}.img", img)
         report(f"double.{i}.txt", txt)
-    return img
+    out = final_layer(img, params["final_layer"])  # the text stream's last state is not used
+    report("final_layer", out)
+    return unpatchify(out, grid_h, grid_w, config.patch_size, config.in_channels)

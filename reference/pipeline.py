@@ -1,4 +1,5 @@
-"""The NumPy backend as the shared pipeline (`minit2i.pipeline`) drives it."""
+"""The NumPy backend as the shared pipeline (`minit2i.pipeline`) drives it: one prompt encoded once,
+then the sampler of concepts.md 1 (the student's: concepts.md 6) calling the denoiser at every step."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-r"""x0 -> velocity Euler sampler with classifier-free guidance (model.md 4).
+r"""x0 -> velocity Euler sampler with classifier-free guidance (model.md 4): the straight path of
+concepts.md 1, the velocity from x0 of concepts.md 2 and the guidance of concepts.md 3.
 
 t runs from 0 (noise) to 1 (data) on a uniform grid. At every step the network predicts x0 for
 the conditional and the unconditional branch in ONE batched forward ([cond ; uncond], the
@@ -26,7 +27,8 @@ NOISE_SCALE = 2.0
 
 
 def initial_noise(seed: int, batch: int, channels: int, height: int, width: int) -> np.ndarray:
-    """x_0 = 2 * N(0, I) from numpy.random.default_rng(seed) -> float32 [B, C, H, W].
+    """The starting noise, the state at t = 0 (not x0, the clean image): 2 * N(0, I) from
+    numpy.random.default_rng(seed) -> float32 [B, C, H, W].
 
     Both backends start from this host array, so a seed means the same image everywhere.
     """
@@ -34,7 +36,7 @@ def initial_noise(seed: int, batch: int, channels: int, height: int, width: int)
 
 
 def noise_from(rng: np.random.Generator, batch: int, channels: int, height: int, width: int) -> np.ndarray:
-    """x_0 = 2 * N(0, I) drawn from `rng` -> float32 [B, C, H, W] (`rng` moves on)."""
+    """The starting noise 2 * N(0, I) drawn from `rng` -> float32 [B, C, H, W] (`rng` moves on)."""
     return NOISE_SCALE * rng.standard_normal((batch, channels, height, width), dtype=np.float32)
 
 
@@ -82,13 +84,18 @@ def sample(denoise: Callable, noise, context, mask, steps: int, cfg_scale: float
     noise [B, C, H, W], context [B, L, Dc], mask [B, L] -> image x [B, C, H, W] (range ~[-1, 1]).
     """
     batch = noise.shape[0]
+    # The unconditional branch is the same prompt with every token masked out: MMJiT was trained
+    # with captions dropped that way, so "no prompt" needs no second encoding (concepts.md 3).
     both_context = np.concatenate([context, context])
     both_mask = np.concatenate([mask, np.zeros_like(mask)])
     x = noise
     t = time_grid(steps)
     for i, factor in enumerate(step_factors(steps, a_min)):
+        # One forward of batch 2B, not two of B: both branches see the same state x.
         x0 = denoise(np.concatenate([x, x]), both_context, both_mask)
+        # Guiding x0 is guiding the velocity: both branches share x and the denominator.
         x0 = guided_x0(x0[:batch], x0[batch:], cfg_scale)
+        # A step of f of the way to the guess; the last f is 1, so the image is a clean guess.
         x = euler_step(x, x0, factor)
         if callback:
             callback(StepInfo(i, float(t[i]), x, x0))

@@ -1,4 +1,4 @@
-"""FLAN-T5 (v1.1) encoder in NumPy, model.md 6.
+"""FLAN-T5 (v1.1) encoder in NumPy, model.md 6: the words as the denoiser reads them (concepts.md 4).
 
 Differences from a textbook transformer, all deliberate (they are what T5 does):
 no sqrt(d) scaling of the embedding or of the attention scores, RMSNorm without mean or bias,

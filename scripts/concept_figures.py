@@ -252,23 +252,33 @@ def guidance_scales_figure(scales=(0.0, 1.0, 2.0, 4.0, 8.0)):
     return figure
 
 
-def four_vs_twenty_figure():
-    """The demo model's 20 Euler steps above the student's 4 Mean Flow steps, each state under the
-    base sampler's state at the same moment of the path (student time t is base time 1 - t)."""
+# The four-vs-twenty figure's tiles per row: ten 64-pixel states across the concepts page at 1280
+# pixels are each shown at least at their own size (tests/test_site.py measures it in a browser).
+FOUR_VS_TWENTY_COLUMNS = 10
+
+
+def four_vs_twenty_figure(columns: int = FOUR_VS_TWENTY_COLUMNS):
+    """The demo model's 20 Euler steps, `columns` to a row, each row followed by the student's Mean
+    Flow states at the same moments of the path (same prompt and seed, so the same noise). Every
+    tile is labelled in one time convention, the base sampler's (0 noise, 1 data): the student's
+    own clock runs the other way (concepts.md 7), so its time r after a step is shown as 1 - r."""
     base, _ = run_demo("demo")
     student, _ = run_demo("demo-mf")
     stride = len(base) // len(student)
-    figure, axes = plt.subplots(2, len(base), figsize=(1.05 * len(base), 2.9))
+    rows = len(base) // columns
+    figure, axes = plt.subplots(2 * rows, columns, figsize=(1.3 * columns, 3.0 * rows))
     for i, step in enumerate(base):
-        picture(axes[0, i], step.x[0], f"{step.t + 1 / len(base):.2f}")
-        axes[1, i].axis("off")
+        row, column = divmod(i, columns)
+        picture(axes[2 * row, column], step.x[0], f"t = {step.t + 1 / len(base):.2f}")
+        axes[2 * row + 1, column].axis("off")
     for i, step in enumerate(student):
-        column = (i + 1) * stride - 1
-        axes[1, column].axis("on")
-        picture(axes[1, column], step.x[0], f"t = {step.t - 1 / len(student):.2f}")
-    axes[0, 0].set_ylabel("demo\n20 steps", fontsize=9)
-    axes[1, stride - 1].set_ylabel("demo-mf\n4 steps", fontsize=9)
-    figure.subplots_adjust(wspace=0.04, hspace=0.35)
+        row, column = divmod((i + 1) * stride - 1, columns)
+        axes[2 * row + 1, column].axis("on")
+        picture(axes[2 * row + 1, column], step.x[0], f"t = {1 - (step.t - 1 / len(student)):.2f}")
+    for row in range(rows):
+        axes[2 * row, 0].set_ylabel("demo\n20 steps", fontsize=9)
+        axes[2 * row + 1, stride - 1].set_ylabel("demo-mf\n4 steps", fontsize=9)
+    figure.subplots_adjust(wspace=0.05, hspace=0.35)
     return figure
 
 

@@ -25,7 +25,7 @@ SHOWN_WIDTH = 1000  # the figure's, small enough for the repository
 
 def main() -> None:
     with serving() as url, chromium(url) as driver:
-        generate(driver, "demo, seed 1: done", prompt=PROMPT, seed=1, steps=20, step=10, block=2)
+        generate(driver, "demo, seed 1: done", prompt=PROMPT, seed=1, steps=20, step=11, block=3)
         # The whole page, beyond the window's height: Chromium's own screenshot command.
         size = driver.execute_cdp_cmd("Page.getLayoutMetrics", {})["cssContentSize"]
         shot = driver.execute_cdp_cmd("Page.captureScreenshot", {

@@ -120,7 +120,7 @@ def test_unrotated_prefix_rows_leave_qkv_heads_as_without_rope(precision):
 @pytest.mark.parametrize("precision", PRECISIONS)
 @parity_settings()
 @given(batch=st.integers(1, 3), size=st.integers(1, 300), factor=st.floats(0, 1), seed=st.integers(0, 2**16))
-def test_euler_step(precision, batch, size, factor, seed):
+def test_student_euler(precision, batch, size, factor, seed):
     """x + f (x0 - x) on the fp32 state, x0 in the network dtype, f as fp32. Error against
     S = max(|x| + |x0|), which bounds every intermediate (f <= 1; relative to the result, x = -x0
     and f = 1/2 would make it 0/0): x0 - x, f times it and the sum round by at most u S each:
@@ -132,18 +132,18 @@ def test_euler_step(precision, batch, size, factor, seed):
     x0, x064 = rounded(rng.standard_normal((batch, size)), dtype)
     next_input = cp.empty_like(x0)
     with every_schedule():
-        kernels.euler_step(state, next_input, x0, cp.asarray([factor], np.float32))
+        kernels.student_euler(state, next_input, x0, cp.asarray([factor], np.float32))
     expected = state64 + np.float64(np.float32(factor)) * (x064 - state64)
     scale = np.max(np.abs(state64) + np.abs(x064))
     assert within(operand_error(state, expected, scale), kernel_bound("fp32", 2))
     assert within(operand_error(next_input, expected, scale), kernel_bound(precision, 3))
 
 
-def test_euler_step_bounds_catch_a_state_kept_in_bf16(monkeypatch):
+def test_student_euler_bounds_catch_a_state_kept_in_bf16(monkeypatch):
     """The state rounded to bf16 (about 2^-9 of itself, where the bound is 6 u_fp32 of S) fails
-    test_euler_step."""
-    planted(monkeypatch, "euler_step", first_argument_in_bf16)
-    assert fails(test_euler_step, precision="fp32", batch=1, size=300, factor=0.5, seed=1)
+    test_student_euler."""
+    planted(monkeypatch, "student_euler", first_argument_in_bf16)
+    assert fails(test_student_euler, precision="fp32", batch=1, size=300, factor=0.5, seed=1)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -87,6 +87,27 @@ def test_readme_is_short_and_opens_on_the_reading_path():
     assert "## Read the model" in lines[:40], "the reading section starts within the README's first 40 lines"
 
 
+def test_readme_links_the_function_that_turns_a_prompt_into_pixels():
+    """The reading path's "prompt to pixels" is `generate` (every backend's), not a runner's file."""
+    readme = (ROOT / "README.md").read_text()
+    item = readme[readme.index("4. **The reference**"):readme.index("5. [**model.md**]")]
+    before = item[:item.index("(prompt to pixels")]
+    assert LINK.findall(before)[-1] == ("`generate`", "minit2i/pipeline.py")
+
+
+# "x0" is the clean image everywhere; the starting noise is the state at t = 0, never x_0.
+NOISE_CALLED_X0 = re.compile(r"x_?0\s*=\s*2\s*\*?\s*N\(0|states x_0\b")
+
+
+def test_the_starting_noise_is_not_called_x0():
+    sources = [*DOCS, *(ROOT / "reference").glob("*.py"), *(ROOT / "notebooks").glob("*.py")]
+    found = [f"{path.relative_to(ROOT)}:{number}" for path in sources
+             for number, line in enumerate(path.read_text().splitlines(), 1) if NOISE_CALLED_X0.search(line)]
+    assert found == []
+    assert NOISE_CALLED_X0.search('"""x_0 = 2 * N(0, I) from numpy.random.default_rng(seed)')
+    assert NOISE_CALLED_X0.search("sampling starts from x_0 = 2 N(0, I)")
+
+
 # The walkthrough page's figures are drawn from the notebook by the site's own script (docsite/), which
 # links them; tests/test_site.py checks that they are exactly the ones the notebook draws.
 NOTEBOOK_FIGURE = re.compile(r"walkthrough-\d+\.png")
@@ -218,3 +239,110 @@ def test_a_dangling_reference_would_be_caught(sections):
     nowhere = "reference/" + "nowhere.py"  # spelled in two pieces: this file is checked too
     assert missing_paths(f"in `{nowhere}` and reference/mmjit.py", ROOT) == [nowhere]
     assert OUTSIDE.findall("see ../sha" + "red/spec/x.md") and OUTSIDE.findall("fixed in iss" + "ue 12")
+
+
+def guide_sections() -> dict[str, str]:
+    """{numbered heading of docs/reading-guide.md: its text}."""
+    parts = re.split(r"^## (\d+\. .*)$", (ROOT / "docs" / "reading-guide.md").read_text(), flags=re.MULTILINE)
+    return dict(zip(parts[1::2], parts[2::2]))
+
+
+def demo_column(section: str) -> str:
+    """The cells of the column headed "demo" in the tables of a reading-guide section, one per line."""
+    cells, column = [], None
+    for line in section.splitlines():
+        row = [cell.strip() for cell in line.strip().strip("|").split("|")] if line.startswith("|") else None
+        if row is None:
+            column = None
+        elif column is None:
+            column = row.index("demo") if "demo" in row else -1
+        elif column >= 0 and not set(row[0]) <= set("- "):
+            cells.append(row[column])
+    return "\n".join(cells)
+
+
+def test_the_reading_guide_starts_at_the_tokenizer_and_ends_with_loading():
+    titles = list(guide_sections())
+    assert titles[0].startswith("1. Tokenizer") and titles[-1].startswith(f"{len(titles)}. Loading")
+
+
+def test_every_shape_table_of_the_reading_guide_gives_the_demo_models_shapes():
+    """Beside each B/16 shape, the 64 x 64 demo's: the ones its forwards report (batch 2, cond and
+    uncond, for the base model; 1 for the student, whose guidance is an input), computed here."""
+    from minit2i.core.weights import nest
+    from minit2i.demo_models import DEMO_MODELS
+    from minit2i.pipeline import load_model
+    from minit2i.reference.mean_flow import mean_flow_forward
+    from minit2i.reference.mmjit import mmjit_forward
+    from minit2i.reference.sampler import initial_noise
+    from minit2i.reference.t5 import t5_encode
+
+    def shown(shape):
+        return "[" + ", ".join(map(str, shape)) + "]"
+
+    sections = guide_sections()
+    for title, text in sections.items():
+        if "| B/16 |" in text:
+            assert "| B/16 | demo |" in text, title
+    found = {}
+    for name, batch, forward in (("demo", 2, "mmjit"), ("demo-mf", 1, "mean_flow")):
+        model = load_model(*DEMO_MODELS[name][:2])
+        config = model.mmjit.config
+        ids, mask = model.tokenizer(["a cat"])
+        context = t5_encode(nest(model.t5.tensors), model.t5.config, ids, mask)
+        images = initial_noise(1, batch, config.in_channels, config.image_size, config.image_size)
+        stages = {}
+        both = [np.concatenate([a] * batch) for a in (context, mask)]
+        if forward == "mmjit":
+            mmjit_forward(nest(model.mmjit.tensors), config, images, *both, on_layer=stages.__setitem__)
+        else:
+            scalars = [np.ones(1)] * 4
+            mean_flow_forward(nest(model.mmjit.tensors), config, images, *scalars, *both, on_layer=stages.__setitem__)
+        found[name] = ({k: shown(v.shape) for k, v in stages.items()}, shown(ids.shape), shown(context.shape),
+                       shown(images.shape))
+    base, ids_shape, context_shape, x0_shape = found["demo"]
+    student = found["demo-mf"][0]
+    tokenizer, t5, mmjit_section, student_section = (text for title, text in sections.items()
+                                                     if title.split(". ")[1].startswith(("Tokenizer", "T5", "MMJiT",
+                                                                                         "The four-step")))
+    assert f"ids  int64   {ids_shape}" in tokenizer.split("    demo ")[1].splitlines()[0]
+    assert f"context {context_shape}" in demo_column(t5)
+    mmjit_cells = demo_column(mmjit_section)
+    for stage, label in (("patch_embed", "img "), ("txt_embed", "txt "), ("final_layer", ""),
+                         ("double.0.img", "img ")):
+        assert label + base[stage] in mmjit_cells, stage
+    assert f"x0 {x0_shape}" in mmjit_cells
+    student_cells = demo_column(student_section)
+    assert student["aux_tokens"] in student_cells and student["txt_embed"] in student_cells
+
+
+def test_the_four_vs_twenty_figure_labels_every_state_in_one_time_convention():
+    """Both rows in the base sampler's time (0 noise, 1 data): the teacher's 20 states at 0.05, 0.10,
+    ..., 1.00, and each of the student's 4 under the teacher state of the same time (its own clock,
+    1 noise, 0 data, would label them 0.75, ..., 0.00)."""
+    pytest.importorskip("matplotlib", reason="the figure scripts need the [docs] extra (matplotlib)")
+    concept_figures = load_script("concept_figures")
+    figure = concept_figures.four_vs_twenty_figure()
+    columns = concept_figures.FOUR_VS_TWENTY_COLUMNS
+    grid = np.array(figure.axes, dtype=object).reshape(-1, columns)
+    titles = [[axis.get_title() if axis.axison else None for axis in row] for row in grid]
+    base = [title for row in titles[0::2] for title in row]
+    assert base == [f"t = {step / 20:.2f}" for step in range(1, 21)]
+    student = [(r, c, title) for r, row in enumerate(titles[1::2]) for c, title in enumerate(row) if title]
+    assert len(student) == 4
+    assert all(title == titles[2 * r][c] for r, c, title in student)
+
+
+def load_script(name: str):
+    """A module of scripts/ (no package), imported as when it runs from there."""
+    import sys
+
+    sys.path.insert(0, str(ROOT / "scripts"))
+    try:
+        spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    finally:
+        sys.path.remove(str(ROOT / "scripts"))
+    return module
+

@@ -130,13 +130,31 @@ def test_five_requests_at_once_queue_and_all_complete(client, tmp_path):
 
 
 def test_page_shows_every_panel(client):
-    status, image, timings, x0_steps, attention, cond, uncond, guided = ask(client)
+    """Steps are numbered from 1, as in the docs: step 3 is the third x0 of the strip."""
+    status, image, timings, x0_steps, attention, cond, uncond, guided, state, x0, velocity, runs = ask(client)
     assert status == f"demo, seed {SEED}: done"
     assert timings.startswith("timings (numpy, fp32, BLAS threads 1):") and f"step {STEPS}" in timings
-    assert [item["caption"] for item in x0_steps] == [f"step {i}" for i in range(STEPS)]
+    assert [item["caption"] for item in x0_steps] == [f"step {i}" for i in range(1, STEPS + 1)]
     assert [item["caption"].split(":")[0] for item in attention] == PROMPT.split()
-    np.testing.assert_array_equal(read_pixels(guided), read_pixels(x0_steps[REQUEST["step"]]["image"]))
+    third = read_pixels(x0_steps[REQUEST["step"] - 1]["image"])
+    np.testing.assert_array_equal(read_pixels(guided), third)
+    np.testing.assert_array_equal(read_pixels(x0), third)
+    assert not np.array_equal(read_pixels(state), third) and not np.array_equal(read_pixels(velocity), third)
     assert read_pixels(image).shape == read_pixels(cond).shape == read_pixels(uncond).shape == (64, 64, 3)
+    assert runs.startswith("sampling runs on this page: ")
+
+
+def test_compare_shows_both_settings_of_one_prompt_and_seed(client, tmp_path):
+    """The left side is the form's (the demo, 6 steps), the right side the student's 4 steps: each
+    picture is what `minit2i generate` draws with those settings."""
+    status, label_a, image_a, steps_a, label_b, image_b, steps_b, _ = client.submit(
+        *list(REQUEST.values())[:10], "demo-mf", 4, 2.0,
+        api_name="/compare").result(timeout=REQUEST_LIMIT_S)
+    assert status == f"seed {SEED}: both done"
+    assert label_a.startswith(f"**demo**: {STEPS} steps, guidance 2") and label_b.startswith("**demo-mf**: 4 steps")
+    assert (len(steps_a), len(steps_b)) == (STEPS, 4)
+    np.testing.assert_array_equal(read_pixels(image_a), generated_pixels(tmp_path, "demo", STEPS, 2.0))
+    np.testing.assert_array_equal(read_pixels(image_b), generated_pixels(tmp_path, "demo-mf", 4, 2.0))
 
 
 def test_student_with_its_interval_draws_generates_pixels(client, tmp_path):
@@ -147,10 +165,10 @@ def test_student_with_its_interval_draws_generates_pixels(client, tmp_path):
 
 
 def test_choosing_a_model_fills_in_its_settings(client):
-    """The student's steps, guidance and interval, its size, and the middle step and block."""
+    """The student's steps, guidance and interval, its size, and the middle step and block (from 1)."""
     defaults = sampling_defaults(open_model(*demo_model("demo-mf")[:2]))
     expected = ["", defaults["steps"], defaults["cfg_scale"], *defaults["guidance_interval"], 64, 64,
-                defaults["steps"] // 2, 2]
+                defaults["steps"] // 2 + 1, 3]
     assert list(client.predict("demo-mf", api_name="/defaults")) == expected
     assert client.predict("nope", api_name="/defaults")[0].startswith("**error:** unknown model 'nope'")
 
@@ -160,9 +178,51 @@ def test_choosing_a_model_fills_in_its_settings(client):
     ({"steps": 0}, "must be an integer in [1, 10000], found 0"),
     ({"width": 62}, "--width 62 is not a positive multiple of the patch size 4"),
     ({"model": "nope"}, "unknown model 'nope'; choose one of demo, demo-mf"),
-    ({"step": STEPS}, f"step {STEPS} is outside 0..{STEPS - 1}"),
+    ({"step": 0}, f"step 0 is outside 1..{STEPS}"),
+    ({"block": 5}, "block 5 is outside 1..4"),
 ])
 def test_bad_input_is_one_message_and_the_next_request_works(client, changes, message):
     status = ask(client, **changes)[0]
     assert status.startswith("**error:** ") and message in status and "\n" not in status
     assert ask(client)[0] == f"demo, seed {SEED}: done"
+
+
+def test_the_served_concepts_page_carries_its_figures_and_no_dead_links():
+    """The explore server shows docs/concepts.md itself: every figure inlined (it has no file route),
+    links to other pages of the docs left as their text (those pages are the docs site's)."""
+    import re
+
+    from minit2i.explore_tutor import concepts_dir, concepts_markdown
+
+    source = (concepts_dir() / "concepts.md").read_text()
+    served = concepts_markdown()
+    figures = re.findall(r"!\[[^\]]*\]\(figures/", source)
+    assert len(figures) >= 6 and served.count("](data:image/png;base64,") == len(figures)
+    assert re.findall(r"(?<!!)\[[^\]]+\]\((?!data:)[^)]*\)", served) == []
+    assert "[`sample`](" not in served and "`sample`" in served
+
+
+def test_every_panel_note_links_a_section_of_the_concepts_page():
+    from minit2i.explore_tutor import LOOK_FOR, concepts_dir, concepts_sections, look_for
+
+    sections = concepts_sections((concepts_dir() / "concepts.md").read_text())
+    for panel, (_, section) in LOOK_FOR.items():
+        assert f"(concepts#{sections[section][1]})" in look_for(panel)
+    assert sections[2][1] == "h-2-why-the-network-predicts-x0-and-how-x0-becomes-a-velocity"
+
+
+def test_a_regular_install_ships_the_concepts_page_and_its_figures():
+    """pyproject.toml maps docs/ to minit2i.docs_data, whose package data globs match concepts.md and
+    every figure it shows (a glob that missed one would leave an installed explore page without it)."""
+    import fnmatch
+    import re
+
+    from minit2i.explore_tutor import concepts_dir
+
+    tomllib = pytest.importorskip("tomllib")
+    setup = tomllib.loads((concepts_dir().parent / "pyproject.toml").read_text())["tool"]["setuptools"]
+    assert "minit2i.docs_data" in setup["packages"] and setup["package-dir"]["minit2i.docs_data"] == "docs"
+    patterns = setup["package-data"]["minit2i.docs_data"]
+    figures = re.findall(r"!\[[^\]]*\]\((figures/[^)]+)\)", (concepts_dir() / "concepts.md").read_text())
+    for name in ["concepts.md", *figures]:
+        assert any(fnmatch.fnmatch(name, pattern) for pattern in patterns), name

@@ -1,5 +1,7 @@
 """`minit2i explore` in a real browser: headless Chromium (Debian's chromium and chromium-driver),
-driven by Selenium, types a prompt, generates, and reads the files the page shows."""
+driven by Selenium, types a prompt, generates, and reads the files the page shows; then looks at
+other steps and blocks of the finished run, compares two settings and follows the panels' links
+to the concepts page the server serves."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ from explore_server import (
     CHROMIUM,
     HAVE_GRADIO,
     NO_GRADIO,
+    PAGE_LIMIT_S,
     PROMPT,
     REQUEST_LIMIT_S,
     chromium,
@@ -25,7 +28,9 @@ from explore_server import generated_pixels as generate_command_pixels
 
 from minit2i.explore import MAP_PATCH_PIXELS
 
-STEPS, STEP, BLOCK, GUIDANCE = 6, 3, 2, 2.0
+# Step 4 and block 3, counted from 1 as on the page: the demo block whose image queries look at the
+# colour word where the shape is drawn (tests/test_explore_insides.py, which counts from 0).
+STEPS, STEP, BLOCK, GUIDANCE = 6, 4, 3, 2.0
 
 pytestmark = [
     pytest.mark.skipif(not HAVE_GRADIO, reason=NO_GRADIO),
@@ -91,3 +96,89 @@ def test_a_run_shows_its_progress(shown):
         lambda d: "/20 steps" in d.find_element(By.CSS_SELECTOR, tracker).text)
     WebDriverWait(driver, REQUEST_LIMIT_S).until(
         lambda d: d.find_element(By.CSS_SELECTOR, '#status [data-testid="markdown"]').text == "demo, seed 3: done")
+
+
+def panels(driver) -> dict[str, np.ndarray]:
+    """The pictures of the step panels, the colour word's map and the final image, as shown."""
+    selectors = {name: f"#step-{name} img" for name in ("state", "x0", "velocity")}
+    return {name: shown_pixels(driver, selector) for name, selector in
+            (selectors | {"red": '#attention img[alt^="red:"]', "image": "#image img"}).items()}
+
+
+def text_of(driver, selector: str) -> str:
+    from selenium.webdriver.common.by import By
+
+    return driver.find_element(By.CSS_SELECTOR, selector).text.strip()
+
+
+def test_moving_the_step_selector_looks_again_without_sampling(shown):
+    """After one Generate, another step and block change the x_t / x0 / velocity panels and the word
+    maps, from the finished run: the page's count of sampling runs stays where it was, the picture
+    too, and the new x0 panel is the strip's x0 of that step (steps numbered from 1)."""
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    driver, _ = shown
+    for elem_id, value in {"seed": 1, "steps": STEPS, "step": STEP, "block": BLOCK}.items():
+        fill(driver, elem_id, value)  # with a run kept, the selectors show its step at once
+    WebDriverWait(driver, REQUEST_LIMIT_S).until(
+        lambda d: text_of(d, '#status [data-testid="markdown"]') == f"step {STEP}, block {BLOCK}: from the finished run")
+    generate(driver, "demo, seed 1: done")
+    runs = text_of(driver, "#runs")
+    before = panels(driver)
+    fill(driver, "step", STEP + 2)
+    WebDriverWait(driver, REQUEST_LIMIT_S).until(
+        lambda d: text_of(d, '#status [data-testid="markdown"]') == f"step {STEP + 2}, block {BLOCK}: from the finished run")
+    after = panels(driver)
+    for name in ("state", "x0", "velocity", "red"):
+        assert not np.array_equal(before[name], after[name]), name
+    np.testing.assert_array_equal(before["image"], after["image"])
+    assert text_of(driver, "#runs") == runs
+    strip = shown_pixels(driver, f'#x0-steps img[alt="step {STEP + 2}"]')
+    np.testing.assert_array_equal(after["x0"], strip)
+    fill(driver, "block", BLOCK + 1)
+    WebDriverWait(driver, REQUEST_LIMIT_S).until(
+        lambda d: text_of(d, '#status [data-testid="markdown"]') == f"step {STEP + 2}, block {BLOCK + 1}: from the "
+                                                                       "finished run")
+    assert not np.array_equal(panels(driver)["red"], after["red"])
+    assert text_of(driver, "#runs") == runs
+
+
+def test_compare_mode_shows_two_settings_side_by_side(shown):
+    """The form's setting (the demo, 6 steps) on the left, the student's 4 steps on the right, for one
+    prompt and seed: two labels naming them, two pictures, two strips of 6 and 4 predictions."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    driver, _ = shown
+    fill(driver, "steps", STEPS)
+    driver.find_element(By.ID, "compare").click()
+    WebDriverWait(driver, REQUEST_LIMIT_S).until(
+        lambda d: text_of(d, '#compare-status [data-testid="markdown"]') == "seed 1: both done")
+    assert text_of(driver, "#compare-a-label").startswith(f"demo: {STEPS} steps, guidance")
+    assert text_of(driver, "#compare-b-label").startswith("demo-mf: 4 steps, guidance")
+    left, right = (shown_pixels(driver, f"#compare-{side} img") for side in "ab")
+    assert left.shape == right.shape == (64, 64, 3) and not np.array_equal(left, right)
+    assert [len(driver.find_elements(By.CSS_SELECTOR, f"#compare-{side}-steps img")) for side in "ab"] == [STEPS, 4]
+
+
+def test_every_panel_links_its_concepts_section_served_by_the_page(page):
+    """The what-to-look-for lines link sections of the concepts page, which the explore server serves
+    itself (its figures inline, its maths rendered): each link's heading exists there."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    links = {a.get_attribute("href") for a in page.find_elements(By.CSS_SELECTOR, ".look-for a")}
+    assert len(links) >= 4 and all("/concepts#" in link for link in links)
+    home = page.current_url
+    try:
+        for link in sorted(links):
+            page.get(link)
+            anchor = link.split("#")[1]
+            WebDriverWait(page, PAGE_LIMIT_S).until(lambda d, anchor=anchor: d.find_elements(By.ID, anchor))
+        figures = page.find_elements(By.CSS_SELECTOR, "#concepts img")
+        assert len(figures) >= 6 and all(page.execute_script("return arguments[0].naturalWidth", f) > 0
+                                          for f in figures)
+        assert page.find_elements(By.CSS_SELECTOR, "#concepts .katex") and "$$" not in text_of(page, "#concepts")
+    finally:
+        page.get(home)
+        WebDriverWait(page, PAGE_LIMIT_S).until(lambda d: d.find_elements(By.ID, "generate"))

@@ -140,3 +140,59 @@ def test_word_positions_gather_each_words_pieces(max_length, expected):
     pieces = [("\u2581a", -1.0), ("\u2581red", -1.0), ("\u2581ci", -2.0), ("rcle", -2.0)]
     tokenizer = PromptTokenizer(make_t5_style_tokenizer(pieces), max_length)
     assert tokenizer.word_positions("a red  circle a") == expected
+
+
+def test_looking_again_at_a_kept_run_gives_what_a_fresh_look_gives():
+    """The explore page's selectors: one run kept, then another step and block looked at from it,
+    equal what `look_inside` computes with that step and block from a new sampling run (the same
+    seed, the same float32 states: bit for bit)."""
+    from minit2i.insides import look_at, sample_and_keep
+
+    model = load_model(*demo_model("demo")[:2])
+    runner = make_runner(model)
+    request = Request(PROMPT, steps=6, cfg_scale=2.0, width=64, height=64, seed=SEED)
+    run = sample_and_keep(model, request, runner, runner)
+    assert run.states.shape == (7, 3, 64, 64) and run.x0s.shape == (6, 3, 64, 64)
+    for step, block in ((1, 0), (4, 2)):
+        again = look_at(model, runner, run, step, block)
+        fresh = look_inside(model, PROMPT, seed=SEED, steps=6, guidance_scale=2.0, width=64, height=64, step=step,
+                            block=block)
+        np.testing.assert_array_equal(again.attention, fresh.attention)
+        np.testing.assert_array_equal(again.cond_x0, fresh.cond_x0)
+        np.testing.assert_array_equal(again.uncond_x0, fresh.uncond_x0)
+        np.testing.assert_array_equal(again.x0_steps[step], fresh.x0_steps[step])
+
+
+def test_the_velocity_panel_points_from_the_state_to_its_prediction():
+    """The base sampler's step is x + f (x0 - x), so the move it makes is x0 - x_t scaled: the panel
+    (the move on its own scale) is `to_pixels` of (x0 - x_t) / max|x0 - x_t|, up to the float32
+    rounding of the step and a pixel level's floor: within 1 level."""
+    from minit2i.core.images import to_pixels
+    from minit2i.insides import sample_and_keep, step_pictures
+
+    model = load_model(*demo_model("demo")[:2])
+    runner = make_runner(model)
+    run = sample_and_keep(model, Request(PROMPT, steps=6, cfg_scale=2.0, width=64, height=64, seed=SEED), runner,
+                          runner)
+    for step in (0, 3):
+        state, x0, velocity = step_pictures(run, step)
+        np.testing.assert_array_equal(state, to_pixels(run.states[step][None])[0])
+        np.testing.assert_array_equal(x0, to_pixels(run.x0s[step][None])[0])
+        toward = run.x0s[step] - run.states[step]
+        expected = to_pixels((toward / np.abs(toward).max())[None])[0]
+        assert np.abs(velocity.astype(np.int16) - expected).max() <= 1
+        assert np.abs(velocity.astype(np.int16) - state).mean() > 10  # not the state again
+
+
+def test_a_run_too_large_to_keep_is_refused_in_one_line_before_sampling():
+    """2 steps + 1 float32 pictures: B/16's 100 steps at 512 x 512 keep 201 x 3 x 512 x 512 x 4 bytes =
+    603 MiB, over the 256 MiB bound; the demo's 20 at 64 x 64, 1.9 MiB, fit."""
+    from minit2i.insides import KEPT_RUN_LIMIT, check_kept_size, kept_bytes
+
+    big = Request(PROMPT, steps=100, width=512, height=512)
+    assert kept_bytes(big, 3) == 201 * 3 * 512 * 512 * 4 > KEPT_RUN_LIMIT
+    with pytest.raises(MiniT2IError) as refused:
+        check_kept_size(big, 3)
+    assert str(refused.value) == ("keeping every step of this run (100 steps at 512 x 512) takes 603.0 MiB, over the "
+                                  "page's 256.0 MiB per run; choose fewer steps or a smaller size")
+    check_kept_size(Request(PROMPT, steps=20, width=64, height=64), 3)

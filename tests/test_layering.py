@@ -121,3 +121,52 @@ def test_no_module_imports_a_private_name_of_another():
 ])
 def test_a_planted_upward_import_is_found(source, module, found):
     assert upward_imports(source, module) == found
+
+
+def module_graph() -> dict[str, set[str]]:
+    """{module: the project's modules it imports}, `from . import x` resolved to the module x."""
+    modules = {name: (path, is_package) for name, path, is_package in project_modules()}
+    graph = {}
+    for name, (path, is_package) in modules.items():
+        found = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom):
+                package = name if is_package else name.rpartition(".")[0]
+                base = node.module or ""
+                if node.level:
+                    anchor = package.split(".")[:len(package.split(".")) - node.level + 1]
+                    base = ".".join(anchor + ([base] if base else []))
+                found |= {f"{base}.{alias.name}" if f"{base}.{alias.name}" in modules else base for alias in node.names}
+            elif isinstance(node, ast.Import):
+                found |= {alias.name for alias in node.names}
+        graph[name] = {module for module in found if module in modules and module != name}
+    return graph
+
+
+def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Each cycle of `graph` found by a depth-first walk, as the modules around it."""
+    cycles, done = [], set()
+
+    def walk(module, path):
+        if module in path:
+            cycles.append(path[path.index(module):] + [module])
+            return
+        if module in done:
+            return
+        for imported in sorted(graph[module]):
+            walk(imported, path + [module])
+        done.add(module)
+
+    for module in sorted(graph):
+        walk(module, [])
+    return cycles
+
+
+def test_no_two_application_modules_import_each_other():
+    """Imports inside functions count: `golden` runs the generate command through
+    `generate_command`, not by importing `cli` (which imports golden)."""
+    graph = module_graph()
+    assert "minit2i.generate_command" in graph["minit2i.golden"]
+    assert [cycle for cycle in import_cycles(graph) if part_of(cycle[0]) == "app"] == []
+    assert import_cycles({"minit2i.cli": {"minit2i.golden"}, "minit2i.golden": {"minit2i.cli"}}) == [
+        ["minit2i.cli", "minit2i.golden", "minit2i.cli"]]

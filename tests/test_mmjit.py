@@ -121,3 +121,20 @@ def test_fixed_tables_are_cached_between_calls(weights, inputs):
         assert new.hits > old.hits
     assert layers.sincos_2d_table(3, 4, 64, np.float32) is tables[0]
     assert layers.joint_rope(TEXT_LENGTH, 3, 4, 32, np.float32) is tables[1]
+
+
+def test_mmjit_forward_shows_its_block_loops():
+    """The reference reads like its equation: the loops over the preamble and double blocks are in
+    `mmjit_forward` itself, calling the module's own block functions (no loop passed the block
+    functions as parameters, one or two calls away)."""
+    import ast
+    import inspect
+
+    import minit2i.reference.mmjit as reference
+
+    tree = ast.parse(inspect.getsource(reference.mmjit_forward))
+    loops = {ast.unparse(node.iter).replace("'", '"'): {call.func.id for call in ast.walk(node)
+                                                         if isinstance(call, ast.Call) and isinstance(call.func, ast.Name)}
+             for node in ast.walk(tree) if isinstance(node, ast.For)}
+    assert "preamble_block" in loops['enumerate(params["txt_preamble_blocks"])']
+    assert "double_block" in loops['enumerate(params["double_blocks"])']

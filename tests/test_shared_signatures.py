@@ -99,3 +99,19 @@ def test_one_name_takes_one_parameter_list(name):
     signatures = shared_names()[name]
     distinct = {tuple(parameters) for parameters in signatures.values()}
     assert len(distinct) == 1, "\n".join(f"{where}({', '.join(parameters)})" for where, parameters in signatures.items())
+
+
+
+def test_a_kernel_launcher_under_a_reference_name_takes_its_parameters_first():
+    """A launcher takes its kernel's arguments; where it has a reference function's name (`rms_norm`,
+    `attention`) it must read as that function's twin: the reference's parameters first, in order
+    (a launcher may add an output buffer). The student's Euler launcher takes (state, next_input,
+    x0, factor), so it is not `euler_step` (x, x0, factor) but `student_euler`."""
+    reference = {}
+    for module in twin_modules():
+        if module.startswith("minit2i.reference."):
+            reference |= defined_functions(module)
+    for launchers in ("minit2i.accelerated.kernels", "minit2i.accelerated.cublas"):
+        for name, parameters in defined_functions(launchers).items():
+            if name in reference:
+                assert parameters[:len(reference[name])] == reference[name], f"{launchers}.{name}"

@@ -7,6 +7,7 @@ The side-by-side cutter (docsite/sidebyside.py) is checked on small sources firs
 
 from __future__ import annotations
 
+import ast
 import html
 import importlib.util
 import json
@@ -74,11 +75,29 @@ def test_cuda_comments_are_prose_except_inside_a_macro():
 
 
 def test_a_section_of_the_spec_becomes_a_link_to_its_heading():
-    anchors = sidebyside.model_anchors((ROOT / "docs" / "model.md").read_text())
+    anchors = sidebyside.section_anchors((ROOT / "docs" / "model.md").read_text())
     doc = "model" + ".md"  # spelled in pieces: tests/test_docs.py checks the section numbers this file names
-    linked = sidebyside.link_model_sections(f"see {doc} 3.10 and {doc} 9.9", "../docs/model.md", anchors)
+    linked = sidebyside.link_sections(f"see {doc} 3.10 and {doc} 9.9", doc, "../docs/model.md", anchors)
     assert linked == (f"see [{doc} 3.10](../docs/model.md#310-double-stream-block-with-joint-attention-over-txt-img)"
                       f" and {doc} 9.9")
+
+
+def test_a_section_of_the_concepts_page_becomes_a_link_to_its_heading():
+    anchors = sidebyside.section_anchors((ROOT / "docs" / "concepts.md").read_text())
+    linked = sidebyside.link_sections("concepts.md 3 and model.md 3", "concepts.md", "../docs/concepts.md", anchors)
+    assert linked == "[concepts.md 3](../docs/concepts.md#3-classifier-free-guidance) and model.md 3"
+
+
+def test_every_reference_module_names_its_concepts_section():
+    """A reader of the code finds the idea it implements: each module's docstring cites a section
+    of the concepts page that exists (the site links it)."""
+    anchors = sidebyside.section_anchors((ROOT / "docs" / "concepts.md").read_text())
+    for path in sorted((ROOT / "reference").glob("*.py")):
+        if path.name == "__init__.py":
+            continue
+        docstring = ast.get_docstring(ast.parse(path.read_text()))
+        cited = re.findall(r"concepts\.md,? (\d+)", docstring)
+        assert cited and set(cited) <= set(anchors), f"{path.name} cites concepts sections {cited}"
 
 
 def test_a_fence_outlasts_the_backticks_in_the_code():
@@ -125,12 +144,17 @@ def rows(html: str) -> list[str]:
 def test_the_mmjit_page_puts_prose_and_equations_beside_the_code(site):
     folder, _ = site
     page = (folder / "reference" / "mmjit.py" / "index.html").read_text()
-    double_block = next(row for row in rows(page) if 'class="nf">double_block</span>' in row)
-    prose, code = double_block.split('<div class="sbs-code">')
+    page_rows = rows(page)
+    at = next(i for i, row in enumerate(page_rows) if 'class="nf">double_block</span>' in row)
+    prose, code = page_rows[at].split('<div class="sbs-code">')
     assert "Double-stream block with joint attention" in prose and '<math xmlns' in prose and 'display="block"' in prose
-    assert '"""' not in code and "merge_heads" in code
+    assert '"""' not in code and "length" in code
+    # A comment inside the function is a margin note: the reason beside the lines it explains.
+    note, noted = page_rows[at + 1].split('<div class="sbs-code">')
+    assert "No attention mask" in note and "merge_heads" in noted
     assert "arithmatex" not in page, "an equation was left unconverted"
     assert 'href="../../model/#310-double-stream-block-with-joint-attention-over-txt-img"' in prose
+    assert 'href="../../concepts/#4-the-text-encoder-and-joint-attention"' in page_rows[0]
 
 
 def test_links_in_the_guides_open_the_side_by_side_rows(site):
@@ -139,6 +163,32 @@ def test_links_in_the_guides_open_the_side_by_side_rows(site):
     assert 'href="../reference/mmjit.py/#double_block"' in guide
     assert 'href="../accelerated/t5.py/#t5_encode"' in guide
     assert not re.search(r'href="[^"]*\.py"', guide), "a link still points at a raw source file"
+
+
+# What a browser shows as text: code, preformatted blocks, scripts, styles and rendered maths left out.
+NOT_PROSE = re.compile(r"<(code|pre|script|style|math|textarea)\b.*?</\1>", re.DOTALL)
+# Maths left as source: a `$$`, or `$...$` around a formula within one line.
+STRAY_MATH = re.compile(r"\$\$|\$[^\s$][^$\n]*?[^\s$]\$|\$[^\s$]\$")
+
+
+def stray_maths(page_html: str) -> list[str]:
+    """Each piece of a built page's text (its article, code and rendered maths left out) that is
+    still maths between dollar signs."""
+    article = re.search(r"<article\b.*?</article>", page_html, re.DOTALL)
+    text = html.unescape(re.sub(r"<[^>]+>", "", NOT_PROSE.sub("", article.group(0) if article else page_html)))
+    return STRAY_MATH.findall(text)
+
+
+def test_no_page_shows_maths_as_dollar_signs(site):
+    """Every page of the site: an equation the build did not render (a display equation indented
+    too little inside a list item ends the list and shows its dollars) would be read as source."""
+    folder, _ = site
+    pages = sorted(folder.rglob("*.html"))
+    assert len(pages) > 100
+    assert {str(page.relative_to(folder)): stray_maths(page.read_text()) for page in pages
+            if stray_maths(page.read_text())} == {}
+    assert stray_maths("<article><p>$<math>x</math>$ and $$</p><code>$a$</code></article>") == ["$$", "$$"]
+    assert stray_maths("<p>set $x = 1$ or $y$, costs $5, and $HOME</p>") == ["$x = 1$", "$y$"]
 
 
 def test_a_kernel_page_starts_with_its_numpy_twin(site):
@@ -185,6 +235,25 @@ def test_the_walkthrough_page_shows_every_figure_the_notebook_draws(site):
     assert len(drawn) == (ROOT / notebook).read_text().count("plt.show()") >= 8
     assert shown == drawn
     assert sorted(p.name for p in (ROOT / "docs" / "figures").glob("walkthrough-*.png")) == drawn
+
+
+def test_the_walkthrough_page_folds_its_plotting_code(site):
+    """Each figure's matplotlib code is folded under the code that computes what it shows: every
+    line that calls pyplot or an axis is inside a closed <details>, and what is left open is the
+    model's code, less than 60 % of the notebook's."""
+    folder, _ = site
+    notebook = "notebooks/walkthrough.py"
+    page = (folder / notebook / "index.html").read_text()
+    folded = re.findall(r'<details class="plotting">.*?</details>', page, re.DOTALL)
+    assert len(folded) == len(notebook_page.figure_names(notebook)) + 1  # + the cell of drawing helpers
+    shown = re.sub(r'<details class="plotting">.*?</details>', "", page, flags=re.DOTALL)
+    blocks = [html.unescape(re.sub(r"<[^>]+>", "", block))
+              for block in re.findall(r"<pre><span></span><code>(.*?)</code></pre>", shown, re.DOTALL)]
+    source_lines = [line for line in (ROOT / notebook).read_text().splitlines()
+                    if line.strip() and not line.startswith("#")]
+    lines = [line for block in blocks for line in block.splitlines() if line in source_lines]  # code, not printout
+    assert not [line for line in lines if re.search(r"\bplt\.|\baxes\[|\baxis\.set_", line)]
+    assert 0 < len(lines) < 0.6 * len(source_lines)
 
 
 def test_every_figure_of_the_figure_script_is_committed():
@@ -238,3 +307,36 @@ def test_code_and_equations_fit_a_1280_pixel_window(site, tmp_path, page):
     report = overflow_at_width(folder / page / "index.html", tmp_path / "profile")
     assert report["window"] == WINDOW_WIDTH and report["checked"] > 0
     assert report["page"] <= WINDOW_WIDTH and report["wide"] == [], report
+
+
+IMAGE_PROBE = """<script>
+addEventListener("load", () => {
+  document.body.dataset.images = JSON.stringify([...document.querySelectorAll("article img")]
+    .map(e => [e.getAttribute("src").split("/").pop(), e.getBoundingClientRect().width, e.naturalWidth]));
+});
+</script>"""
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="needs Chromium (Debian: apt-get install chromium)")
+def test_the_four_vs_twenty_states_are_shown_at_their_own_size_at_1280_pixels(site, tmp_path):
+    """Each 64 x 64 state of concept-four-vs-twenty.png is drawn at 64 screen pixels or more in a
+    1280-pixel window: a tile's width in the figure (its axes at the script's 100 dpi) scaled by
+    the width the page gives the picture over the picture's own."""
+    folder, _ = site
+    page = folder / "concepts" / "index.html"
+    probe = page.with_name("image-probe.html")
+    probe.write_text(page.read_text().replace("</body>", IMAGE_PROBE + "</body>"))
+    result = subprocess.run([CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                             "--no-first-run", f"--user-data-dir={tmp_path / 'profile'}",
+                             f"--window-size={WINDOW_WIDTH},2000", "--virtual-time-budget=10000", "--dump-dom",
+                             probe.as_uri()], capture_output=True, text=True, timeout=120, check=False)
+    found = re.search(r'data-images="([^"]*)"', result.stdout)
+    assert found, f"the probe did not run: {result.stderr[-2000:]}"
+    shown = {name: (width, natural) for name, width, natural in json.loads(html.unescape(found.group(1)))}
+    width, natural = shown["concept-four-vs-twenty.png"]
+    concept_figures = load(ROOT / "scripts" / "concept_figures.py")
+    figure = concept_figures.four_vs_twenty_figure()
+    figure.set_dpi(100)
+    tile = figure.axes[0].get_window_extent().width
+    assert tile * width / natural >= 64, (tile, width, natural)
+

@@ -50,3 +50,33 @@ def test_tables_cached_in_inference_mode_serve_a_training_step():
     images.requires_grad_()  # then autograd keeps the RoPE tables that multiply the image's q and k
     torch_model.mmjit_forward(params, MMJIT_TINY, images, context, mask).square().sum().backward()
     assert images.grad is not None and torch.count_nonzero(images.grad) > 0
+
+
+def stage_names(forward, *args) -> list[str]:
+    """The names `forward(*args, on_layer=...)` reports, in order."""
+    names = []
+    forward(*args, on_layer=lambda name, value: names.append(name))
+    return names
+
+
+def test_the_peer_reports_the_reference_stages_under_the_same_names():
+    """Each forward writes its own block loop; the trace (minit2i trace) pairs the backends' stages
+    by name, so the names and their order must be one. The CuPy twin's are checked through cudasim
+    in tests/test_trace.py."""
+    from minit2i.core.mmjit_config import MMJIT_TINY
+    from minit2i.reference.mmjit import mmjit_forward
+
+    blocks = ["preamble.0", "preamble.1", "double.0.img", "double.0.txt", "double.1.img", "double.1.txt"]
+    rng = np.random.default_rng(5)
+    for config, forward, peer, scalars, prefix in (
+            (MMJIT_TINY, mmjit_forward, torch_model.mmjit_forward, [], []),
+            (MEAN_FLOW_TINY, mean_flow_forward, torch_model.mean_flow_forward, [np.array([0.5]), np.array([2.0]),
+                                                                                np.array([0.0]), np.array([1.0])],
+             ["aux_tokens"])):
+        params = nest(random_mmjit_weights(config, seed=6))
+        inputs = [rng.standard_normal((1, 3, 32, 32)), *scalars,
+                  rng.standard_normal((1, config.prompt_length, config.txt_input_size)), np.ones((1, config.prompt_length))]
+        names = stage_names(forward, params, config, *inputs)
+        assert names == ["patch_embed", *prefix, "txt_embed", *blocks, "final_layer"]
+        assert stage_names(peer, torch_model.to_torch_tree(params, dtype=torch.float64), config,
+                           *[torch.from_numpy(a) for a in inputs]) == names

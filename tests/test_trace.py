@@ -174,3 +174,11 @@ def test_student_prefix_perturbation_is_the_first_divergence(student, monkeypatc
     monkeypatch.setattr(mean_flow, "aux_tokens", off_in_float32)
     first = first_divergence(run(student))
     assert first.name == "aux_tokens" and first.max_abs == pytest.approx(1e-3, rel=1e-2)
+
+
+def test_student_trace_against_the_twin_on_cudasim_keeps_the_stage_names(student):
+    """The CuPy twin writes its own block loop (accelerated/mmjit.py `transformer_body`); the
+    student's stages on cudasim have the reference's names, in its order, within tolerance."""
+    diffs = run(student, FP64, Side("cudasim", "fp32"))
+    assert [d.name for d in diffs] == STUDENT_LAYERS
+    assert first_divergence(diffs) is None and all(d.max_abs > 0 for d in diffs)

@@ -176,6 +176,8 @@ def mean_flow_loss(student, config: MeanFlowConfig, teacher, teacher_config: MMJ
     loss of one sample is close to 1 whatever its error)."""
     t, r, mask = batch["t"], batch["r"], batch["mask"]
     z = per_sample(1 - t) * batch["images"] + per_sample(t) * batch["noise"]
+    # The target is the teacher's guided velocity, so the student learns guidance as one of its
+    # inputs and needs one forward per step instead of two (concepts.md 6).
     inside = (batch["t_min"] <= t) & (t <= batch["t_max"])
     v_g = guided_velocity(teacher, teacher_config, z, t,
                           torch.where(inside, batch["omega"], torch.ones_like(t)), context, mask)
@@ -188,7 +190,12 @@ def mean_flow_loss(student, config: MeanFlowConfig, teacher, teacher_config: MMJ
     # The fused attention kernels have no forward-mode derivative; the plain one (matmul, softmax) has.
     with sdpa_kernel(SDPBackend.MATH):
         u, du_dt = torch.func.jvp(average_velocity, (z, t, r), (v_g, torch.ones_like(t), torch.zeros_like(r)))
+    # The Mean Flow identity: the average velocity over [r, t] is the velocity at t corrected by how
+    # it changes along the path, u = v - (t - r) du/dt. Its derivative is held fixed (a target, not
+    # a path for gradients), so training needs no second-order derivatives; r = t is plain flow matching.
     error = ((u + per_sample(t - r) * du_dt.detach() - v_g) ** 2).sum(dim=(1, 2, 3))
+    # Adaptive weighting: each sample's error divided by (about) itself, so the few very large
+    # errors near pure noise do not drown the rest.
     weighted = (error / (error.detach() + recipe.norm_eps) ** recipe.norm_p).mean()
     return weighted, error.detach().mean() / z[0].numel()
 

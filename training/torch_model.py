@@ -23,7 +23,6 @@ from minit2i.core.mmjit_config import NORM_EPS, MMJiTConfig
 from minit2i.core.t5_config import T5Config
 from minit2i.reference.layers import joint_rope, layer_reporter, sincos_2d_table, text_rope
 from minit2i.reference.mean_flow import embedding_frequencies, unrotated_prefix
-from minit2i.reference.mmjit import run_blocks
 from minit2i.reference.t5 import relative_position_buckets
 
 
@@ -100,7 +99,7 @@ def rope_tables(text_length: int, grid_h: int, grid_w: int, head_dim: int, unrot
 # MMJiT and the student
 
 
-# The two position signals of MMJiT (model.md 3.4, 3.9): the sin/cos table added to the image
+# The two position signals of MMJiT (model.md 3.4, 3.6): the sin/cos table added to the image
 # tokens, and RoPE in every attention.
 POSITIONS = ("sincos", "rope")
 
@@ -229,7 +228,13 @@ def transformer_body(img, txt, params, config: MMJiTConfig, grid_h: int, grid_w:
     """img [B, N, D], txt [B, L, D], rope tables (cos, sin) [L, Dh/2] and [L + N, Dh/2] -> x0
     [B, C, H, W]: preamble blocks (text only, `txt_rope`), double blocks (joint, `rope`), final
     layer, unpatchify."""
-    img = run_blocks(img, txt, params, config, txt_rope, rope, report, preamble_block, double_block)
+    for i, block in enumerate(params["txt_preamble_blocks"]):
+        txt = preamble_block(txt, block, txt_rope, config)
+        report(f"preamble.{i}", txt)
+    for i, block in enumerate(params["double_blocks"]):
+        img, txt = double_block(img, txt, block, rope, config)
+        report(f"double.{i}.img", img)
+        report(f"double.{i}.txt", txt)
     out = final_layer(img, params["final_layer"])
     report("final_layer", out)
     b, p, c = out.shape[0], config.patch_size, config.in_channels

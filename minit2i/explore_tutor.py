@@ -1,0 +1,153 @@
+"""What makes `minit2i explore` a tutor rather than a viewer: the finished run kept for the session
+(any step and block looked at again without sampling), the line under each panel saying what to
+look for and which section of the concepts page explains it, that page served by the explore
+server itself, and the comparison of two settings of one prompt and seed.
+
+The panels' pictures come from `minit2i.insides`; this module only decides what a session keeps and
+what the page says about it. Steps and blocks are numbered from 1 here, as in docs/concepts.md and
+the walkthrough; `insides` counts from 0, as the code does.
+"""
+
+from __future__ import annotations
+
+import base64
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from minit2i.core.errors import MiniT2IError
+
+from .insides import FinishedRun, Insides, check_kept_size, check_position, inside_request, look_at, sample_and_keep
+from .pipeline import check_backend
+
+# The page's numbers for steps and blocks start here (the docs' convention).
+FIRST = 1
+CONCEPTS_ROUTE = "concepts"  # the concepts page, served beside the explore page
+# How long a session's kept run outlives its last request (Gradio drops the state then).
+KEPT_FOR_S = 3600
+
+
+PACKAGE = Path(__file__).resolve().parent
+
+
+def concepts_dir(package: Path = PACKAGE) -> Path:
+    """Where docs/concepts.md and its figures are: `docs_data/` inside an installed package
+    (pyproject.toml ships them there), else `docs/` beside the package (a source checkout)."""
+    shipped = package / "docs_data"
+    return shipped if shipped.is_dir() else package.parent / "docs"
+
+
+def section_anchor(heading: str) -> str:
+    """The id Gradio's Markdown gives a heading: "h-" and GitHub's slug of it (lower case,
+    punctuation dropped, spaces as hyphens)."""
+    return "h-" + re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def concepts_sections(text: str) -> dict[int, tuple[str, str]]:
+    """{section number: (heading, anchor)} of the concepts page's numbered sections."""
+    return {int(number): (heading, section_anchor(heading))
+            for heading, number in re.findall(r"^## ((\d+)\. .*)$", text, re.MULTILINE)}
+
+
+def concepts_markdown(folder: Path | None = None) -> str:
+    """docs/concepts.md as the explore server shows it: its figures inlined (data: URIs, so the
+    page needs no file route) and its links to other pages of the docs left as text."""
+    folder = folder or concepts_dir()
+    text = (folder / "concepts.md").read_text()
+
+    def figure(match):
+        data = base64.b64encode((folder / match.group(2)).read_bytes()).decode()
+        return f"![{match.group(1)}](data:image/png;base64,{data})"
+
+    text = re.sub(r"!\[([^\]]*)\]\((figures/[^)\s]+\.png)\)", figure, text)
+    return re.sub(r"(?<!!)\[([^\]]+)\]\((?!https?:|#|data:)[^)]+\)", r"\1", text)  # the docs site has those pages
+
+
+def concept_link(section: int, text: str | None = None) -> str:
+    """A Markdown link to a numbered section of the served concepts page."""
+    heading, anchor = concepts_sections((concepts_dir() / "concepts.md").read_text())[section]
+    return f"[{text or heading}]({CONCEPTS_ROUTE}#{anchor})"
+
+
+# Under each panel: (what to look for, the concepts section that explains it).
+LOOK_FOR = {
+    "state": (("The state x_t the step starts from: pure noise at step 1, the picture after the last; it moves "
+               "along a straight line from the noise to the image."), 1),
+    "x0": (("The network's guess of the finished picture: the shape and its place are there after a few steps, "
+            "while x_t is still mostly noise."), 2),
+    "velocity": (("The direction the step moves x_t, (x0 - x_t) over the time left, on its own scale: early it "
+                  "carries the whole picture, late only the last corrections."), 2),
+    "x0_steps": (("Read the strip left to right: the guess sharpens while the state it is made from loses "
+                  "its noise."), 2),
+    "attention": (("A colour or shape word lights up on the patches where that shape is drawn; change the block "
+                   "and the step to see where and when."), 4),
+    "guidance": (("The guided prediction goes past the conditional one, away from the unconditional: what the "
+                  "prompt adds is exaggerated."), 3),
+    "compare": (("Guidance 0 ignores the prompt and large guidance overshoots it; the student's 4 steps land "
+                 "where the teacher's 20 do."), 6),
+}
+ATTENTION_SINKS = (
+    "**Attention sinks.** The brightest maps often belong to small words such as \"a\" and \"on\". That is "
+    "not a bug: every patch's attention sums to 1 over all the tokens (a softmax), so a patch that has "
+    "nothing to read from the prompt still puts its weight somewhere, and transformers learn to park it "
+    "on frequent tokens that carry little meaning, the sinks (Xiao et al., arXiv:2309.17453). Compare the "
+    "content words' maps with each other, not with the sinks'.")
+
+
+def look_for(panel: str) -> str:
+    """The one line under `panel`: what to look for, and a link to the section that explains it."""
+    line, section = LOOK_FOR[panel]
+    return f"{line} ({concept_link(section, f'concepts {section}')})"
+
+
+@dataclass
+class Kept:
+    """What one browser session keeps: its last finished run (what the step and block selectors
+    look at) and how many sampling runs it has asked for."""
+
+    run: FinishedRun | None = None
+    model: str = ""
+    backend: str = ""
+    sampling_runs: int = 0
+
+    def runs_line(self) -> str:
+        return f"sampling runs on this page: {self.sampling_runs}"
+
+
+def sample_run(models, name: str, backend: str, precision: str, on_step, prompt: str, *, step: int, block: int,
+               **settings) -> FinishedRun:
+    """A finished run of `prompt` on the page's cached model, after the cheap checks (model,
+    backend, request, the page's step and block numbered from 1, the memory the run keeps)."""
+    files = models.files(name)
+    check_backend(backend, precision)
+    request = inside_request(files, prompt, step=0, block=0, **settings)
+    check_position(step, request.steps, "step", "--steps", first=FIRST)
+    check_position(block, files.mmjit.config.depth_double, "block", "the model's double blocks", first=FIRST)
+    check_kept_size(request, files.mmjit.config.in_channels)
+    pipe = models.pipeline(name, backend)
+    return sample_and_keep(pipe.model, request, pipe.runner, models.pipeline(name, "numpy").runner, on_step)
+
+
+def look_again(models, kept: Kept, step: int, block: int) -> Insides:
+    """The kept run at the page's `step` and `block` (from 1): two forwards of the reference, no sampling."""
+    if kept.run is None:
+        raise MiniT2IError("there is no finished run to look at yet; press Generate first")
+    reference = models.pipeline(kept.model, "numpy")
+    check_position(step, kept.run.request.steps, "step", "the run's steps", first=FIRST)
+    check_position(block, reference.model.mmjit.config.depth_double, "block", "the model's double blocks",
+                   first=FIRST)
+    return look_at(reference.model, reference.runner, kept.run, step - FIRST, block - FIRST)
+
+
+
+def other_model(names: list[str], first: str) -> str:
+    """The compare mode's right side to start with: the first model other than the page's (the
+    demo's student beside the demo), else the same one."""
+    return next((name for name in names if name != first), first)
+
+
+def compare_label(name: str, request, seconds: float) -> str:
+    """One line naming a compared side's settings: model, steps, guidance (and interval), time."""
+    interval = (f", interval {request.guidance_interval[0]:g}-{request.guidance_interval[1]:g}"
+                if request.guidance_interval else "")
+    return f"**{name}**: {request.steps} steps, guidance {request.cfg_scale:g}{interval} ({seconds:.1f} s)"
