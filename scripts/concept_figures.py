@@ -282,6 +282,25 @@ def four_vs_twenty_figure(columns: int = FOUR_VS_TWENTY_COLUMNS):
     return figure
 
 
+FEW_STEPS_PROMPTS = (*GUIDANCE_PROMPTS, "a small green cross at the bottom on a navy background")
+# (model, steps) of each column: the teacher at few Euler steps and its own 20, the student at 1 and 4.
+FEW_STEPS_COLUMNS = (("demo", 1), ("demo", 2), ("demo", 4), ("demo", 20), ("demo-mf", 1), ("demo-mf", 4))
+
+
+def few_steps_figure():
+    """The demo model at 1, 2, 4 and 20 Euler steps beside the student at 1 and 4 Mean Flow steps,
+    same prompts, same seed (so the same starting noise), each at its own guidance."""
+    figure, axes = plt.subplots(len(FEW_STEPS_PROMPTS), len(FEW_STEPS_COLUMNS),
+                                figsize=(1.9 * len(FEW_STEPS_COLUMNS), 2.0 * len(FEW_STEPS_PROMPTS)))
+    for row, prompt in enumerate(FEW_STEPS_PROMPTS):
+        for column, (name, steps) in enumerate(FEW_STEPS_COLUMNS):
+            title = f"{'teacher' if name == 'demo' else 'student'}, {steps} step{'s' * (steps > 1)}" if row == 0 else ""
+            picture(axes[row, column], run_demo(name, prompt, steps=steps)[1], title)
+        axes[row, 0].set_ylabel(prompt.replace(" at ", "\nat ").replace(" on ", "\non "), fontsize=8)
+    figure.subplots_adjust(wspace=0.05, hspace=0.08)
+    return figure
+
+
 def student_guidance_figure(omegas=(1.0, 2.0, 3.0), intervals=((0.0, 1.0), (0.2, 0.8), (0.5, 1.0))):
     """Guidance as an input of the student: which teacher guidance its target used at each time
     for a given interval, then its images at several omega and intervals (same seed, PROMPT)."""
@@ -389,6 +408,7 @@ FIGURE_MAKERS = {
     "concept-mean-flow-toy.png": mean_flow_toy_figure,
     "concept-student-guidance.png": student_guidance_figure,
     "concept-four-vs-twenty.png": four_vs_twenty_figure,
+    "concept-few-steps.png": few_steps_figure,
 }
 
 

@@ -216,11 +216,15 @@ def shown_figures(page: Path) -> list[str]:
 
 
 def test_the_concepts_page_shows_every_figure_of_the_concepts_script(site):
+    """Every figure of scripts/concept_figures.py and every sheet of scripts/ablation_figures.py
+    (named in its SHEETS; the script itself needs torch, so its names are read from its text),
+    and no other."""
     folder, _ = site
     concept_figures = load(ROOT / "scripts" / "concept_figures.py")
+    sheets = re.findall(r'"(ablation-[\w-]+\.png)"', (ROOT / "scripts" / "ablation_figures.py").read_text())
     shown = shown_figures(folder / "concepts" / "index.html")
-    assert len(shown) >= 6
-    assert sorted(shown) == sorted(concept_figures.FIGURE_MAKERS)
+    assert len(shown) >= 6 and len(sheets) >= 3
+    assert sorted(shown) == sorted([*concept_figures.FIGURE_MAKERS, *sheets])
 
 
 def test_the_walkthrough_page_shows_every_figure_the_notebook_draws(site):

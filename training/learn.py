@@ -2,6 +2,7 @@
 
     python -m minit2i.training.learn --out runs/learn      # train (or resume), then draw and score
     python -m minit2i.training.learn --out runs/quick --steps 500
+    python -m minit2i.training.learn --out runs/velocity --predict velocity   # an experiment (below)
 
 The model is the demo model's architecture at a fraction of its size (32 x 32 images, patch 4,
 hidden 64, two double blocks, one T5 layer) trained with train.py's objective and run machinery
@@ -20,6 +21,14 @@ ends up holding
 
 and it prints, per snapshot, the loss and how many images the checker read right per attribute,
 then the final model's colour and position counts.
+
+Experiment switches, each a run of the same length beside the default one (docs/concepts.md
+shows them): --predict velocity or noise (the loss stays on the velocity, training/ablations.py),
+--positions rope, sincos or none, --caption-drop (0: guidance has no unconditional branch to
+push from), --patch 8 (four times the numbers per patch through the same 16-channel bottleneck),
+--bottleneck (the channels every patch passes through: 48 hides nothing of a 4-pixel patch).
+A run with another prediction or positions is not exported: `minit2i generate` draws with the
+model's x0 and both position signals.
 """
 
 from __future__ import annotations
@@ -45,6 +54,7 @@ from minit2i.core.errors import MiniT2IError
 from minit2i.core.images import grid, save_png
 
 from . import shapes
+from .ablations import POSITION_CHOICES, PREDICTIONS, AblationRun, Variant
 from .charts import font, loss_chart
 from .evaluate import ATTRIBUTES, draw_scenes, evaluation_scenes
 from .train import (CHECKPOINT, DEFAULT_EXPORT, DEMO_MMJIT, DEMO_T5, Recipe, Run, check_export_dir,
@@ -70,6 +80,7 @@ SHEET_SCENES = tuple(shapes.Scene(*words.split()) for words in (
     "large red circle left black", "small blue square right white", "large yellow triangle top navy",
     "small green cross bottom gray", "large purple square center white", "small orange circle top black",
     "large cyan triangle bottom gray", "small white cross left navy"))
+PATCH_SIZES = (4, 8)  # 8: 8 x 8 x 3 = 192 numbers a patch, through the bottleneck 4's 48 go through
 SHEET_SCALE = 3  # each 32 x 32 sample is shown at 96 x 96
 ROWS = "samples"
 ROW_LIMIT = 2**20  # a snapshot row: 8 samples of 32 x 32 as one PNG, about 10 kB
@@ -111,12 +122,19 @@ def snapshot(run: Run, eval_scenes) -> None:
     """Draw the sheet's row with the EMA weights, read back `eval_scenes` with the checker (into
     the log, as train.py's evaluations), and save the row (last: a row on disk is a finished
     snapshot)."""
-    draw = run.sampler(SAMPLE_STEPS, CFG_SCALE)
-    row = draw_scenes([(scene, seed, False) for seed, scene in enumerate(SHEET_SCENES)], run.tokenizer,
-                      torch_encoder(run), draw, run.mmjit.image_size)
+    row = sheet_row(run, CFG_SCALE)
     run.log({"step": run.step, "eval": run.evaluate(eval_scenes, SAMPLE_STEPS, CFG_SCALE)})
     (run.folder / ROWS).mkdir(exist_ok=True)
-    save_png(grid(list(row), len(row)), row_path(run.folder, run.step))
+    save_png(row, row_path(run.folder, run.step))
+
+
+def sheet_row(run: Run, cfg_scale: float) -> np.ndarray:
+    """uint8 [S, S * n, 3]: the EMA weights' samples of the n SHEET_SCENES, scene i with seed i, at
+    guidance `cfg_scale`."""
+    draw = run.sampler(SAMPLE_STEPS, cfg_scale)
+    row = draw_scenes([(scene, seed, False) for seed, scene in enumerate(SHEET_SCENES)], run.tokenizer,
+                      torch_encoder(run), draw, run.mmjit.image_size)
+    return grid(list(row), len(row))
 
 
 def learn(run: Run, eval_prompts: int) -> None:
@@ -283,6 +301,17 @@ def parse_args(argv=None):
     p.add_argument("--steps", type=int, default=LEARN_RECIPE.steps, help="training steps")
     p.add_argument("--eval-prompts", type=int, default=EVAL_PROMPTS,
                    help="held-in prompts the checker reads back at each snapshot (held-out pairs: half as many)")
+    p.add_argument("--predict", choices=PREDICTIONS, default="x0",
+                   help="what the network predicts (an experiment: the model predicts x0; the loss is always on the "
+                        "velocity)")
+    p.add_argument("--positions", choices=tuple(POSITION_CHOICES), default="both",
+                   help="the position signals the network gets (an experiment: the model has both, sin/cos and RoPE)")
+    p.add_argument("--caption-drop", type=float, default=LEARN_RECIPE.caption_drop,
+                   help="share of training captions dropped, the unconditional branch guidance pushes from")
+    p.add_argument("--patch", type=int, choices=PATCH_SIZES, default=LEARN_MMJIT.patch_size,
+                   help="patch size in pixels")
+    p.add_argument("--bottleneck", type=int, default=LEARN_MMJIT.pca_channels,
+                   help="channels of the patch embedding's bottleneck (a 4-pixel patch holds 48 numbers)")
     p.add_argument("--threads", type=int, default=1,
                    help="torch CPU threads (default 1: on a machine whose cores are busy, two threads ran ten "
                         "times slower than one, each waiting for the other)")
@@ -294,6 +323,8 @@ def check_arguments(args) -> None:
     Range(1, 10**6).check("--steps", args.steps)
     Range(1, 10**4).check("--eval-prompts", args.eval_prompts)
     Range(1, os.cpu_count() or 1).check("--threads", args.threads)
+    Range(0.0, 1.0, integer=False).check("--caption-drop", args.caption_drop)
+    Range(1, 3 * max(PATCH_SIZES) ** 2).check("--bottleneck", args.bottleneck)
     out = args.out
     if not os.path.lexists(out):
         check_writable_parent(out, "--out")
@@ -307,18 +338,28 @@ def check_arguments(args) -> None:
     check_export_dir(out / DEFAULT_EXPORT, out)
 
 
+def run_of(args) -> AblationRun:
+    """The run the checked arguments describe, resumed from --out's checkpoint if there is one."""
+    recipe = dataclasses.replace(LEARN_RECIPE, steps=args.steps, caption_drop=args.caption_drop)
+    mmjit = dataclasses.replace(LEARN_MMJIT, patch_size=args.patch, pca_channels=args.bottleneck)
+    return AblationRun(args.out, recipe, mmjit, LEARN_T5, Variant(args.predict, args.positions))
+
+
 def main(argv=None) -> int:
     def command() -> int:
         args = parse_args(argv)
         check_arguments(args)
         torch.set_num_threads(args.threads)
         args.out.mkdir(parents=True, exist_ok=True)
-        run = Run(args.out, dataclasses.replace(LEARN_RECIPE, steps=args.steps), LEARN_MMJIT, LEARN_T5)
+        run = run_of(args)
         if run.step > args.steps:
             raise MiniT2IError(f"--out {args.out} holds a run at step {run.step}, past --steps {args.steps}; pass "
                                f"--steps {run.step} or more, or choose a new folder")
         learn(run, args.eval_prompts)
         write_results(run)
+        if not run.variant.is_the_model:
+            emit("not exported: minit2i generate draws with the model's x0 prediction and both position signals")
+            return 0
         export = args.out / DEFAULT_EXPORT
         run.export(export, SAMPLE_STEPS, CFG_SCALE)
         emit(f"exported the final model: minit2i generate --model {printable(str(export / 'transformer'), None)} "

@@ -99,17 +99,31 @@ def rope_tables(text_length: int, grid_h: int, grid_w: int, head_dim: int, unrot
 # MMJiT and the student
 
 
+# The two position signals of MMJiT (model.md 3.4, 3.6): the sin/cos table added to the image
+# tokens, and RoPE in every attention.
+POSITIONS = ("sincos", "rope")
+
+
 def mmjit_forward(params, config: MMJiTConfig, images, context, mask, on_layer=None):
     """[B, C, H, W], [B, L, Dc], [B, L] -> x0 [B, C, H, W], in the dtype of `params` (the nested
     weight tree, to_torch_tree, on the device and in the dtype of the inputs). `on_layer(name,
     value)`, if given, sees every stage output under the reference's names."""
+    return forward_with_positions(params, config, images, context, mask, POSITIONS, on_layer)
+
+
+def forward_with_positions(params, config: MMJiTConfig, images, context, mask, positions, on_layer=None):
+    """`mmjit_forward` given only the position signals named in `positions` (a subset of
+    POSITIONS): without "sincos" no table is added, without "rope" every rotation is by angle 0
+    (the identity). The watch-it-learn run's ablations train with fewer; the model has both."""
     report = layer_reporter(on_layer)
-    img = embed_image(images, params["img_embedder"], config)
+    grid_h, grid_w = images.shape[2] // config.patch_size, images.shape[3] // config.patch_size
+    img = (embed_image if "sincos" in positions else patch_tokens)(images, params["img_embedder"], config)
     report("patch_embed", img)
     txt = F.linear(mask_text(context, mask, params["mask_token"]), **params["txt_embedder"])
     report("txt_embed", txt)
-    grid_h, grid_w = images.shape[2] // config.patch_size, images.shape[3] // config.patch_size
     txt_rope, rope = rope_tables(txt.shape[1], grid_h, grid_w, config.head_dim, 0, images.device, images.dtype)
+    if "rope" not in positions:
+        txt_rope, rope = ((torch.ones_like(cos), torch.zeros_like(sin)) for cos, sin in (txt_rope, rope))
     return transformer_body(img, txt, params, config, grid_h, grid_w, txt_rope, rope, report)
 
 
@@ -162,14 +176,21 @@ def mask_text(context, mask, mask_token):
 
 def embed_image(images, embedder, config: MMJiTConfig):
     """[B, C, H, W] -> [B, N, D]: bottleneck patch embed + the sin/cos table."""
+    p = config.patch_size
+    return (patch_tokens(images, embedder, config)
+            + sincos_table(images.shape[2] // p, images.shape[3] // p, config.hidden_size, images.device, images.dtype))
+
+
+def patch_tokens(images, embedder, config: MMJiTConfig):
+    """[B, C, H, W] -> [B, N, D]: the bottleneck patch embed alone, no position (`embed_image`
+    adds the table)."""
     b, c, height, width = images.shape
     p = config.patch_size
     grid_h, grid_w = height // p, width // p
     patches = images.reshape(b, c, grid_h, p, grid_w, p).permute(0, 2, 4, 1, 3, 5).reshape(b, grid_h * grid_w, -1)
     proj1, proj2 = embedder["proj1"], embedder["proj2"]
     img = F.linear(patches, proj1["weight"].reshape(config.pca_channels, -1))
-    return (F.linear(img, proj2["weight"].reshape(config.hidden_size, -1), proj2["bias"])
-            + sincos_table(grid_h, grid_w, config.hidden_size, images.device, images.dtype))
+    return F.linear(img, proj2["weight"].reshape(config.hidden_size, -1), proj2["bias"])
 
 
 def preamble_block(txt, block, rope, config: MMJiTConfig):

@@ -207,15 +207,21 @@ def training_batch(recipe: Recipe, tokenizer: PromptTokenizer, step: int, image_
         ("t", t.astype(np.float32)), ("noise", noise))}
 
 
-def v_loss(params: dict, mmjit: MMJiTConfig, t5: T5Config, batch: dict, a_min: float) -> torch.Tensor:
-    """Mean squared velocity error of the x0 prediction (scalar)."""
+def v_loss(params: dict, mmjit: MMJiTConfig, t5: T5Config, batch: dict, a_min: float,
+           predict_x0=None) -> torch.Tensor:
+    """Mean squared velocity error of the x0 prediction (scalar). `predict_x0(mmjit_params, x_t
+    [B, C, H, W], t [B, 1, 1, 1], context, mask) -> x0`, if given, stands for the network's own
+    x0 (the watch-it-learn ablations: another prediction target, fewer positions)."""
     mmjit_params, t5_params = split_tree(params)
     t = batch["t"][:, None, None, None]
     # A point of the straight path from noise to the image (concepts.md 1); a dropped caption's
     # mmjit_mask is all zero, which is what trains the unconditional branch guidance uses.
     x_t = t * batch["images"] + (1 - t) * NOISE_SCALE * batch["noise"]
     context = t5_encode(t5_params, t5, batch["ids"], batch["mask"])
-    x0 = mmjit_forward(mmjit_params, mmjit, x_t, context, batch["mmjit_mask"])
+    if predict_x0 is None:
+        x0 = mmjit_forward(mmjit_params, mmjit, x_t, context, batch["mmjit_mask"])
+    else:
+        x0 = predict_x0(mmjit_params, x_t, t, context, batch["mmjit_mask"])
     # The network predicts x0 but is scored on the velocity the sampler will take from it (x_t
     # cancels in the difference): an x0 error late in sampling, where 1 - t is small, moves the
     # image more, so it weighs more (model.md 7.4).
