@@ -61,9 +61,7 @@ def check_threads(threads, name: str = "--threads (threads)") -> int | None:
     """None (chosen from the work) or a thread count in THREADS, NumPy integers accepted."""
     if threads is None:
         return None
-    if hasattr(threads, "__index__") and not isinstance(threads, bool):
-        threads = int(threads.__index__())
-    return THREADS.check(name, threads)
+    return int(THREADS.check(name, threads))  # the range takes NumPy integers (not arrays) as numbers
 
 
 def chosen_threads(threads: int | None, product_flops: float) -> int | None:
