@@ -315,15 +315,17 @@ def print_thread_table(title: str, rows: list[dict], command: dict) -> None:
           f"same PNG bytes: {'yes' if command['same_png'] else 'NO'}")
 
 
-def bench_threads(student: MeanFlowConfig, mmjit: MMJiTConfig, t5: T5Config, size: int, repeats: int) -> None:
+def bench_threads(student: MeanFlowConfig, mmjit: MMJiTConfig, t5: T5Config, size: int, repeats: int,
+                  loads=("quiet", "busy")) -> None:
     """The thread table on a quiet machine, then under two busy processes this function starts."""
     demo, demo_chosen = demo_image_case()
     cases = [("demo image 64x64, 20 steps (API)", demo, demo_chosen),
              (f"B/16-MF image {size}x{size} (T5 + 4 steps)", *mean_flow_threads_case(student, t5, size)),
              (f"B/16 MMJiT forward {size}x{size} b{BATCH}", *mmjit_threads_case(mmjit, size))]
-    for title, load in (("BLAS threads, quiet", contextlib.nullcontext()),
-                        ("BLAS threads, two busy processes", busy_processes(2))):
-        with load:
+    settings = {"quiet": ("BLAS threads, quiet", contextlib.nullcontext),
+                "busy": ("BLAS threads, two busy processes", lambda: busy_processes(2))}
+    for title, load in (settings[name] for name in loads):
+        with load():
             rows = thread_rows(cases, repeats)
             command = generate_command_times(max(3, repeats))
         print_thread_table(title, rows, command)
@@ -362,6 +364,8 @@ def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--part", choices=("all", "torch", "threads"), default="all",
                         help="torch: NumPy against PyTorch; threads: the chosen BLAS threads against one and all")
+    parser.add_argument("--loads", nargs="+", choices=("quiet", "busy"), default=["quiet", "busy"],
+                        help="threads: on the machine as it is, and/or under two busy processes this script starts")
     parser.add_argument("--repeats", type=int, default=3, help="timed calls per forward; the fastest counts")
     parser.add_argument("--size", type=int, default=512, help="image side in pixels (multiple of 16)")
     parser.add_argument("--quick", action="store_true",
@@ -383,7 +387,7 @@ def main(argv=None) -> None:
     if args.part in ("all", "torch"):
         bench_torch(mmjit, student, t5, size, repeats)
     if args.part in ("all", "threads"):
-        bench_threads(student, mmjit, t5, size, repeats)
+        bench_threads(student, mmjit, t5, size, repeats, args.loads)
 
 
 def bench_torch(mmjit: MMJiTConfig, student: MeanFlowConfig, t5: T5Config, size: int, repeats: int) -> None:

@@ -51,7 +51,8 @@ def concepts_sections(text: str) -> dict[int, tuple[str, str]]:
 
 def concepts_markdown(folder: Path | None = None) -> str:
     """docs/concepts.md as the explore server shows it: its figures inlined (data: URIs, so the
-    page needs no file route) and its links to other pages of the docs left as text."""
+    page needs no file route), its links within the page pointed at Gradio's heading ids, and its
+    links to other pages of the docs left as text."""
     folder = folder or concepts_dir()
     text = (folder / "concepts.md").read_text()
 
@@ -60,6 +61,7 @@ def concepts_markdown(folder: Path | None = None) -> str:
         return f"![{match.group(1)}](data:image/png;base64,{data})"
 
     text = re.sub(r"!\[([^\]]*)\]\((figures/[^)\s]+\.png)\)", figure, text)
+    text = re.sub(r"\]\(#([\w-]+)\)", r"](#h-\1)", text)  # the page's own headings, as Gradio names them
     return re.sub(r"(?<!!)\[([^\]]+)\]\((?!https?:|#|data:)[^)]+\)", r"\1", text)  # the docs site has those pages
 
 

@@ -409,16 +409,20 @@ def test_model_flags_are_taken_or_refused_as_generate_takes_them(capsys, flags, 
 
 def test_the_served_concepts_page_carries_its_figures_and_no_dead_links():
     """The explore server shows docs/concepts.md itself: every figure inlined (it has no file route),
-    links to other pages of the docs left as their text (those pages are the docs site's)."""
+    links within the page pointing at headings as Gradio names them, links to other pages of the
+    docs left as their text (those pages are the docs site's)."""
     import re
 
-    from minit2i.explore_tutor import concepts_dir, concepts_markdown
+    from minit2i.explore_tutor import concepts_dir, concepts_markdown, section_anchor
 
     source = (concepts_dir() / "concepts.md").read_text()
     served = concepts_markdown()
     figures = re.findall(r"!\[[^\]]*\]\(figures/", source)
     assert len(figures) >= 6 and served.count("](data:image/png;base64,") == len(figures)
-    assert re.findall(r"(?<!!)\[[^\]]+\]\((?!data:)[^)]*\)", served) == []
+    assert re.findall(r"(?<!!)\[[^\]]+\]\((?!data:|#)[^)]*\)", served) == []
+    anchors = {section_anchor(heading) for heading in re.findall(r"^#+ (.*)$", source, re.MULTILINE)}
+    within = re.findall(r"\]\(#([^)]*)\)", served)
+    assert within and set(within) <= anchors  # "References: below" goes to the references heading
     assert "[`sample`](" not in served and "`sample`" in served
 
 
