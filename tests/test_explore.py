@@ -426,6 +426,17 @@ def test_the_served_concepts_page_carries_its_figures_and_no_dead_links():
     assert "[`sample`](" not in served and "`sample`" in served
 
 
+def test_no_dollar_sign_in_the_served_concepts_pages_code():
+    """Gradio's Markdown pairs every `$` of the page as a maths delimiter, code included: one `$`
+    in a shell line once hid sections 4 and 5 inside a formula."""
+    import re
+
+    from minit2i.explore_tutor import concepts_markdown
+
+    code = re.findall(r"```.*?```|`[^`\n]+`", concepts_markdown(), re.DOTALL)
+    assert code and [block for block in code if "$" in block] == []
+
+
 def test_every_panel_note_links_a_section_of_the_concepts_page():
     from minit2i.explore_tutor import LOOK_FOR, concepts_dir, concepts_sections, look_for
 
