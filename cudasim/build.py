@@ -15,12 +15,16 @@ alignment, races and uninitialised shared reads. `source_lines` turns the instru
 source lines.
 
 Libraries are cached under `$CUDASIM_CACHE` (default `~/.cache/cudasim`) by a hash of the prelude,
-the runtime, the source, the flags and the compiler version, so only the first run builds.
+the runtime, the source, the flags and the compiler version, so only the first run builds; the
+runtime, three quarters of a build, is compiled once per set of flags into a cached object that
+every library links. Processes sharing the cache (the test suite's workers, two runs at once)
+build each of these once: the first takes its lock file and compiles, the others wait for it.
 """
 
 from __future__ import annotations
 
 import errno
+import fcntl
 import hashlib
 import os
 import re
@@ -151,23 +155,58 @@ def build(source: str, name: str = "kernel.cu", sanitize: bool = False, detector
     flags = SANITIZE_FLAGS if sanitize else FLAGS
     unit_flags = DETECTOR_UNIT_FLAGS if detectors else ()
     folder = cache_dir() / cache_key(source, name, [*flags, *unit_flags])
-    library = folder / "kernels.so"
-    source_path = folder / name
-    if not _intact(folder):
-        shutil.rmtree(folder, ignore_errors=True)  # a damaged library would crash the process (SIGBUS) when loaded
-        try:
-            _compile(source, name, flags, unit_flags, folder)
-        except OSError as err:
-            raise BuildError(f"cannot write to the cudasim cache {cache_dir()} ({err.strerror or err}); free some "
-                             "space or set CUDASIM_CACHE to another folder") from None
-    return Library(library, source_path, scan(source, name))
-
-
-def _intact(folder: Path) -> bool:
-    """Whether the cached library is there and has the sha256 recorded when it was built."""
     try:
-        recorded = _regular_file_bytes(folder / "kernels.so.sha256")
-        return hashlib.sha256(_regular_file_bytes(folder / "kernels.so")).hexdigest().encode() == recorded
+        _cached(folder, "kernels.so", lambda work: _compile_in(source, name, flags, unit_flags, work, folder))
+    except OSError as err:
+        raise BuildError(f"cannot write to the cudasim cache {cache_dir()} ({err.strerror or err}); free some "
+                         "space or set CUDASIM_CACHE to another folder") from None
+    return Library(folder / "kernels.so", folder / name, scan(source, name))
+
+
+def _cached(folder: Path, artifact: str, make) -> None:
+    """Make `folder` unless it holds `artifact` intact: `make(work)` writes the artifact into a
+    fresh folder beside it, which is renamed into place (atomic: a reader sees all or nothing).
+    The build holds `folder`'s lock file, which the builder removes: a process sharing the cache
+    (the suite's workers) that waited for it finds the artifact intact instead of building it
+    again. O_NONBLOCK: a FIFO planted in the lock's place fails instead of blocking."""
+    if _intact(folder, artifact):
+        return
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    lock = folder.parent / f".{folder.name}.lock"
+    descriptor = os.open(lock, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK, 0o644)
+    try:
+        fcntl.flock(descriptor, fcntl.LOCK_EX)
+        if _intact(folder, artifact):
+            return
+        try:
+            shutil.rmtree(folder, ignore_errors=True)  # a damaged library would crash the process (SIGBUS) when loaded
+            _make_in_place(folder, artifact, make)
+        finally:
+            lock.unlink(missing_ok=True)
+    finally:
+        os.close(descriptor)
+
+
+def _make_in_place(folder: Path, artifact: str, make) -> None:
+    work = Path(tempfile.mkdtemp(dir=folder.parent, prefix=f".{folder.name}-"))
+    try:
+        make(work)
+        (work / f"{artifact}.sha256").write_text(hashlib.sha256((work / artifact).read_bytes()).hexdigest())
+        work.rename(folder)
+    except OSError:
+        shutil.rmtree(work, ignore_errors=True)
+        if not _intact(folder, artifact):  # else a builder that did not wait for the lock got there first
+            raise
+    except BaseException:
+        shutil.rmtree(work, ignore_errors=True)
+        raise
+
+
+def _intact(folder: Path, artifact: str) -> bool:
+    """Whether the cached `artifact` is there and has the sha256 recorded when it was built."""
+    try:
+        recorded = _regular_file_bytes(folder / f"{artifact}.sha256")
+        return hashlib.sha256(_regular_file_bytes(folder / artifact)).hexdigest().encode() == recorded
     except OSError:
         return False
 
@@ -181,14 +220,13 @@ def _regular_file_bytes(path: Path) -> bytes:
         return f.read()
 
 
-def _compile(source: str, name: str, flags, unit_flags, folder: Path) -> None:
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(dir=folder.parent, prefix=f".{folder.name}-"))
-    try:
-        _compile_in(source, name, flags, unit_flags, work, folder)
-    except BaseException:
-        shutil.rmtree(work, ignore_errors=True)
-        raise
+def _runtime_object(flags, link_flags) -> Path:
+    """runtime.cpp compiled for `flags` (three quarters of a library's build), once for every
+    library built with them: a cached object beside the libraries, keyed as they are."""
+    folder = cache_dir() / f"runtime-{cache_key('', RUNTIME.name, [*flags, *link_flags])}"
+    _cached(folder, "runtime.o", lambda work: _gxx(RUNTIME.name, [
+        "g++", *flags, *link_flags, f"-I{INCLUDE}", "-c", "-o", str(work / "runtime.o"), str(RUNTIME)]))
+    return folder / "runtime.o"
 
 
 def _compile_in(source: str, name: str, flags, unit_flags, work: Path, folder: Path) -> None:
@@ -196,19 +234,15 @@ def _compile_in(source: str, name: str, flags, unit_flags, work: Path, folder: P
     kernels, shared = _scan_file(work / name)
     (work / "unit.cpp").write_text(translation_unit(name, kernels, shared))
     (work / "back_guard.cpp").write_text(BACK_GUARD_UNIT)
-    # the debug info names the final folder, so gdb finds the source after the rename below
+    # the debug info names the final folder, so gdb finds the source after the rename
     common = ["g++", *flags, f"-fdebug-prefix-map={work}={folder}", f"-I{INCLUDE}"]
     unit, link_flags = work / "unit.cpp", ()
     if unit_flags:
         unit, link_flags = work / "unit.o", DETECTOR_LINK_FLAGS
         _gxx(name, [*common, *unit_flags, "-c", "-o", str(unit), str(work / "unit.cpp")])
+    runtime = _runtime_object(flags, link_flags)
     # this order lays out the thread-local (shared) block: front guard, shared variables, back guard
-    _gxx(name, [*common, *link_flags, "-o", str(work / "kernels.so"), str(RUNTIME), str(unit), str(work / "back_guard.cpp")])
-    (work / "kernels.so.sha256").write_text(hashlib.sha256((work / "kernels.so").read_bytes()).hexdigest())
-    try:
-        work.rename(folder)  # atomic: a concurrent build of the same key simply loses the race
-    except OSError:
-        shutil.rmtree(work, ignore_errors=True)
+    _gxx(name, [*common, *link_flags, "-o", str(work / "kernels.so"), str(runtime), str(unit), str(work / "back_guard.cpp")])
 
 
 def _gxx(name: str, command: list[str]) -> None:

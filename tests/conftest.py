@@ -18,6 +18,21 @@ from minit2i.pipeline import make_request, open_model, run_threads
 TINY_SEED = 1234
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_cmdline_main(config):
+    """The whole suite (`pytest` without paths) on one worker per core (pytest-xdist, the [test]
+    extra), as if run with `-n auto --dist loadgroup`: tests marked with one `xdist_group` (those
+    sharing a server, a cluster or a module-wide fixture) run on one worker, one after the other.
+    A file or test named on the command line runs in this process, unless `-n N` says otherwise;
+    `-n 0` runs the whole suite here. Runs before xdist's own hook, which reads these options."""
+    if not config.pluginmanager.hasplugin("xdist") or hasattr(config, "workerinput"):
+        return
+    if config.option.numprocesses is None and config.args_source is pytest.Config.ArgsSource.TESTPATHS:
+        config.option.numprocesses = "auto"
+    if config.option.numprocesses and config.option.dist == "no":
+        config.option.dist = "loadgroup"
+
+
 @pytest.fixture(scope="session", autouse=True)
 def blas_threads_of_tiny_models():
     """The suite's own NumPy work on the BLAS threads the project chooses for the demo model's

@@ -66,6 +66,32 @@ def test_a_fifo_in_the_cache_is_rebuilt_over_not_read(cache, name):
     assert (folder / name).is_file()
 
 
+def test_builds_of_one_library_at_once_compile_it_once(cache, monkeypatch):
+    """Four threads build one new library at the same moment (as the suite's workers do, sharing
+    the cache): it is compiled once, the others wait for its result, and no lock file stays behind.
+    (flock excludes each open of the lock file, so threads of one process contend as processes do.)"""
+    import threading
+
+    compiled = []
+    compile_in = build._compile_in
+    monkeypatch.setattr(build, "_compile_in", lambda *args: (compiled.append(args[-1]), compile_in(*args)))
+    start = threading.Barrier(4)
+    libraries = []
+
+    def build_scale():
+        start.wait()
+        libraries.append(build.build(SCALE, "scale.cu").path)
+
+    workers = [threading.Thread(target=build_scale) for _ in range(4)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join(timeout=300)  # hang guard: one build takes a few seconds
+    assert len(compiled) == 1 and len(set(libraries)) == 1 and len(libraries) == 4
+    assert [p.parent for p in cache.glob("*/kernels.so")] == compiled and list(cache.glob(".*")) == []
+    np.testing.assert_array_equal(run_scale(), [0, 3, 6, 9])
+
+
 def test_a_full_cache_is_one_line_and_leaves_no_partial_build(cache, monkeypatch):
     def disk_full(*args):
         raise OSError(errno.ENOSPC, "No space left on device")
