@@ -268,17 +268,17 @@ def test_interrupt_mid_sampling_exits_130_and_leaves_no_file(tmp_path, capsys, m
 
 
 def test_cudasim_backend_draws_the_demo_model_like_numpy(tmp_path, capsys):
-    """The CuPy twin on cudasim (CUDA kernels on the CPU), 64x64, 2 steps, CFG 6: its PNG is the
+    """The CuPy twin on cudasim (CUDA kernels on the CPU), 32x32, 2 steps, CFG 6: its PNG is the
     numpy one within 1 level per pixel. fp32 kernels against the fp32 reference differ by a few
     float32 roundings (~1e-6 of the image scale, 127.5 levels per unit), so a pixel can only
     land across one uint8 rounding boundary."""
     paths = {}
     for backend in ("numpy", "cudasim"):
         paths[backend] = tmp_path / f"{backend}.png"
-        assert main(["generate", "-p", "a red cat", "--steps", "2", "-W", "64", "-H", "64", "--backend", backend,
+        assert main(["generate", "-p", "a red cat", "--steps", "2", "-W", "32", "-H", "32", "--backend", backend,
                      "-o", str(paths[backend]), "-q"]) == 0
     numpy_pixels, cudasim_pixels = (np.asarray(Image.open(paths[b])).astype(int) for b in ("numpy", "cudasim"))
-    assert cudasim_pixels.shape == (64, 64, 3)
+    assert cudasim_pixels.shape == (32, 32, 3)
     assert np.abs(cudasim_pixels - numpy_pixels).max() <= 1
 
 
