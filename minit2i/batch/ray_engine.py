@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 from collections.abc import Iterator
 
 import numpy as np
@@ -48,7 +49,10 @@ def on_ray(jobs: list[Job], spec: Spec, workers: int | None, address: str | None
         logging.getLogger(name).setLevel(logging.ERROR)
     started = not ray.is_initialized()
     if started:
-        ray.init(address=address, include_dashboard=False, log_to_driver=False, logging_level=logging.ERROR)
+        # "local": with no address, ray.init would join the cluster the machine started last (its
+        # /tmp/ray/ray_current_cluster), whoever started it and even while it stops.
+        ray.init(address=address or os.environ.get("RAY_ADDRESS") or "local", include_dashboard=False,
+                 log_to_driver=False, logging_level=logging.ERROR)
     try:
         context = ray.data.DataContext.get_current()
         context.enable_progress_bars = False  # the driver's bar counts the images
