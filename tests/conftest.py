@@ -18,40 +18,70 @@ from minit2i.pipeline import make_request, open_model, run_threads
 TINY_SEED = 1234
 
 
+# Tests that run on one worker, one after another, by the start of their node id; the groups in
+# this order, the longest first, so that none is left running alone at the end of a run.
+GROUPS = {
+    # scripts/gpu-check --cudasim from a copy of the checkout, run once for the module (`report`):
+    # the suite's longest setup
+    "tests/test_gpu_check.py": "gpu-check",
+    # servers on probed free ports (no two probes at once), their module-wide servers started once;
+    # a port probed as one nothing listens on
+    "tests/test_explore.py": "ports",
+    "tests/test_explore_browser.py": "ports",
+    "tests/test_hub.py::test_unknown_repo_and_unreachable_hub_are_one_line": "ports",
+    # module-wide work done once: the site, the distillation, the NVRTC and ptxas compilations, the
+    # notebook run, the official writer's JAX checkpoints, the short training run
+    "tests/test_site.py": "site",
+    "tests/test_distill.py": "distill",
+    "tests/test_kernels_compile.py": "nvrtc",
+    "tests/test_walkthrough.py": "walkthrough",
+    "tests/test_jax_checkpoints.py": "jax-checkpoints",
+    "tests/test_learn.py": "learn",
+    # a local Ray cluster: one at a time
+    "tests/test_batch.py::test_ray_": "ray",
+}
+GROUP_ORDER = list(dict.fromkeys(GROUPS.values()))
+
+
+def group_of(nodeid: str) -> str | None:
+    return next((group for start, group in GROUPS.items() if nodeid.startswith(start)), None)
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_cmdline_main(config):
     """The whole suite (`pytest` without paths) on one worker per core (pytest-xdist, the [test]
-    extra), as if run with `-n auto --dist loadgroup`: tests marked with one `xdist_group` (those
-    sharing a server, a cluster or a module-wide fixture) run on one worker, one after the other.
-    A file or test named on the command line runs in this process, unless `-n N` says otherwise;
-    `-n 0` runs the whole suite here. Runs before xdist's own hook, which reads these options."""
+    extra), as if run with `-n auto --dist loadgroup`, the groups being GROUPS. A file or test
+    named on the command line runs in this process, unless `-n N` says otherwise; `-n 0` runs the
+    whole suite here. Runs before xdist's own hook, which reads these options."""
     if not config.pluginmanager.hasplugin("xdist") or hasattr(config, "workerinput"):
         return
     if config.option.numprocesses is None and config.args_source is pytest.Config.ArgsSource.TESTPATHS:
         config.option.numprocesses = "auto"
     if config.option.numprocesses and config.option.dist == "no":
         config.option.dist = "loadgroup"
-        config.option.loadscopereorder = False  # the order of pytest_collection_modifyitems below
+    config.option.loadscopereorder = False  # the groups in the order pytest_collection_modifyitems gives
 
 
-# The groups whose module-wide work takes longest, longest first: the workers start them before
-# anything else, so that none of them is left running alone at the end of the run. (The gpu-check
-# group alone takes about a third of the suite's time on one worker.)
-LONGEST_GROUPS = ("gpu-check", "ports", "site", "distill")
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """--dist loadgroup with GROUPS. (xdist 3.8's own reads `xdist_group` marks from suffixes it
+    appends to node ids, which pytest 9 no longer lets it change: every test would be its own group.)"""
+    if config.option.dist != "loadgroup":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class GroupScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return group_of(nodeid) or nodeid
+
+    return GroupScheduling(config, log)
 
 
 def pytest_collection_modifyitems(config, items):
-    """On xdist's workers (which must agree on the order): the tests of LONGEST_GROUPS first, then
-    the other grouped tests, then the rest, each in collection order."""
-    if not hasattr(config, "workerinput"):
-        return
-
-    def rank(item):
-        mark = item.get_closest_marker("xdist_group")
-        group = mark and (mark.args[0] if mark.args else mark.kwargs.get("name"))
-        return LONGEST_GROUPS.index(group) if group in LONGEST_GROUPS else len(LONGEST_GROUPS) + (group is None)
-
-    items.sort(key=rank)
+    """On xdist's workers (which must agree on the order): the groups first, in GROUP_ORDER, then
+    the other tests, each in collection order."""
+    if hasattr(config, "workerinput"):
+        items.sort(key=lambda item: GROUP_ORDER.index(group) if (group := group_of(item.nodeid)) else len(GROUP_ORDER))
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -211,7 +211,6 @@ def test_text_prompt_file_and_workers_give_the_same_images(reference, tmp_path):
 
 @pytest.mark.skipif(importlib.util.find_spec("ray") is None,
                     reason="needs the ray extra (pip install -e '.[ray]')")
-@pytest.mark.xdist_group("ray")  # a local cluster: one at a time, every such test on one worker (conftest.py)
 def test_ray_engine_writes_the_sha256s_of_the_local_engine(reference, tmp_path, monkeypatch):
     """Ray Data over 2 actors on a local cluster (started and stopped by the run; about 4 s),
     OMP_NUM_THREADS set to another count than --threads to show that the count given wins."""

@@ -23,9 +23,6 @@ from minit2i.training import distill  # noqa: E402  (needs torch)
 from minit2i.training.torch_model import mean_flow_forward as torch_mean_flow_forward  # noqa: E402
 from minit2i.training.torch_model import to_torch_tree  # noqa: E402
 
-# The module-wide teacher and distillation are trained once, on one worker (conftest.py).
-pytestmark = pytest.mark.xdist_group("distill")
-
 
 @pytest.fixture(scope="module")
 def teacher(tmp_path_factory):

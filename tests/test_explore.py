@@ -38,9 +38,6 @@ REQUEST = {"prompt": PROMPT, "model": "demo", "backend": "numpy", "seed": SEED, 
            "t_min": 0.2, "t_max": 0.8, "width": 64, "height": 64, "step": 3, "block": 2}
 
 needs_gradio = pytest.mark.skipif(not HAVE_GRADIO, reason=NO_GRADIO)
-# Its servers listen on probed free ports and its module-wide server starts once: one worker runs
-# every test of the "ports" group, one after another (conftest.py, docs/testing.md).
-pytestmark = pytest.mark.xdist_group("ports")
 
 
 def run(capsys, *args):

@@ -39,8 +39,6 @@ pytestmark = [
     pytest.mark.skipif(not (CHROMIUM.exists() and CHROMEDRIVER.exists()),
                        reason="the browser tests need Debian's chromium and chromium-driver packages "
                               "(apt-get install chromium chromium-driver)"),
-    # a server on a probed free port, as test_explore.py's: the same worker, one after another (conftest.py)
-    pytest.mark.xdist_group("ports"),
 ]
 
 

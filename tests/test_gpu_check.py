@@ -21,8 +21,6 @@ REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "scripts" / "gpu-check"
 MAX_FILES, MAX_FILE_BYTES = 5, 16 * 2**20
 PARTS = ("versions", "parity-bf16", "parity-fp16", "parity-fp32", "replay", "benchmark", "sanitizer", "profile")
-# The module-wide check (`report`, the suite's longest setup) runs once, on one worker (conftest.py).
-pytestmark = pytest.mark.xdist_group("gpu-check")
 
 
 @pytest.fixture(scope="module")

@@ -496,7 +496,6 @@ def test_info_online_says_what_would_be_downloaded_and_downloads_nothing(fake_hu
     assert not (tmp_path / "hf-hub" / f"models--{T5_REPO.replace('/', '--')}").exists()
 
 
-@pytest.mark.xdist_group("ports")  # a probed port nothing listens on: no server of test_explore*.py may take it
 def test_unknown_repo_and_unreachable_hub_are_one_line(fake_hub, tmp_path):
     result = run_cli(tmp_path, {"HF_ENDPOINT": fake_hub.url}, "generate", "-p", "a cat", "--model", "nobody/nothing")
     assert (result.returncode, result.stderr) == (2, (

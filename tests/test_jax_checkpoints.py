@@ -31,8 +31,6 @@ from minit2i.model_files import inspect_mmjit
 
 SMALL = ["-W", "64", "-H", "64", "--steps", "2", "-q"]
 BASE_SEEDS = {"params": 11, "0.9999": 12, "0.99995": 13}  # one set of weights per tree
-# The module-wide checkpoints are written once (by the official writer), on one worker (conftest.py).
-pytestmark = pytest.mark.xdist_group("jax-checkpoints")
 
 
 def needs_writer():

@@ -43,8 +43,6 @@ EXPECTED_KERNELS = {
 }
 # Stems not defined for every dtype: attention runs fp32 on CUDA cores, fp16 / bf16 on tensor cores.
 ONLY_SUFFIXES = {"flash_attention": ("f32",), "flash_attention_tc": ("f16", "bf16")}
-# The module-wide NVRTC and ptxas compilations run once, on one worker (conftest.py).
-pytestmark = pytest.mark.xdist_group("nvrtc")
 
 
 # Dynamic shared memory per block, at head_dim 64 (B/16, T5), for the occupancy column.

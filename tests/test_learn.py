@@ -20,8 +20,6 @@ torch = pytest.importorskip("torch", reason="training needs the [train] extra (t
 from minit2i.training import learn  # noqa: E402  (needs torch)
 
 SHORT = ["--eval-prompts", "2"]  # 2 held-in + 1 held-out prompt read back per snapshot
-# The module-wide short run trains once, on one worker (conftest.py).
-pytestmark = pytest.mark.xdist_group("learn")
 
 
 def run_learn(capsys, *argv) -> tuple[int, str, str]:

@@ -28,9 +28,6 @@ pytest.importorskip("material", reason=REASON)
 pytest.importorskip("pymdownx", reason=REASON)
 pytest.importorskip("latex2mathml", reason=REASON)
 
-# The module-wide site is built once, on one worker (conftest.py).
-pytestmark = pytest.mark.xdist_group("site")
-
 ROOT = Path(__file__).resolve().parent.parent
 KERNELS = ROOT / "accelerated" / "kernels"
 # What a copy of the repository needs to build the site: everything but the environment and caches.

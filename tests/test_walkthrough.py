@@ -22,8 +22,6 @@ SOURCE = ROOT / "notebooks" / "walkthrough.py"
 sys.path.insert(0, str(ROOT / "docsite"))  # the site's notebook runner, as when docsite/notebook_page.py runs
 notebook_page = importlib.import_module("notebook_page")
 execute = notebook_page.execute
-# The module-wide notebook run happens once, on one worker (conftest.py).
-pytestmark = pytest.mark.xdist_group("walkthrough")
 
 
 @pytest.fixture(scope="module")
