@@ -43,6 +43,7 @@ KERNEL_DIR = Path(__file__).parent / "kernels"
 SOURCES = ("rmsnorm.cu", "swiglu.cu", "rope.cu", "attention.cu", "attention_tc.cu", "sampler.cu")
 DTYPE_SUFFIXES = {"float32": "f32", "float16": "f16", "bfloat16": "bf16"}
 COMMON_HEADER = "common.cuh"
+PTX_HEADER = "ptx.cuh"  # mma.sync, ldmatrix, cp.async: the instruction on a GPU, its semantics on cudasim
 
 
 def _wmma_include() -> tuple[str, ...]:
@@ -175,14 +176,15 @@ def bfloat16_dtype():
 
 def kernel_source(source: str) -> str:
     """A .cu file as NVRTC compiles it: `KERNEL_CONSTANTS` as #defines, then the source with
-    common.cuh pasted in place of its #include.
+    common.cuh and ptx.cuh pasted in place of their #includes.
 
     CuPy's kernel cache is keyed by the source text, so the header and the constants must be
     part of that text (with -I, an edited header would silently reuse stale binaries).
     """
-    include = f'#include "{COMMON_HEADER}"'
     defines = "".join(f"#define {name} {value}\n" for name, value in KERNEL_CONSTANTS.items())
-    body = (KERNEL_DIR / source).read_text().replace(include, (KERNEL_DIR / COMMON_HEADER).read_text(), 1)
+    body = (KERNEL_DIR / source).read_text()
+    for header in (COMMON_HEADER, PTX_HEADER):
+        body = body.replace(f'#include "{header}"', (KERNEL_DIR / header).read_text(), 1)
     return defines + body
 
 
