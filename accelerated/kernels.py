@@ -71,7 +71,9 @@ HEAD_WARPS = 4  # qkv_heads: one warp per head vector, 4 per block
 ATTENTION_WARPS = 4  # attention.cu: 4 warps x 8 query rows per block
 ATTENTION_ROWS_PER_WARP = 8
 MMA_WARPS = 4  # attention_tc.cu: 16 query rows per warp (the m of mma.sync m16n8k16)
-MMA_KEY_TILE = 64  # attention_tc.cu: keys per double-buffered K/V tile
+# attention_tc.cu: keys per double-buffered K/V tile. 64 would halve the barriers but needs ~150
+# registers a thread (S is 16 x 64 fp32 per warp), so 3 blocks per SM instead of 4.
+MMA_KEY_TILE = 32
 KEY_TILE = 32  # attention.cu: keys staged in shared memory per step
 MAX_HEAD_DIM = 128
 KERNEL_CONSTANTS = {
@@ -86,8 +88,8 @@ KERNEL_CONSTANTS = {
     "MMA_WARPS": MMA_WARPS,
     "MMA_ROWS": MMA_WARPS * 16,
     "MMA_KEY_TILE": MMA_KEY_TILE,
-    # Resident blocks per SM the register budget is set for (__launch_bounds__): 4 x 40 KiB of
-    # shared memory and <= 128 registers a thread at Dh <= 64; 2 x 80 KiB at Dh <= 128.
+    # Resident blocks per SM the register budget is set for (__launch_bounds__): 4 x 24 KiB of
+    # shared memory and <= 128 registers a thread at Dh <= 64; 2 x 48 KiB at Dh <= 128.
     "MMA_MIN_BLOCKS_D64": 4,
     "MMA_MIN_BLOCKS_D128": 2,
     "MAX_PAIRS_PER_LANE": MAX_HEAD_DIM // 64,  # rope.cu: 32 lanes x 2 pairs x 2 values

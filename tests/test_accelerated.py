@@ -244,7 +244,7 @@ def test_tensor_core_attention_matches_softmax_attention(precision, batch, heads
                                                          mask_kind, seed):
     """fp16 / bf16 attention on tensor cores (attention_tc.cu: mma.sync, ldmatrix, cp.async)
     against float64 softmax attention, over drawn shapes: lengths that are not multiples of the
-    64-row and 64-key tiles (padded query rows, key columns past lk at -inf), 1-24 heads, head
+    64-row and 32-key tiles (padded query rows, key columns past lk at -inf), 1-24 heads, head
     dims 52 and 64 (zero-padded to 64), 16 and 128 (the d128 entry point), T5's position bias,
     a partly masked batch row, and ("all") batch row 0 with every key masked (every key at
     finfo.min: the reference and the kernel both average all values).
@@ -255,7 +255,7 @@ def test_tensor_core_attention_matches_softmax_attention(precision, batch, heads
     summed in fp32; the fp32 work is the fp32 kernel's (`attention_roundings`) with the scores
     in log2 units: scale log2(e) and bias log2(e) round twice more (5 score roundings, not 3;
     an error d in log2 units moves the weights by ln(2) d), exp2f errs by 2 ulp as expf does, and
-    tiles of 64 keys rescale half as often as the fp32 kernel's 32; doubled.
+    tiles of 32 keys rescale as often as the fp32 kernel's; doubled.
     """
     dtype, rng = dtype_for(precision), np.random.default_rng(seed)
     q, q64 = rounded(rng.standard_normal((batch, heads, lq, head_dim)), dtype)

@@ -750,7 +750,7 @@ def tensor_core_attention_args(length: int, head_dim: int = 16, seed: int = 0):
 def test_planted_missing_barrier_before_a_kv_buffer_is_refilled():
     """The tensor-core attention without the barrier that ends a key tile: a warp done with tile
     j issues the cp.async of tile j + 2 into the buffer other warps still read with ldmatrix.
-    Three tiles of keys (150 > 2 x 64), so a buffer is refilled; the detectors see the copy's
+    Three tiles of keys and more (150 > 2 x 32), so a buffer is refilled; the detectors see the copy's
     store (cudasim's cp.async marks its destination NaN at the issue) into K's first buffer (after
     Q's 64 x 64 x 2 = 8192 bytes) and the other warp's ldmatrix read unordered (ptx.cuh is pasted
     into the source, so both lines are its lines)."""

@@ -38,16 +38,18 @@ EXPECTED_KERNELS = {
     "swiglu.cu": {"swiglu": kernels.THREADS, "geglu": kernels.THREADS},
     "rope.cu": {"qkv_heads": kernels.HEAD_WARPS * 32},
     "attention.cu": {"flash_attention": kernels.ATTENTION_WARPS * 32},
-    "attention_tc.cu": {"flash_attention_tc": kernels.TC_WARPS * 32},
+    "attention_tc.cu": {"flash_attention_tc": kernels.MMA_WARPS * 32, "flash_attention_tc_d128": kernels.MMA_WARPS * 32},
     "sampler.cu": {"cfg_euler": kernels.THREADS, "euler_step": kernels.THREADS},
 }
 # Stems not defined for every dtype: attention runs fp32 on CUDA cores, fp16 / bf16 on tensor cores.
-ONLY_SUFFIXES = {"flash_attention": ("f32",), "flash_attention_tc": ("f16", "bf16")}
+ONLY_SUFFIXES = {"flash_attention": ("f32",), "flash_attention_tc": ("f16", "bf16"), "flash_attention_tc_d128": ("f16", "bf16")}
 
 
-# Dynamic shared memory per block, at head_dim 64 (B/16, T5), for the occupancy column.
+# Dynamic shared memory per block, at head_dim 64 (B/16, T5; 128 for the d128 entry point), for
+# the occupancy column.
 DYNAMIC_SHARED = {"flash_attention": kernels.attention_shared_bytes(64, np.float32),
-                  "flash_attention_tc": kernels.attention_shared_bytes(64, np.float16)}
+                  "flash_attention_tc": kernels.attention_shared_bytes(64, np.float16),
+                  "flash_attention_tc_d128": kernels.attention_shared_bytes(128, np.float16)}
 
 
 def suffixes(stem: str) -> tuple[str, ...]:
