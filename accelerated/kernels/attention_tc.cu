@@ -139,13 +139,21 @@ __device__ void attention_mma_impl(ATTENTION_PARAMS(T)) {
         }
 
         // 2. logits, the new running max of rows g (i = 0, 1) and g + 8 (i = 2, 3), over the quad
+        //    (uniform branches: MM-JiT's whole tiles take the first, a multiply per score)
+        if (!has_bias && !has_mask && (j + 1) * MMA_KEY_TILE <= lk) {
+            for (int n = 0; n < KEY_BLOCKS; ++n)
+                for (int i = 0; i < 4; ++i) s[n][i] *= scale_log2;
+        } else {
+            for (int n = 0; n < KEY_BLOCKS; ++n)
+                for (int i = 0; i < 4; ++i) {
+                    const int key = j * MMA_KEY_TILE + n * 8 + 2 * t + (i & 1);
+                    s[n][i] = attention_logit2(s[n][i], scale_log2, bias, key_mask, b, h, rows[i >> 1], key, lq, lk,
+                                               has_bias, has_mask);
+                }
+        }
         float tile_max[2] = {negative_infinity(), negative_infinity()};
         for (int n = 0; n < KEY_BLOCKS; ++n)
-            for (int i = 0; i < 4; ++i) {
-                const int r = i >> 1, key = j * MMA_KEY_TILE + n * 8 + 2 * t + (i & 1);
-                s[n][i] = attention_logit2(s[n][i], scale_log2, bias, key_mask, b, h, rows[r], key, lq, lk, has_bias, has_mask);
-                tile_max[r] = fmaxf(tile_max[r], s[n][i]);
-            }
+            for (int i = 0; i < 4; ++i) tile_max[i >> 1] = fmaxf(tile_max[i >> 1], s[n][i]);
         float correction[2];
         for (int r = 0; r < 2; ++r) {
             tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 1));
