@@ -44,24 +44,7 @@ SOURCES = ("rmsnorm.cu", "swiglu.cu", "rope.cu", "attention.cu", "attention_tc.c
 DTYPE_SUFFIXES = {"float32": "f32", "float16": "f16", "bfloat16": "bf16"}
 COMMON_HEADER = "common.cuh"
 PTX_HEADER = "ptx.cuh"  # mma.sync, ldmatrix, cp.async: the instruction on a GPU, its semantics on cudasim
-
-
-def _wmma_include() -> tuple[str, ...]:
-    """NVRTC's -I for crt/mma.h, which <mma.h> includes (attention_tc.cu).
-
-    A CUDA toolkit has it in the include folder CuPy already passes; a pip-only install (CUDA 12
-    or 13 wheels) has it only in the nvcc wheel's include folder, which is then added. Found with
-    cuda.pathfinder, as CuPy 14 finds its own headers.
-    """
-    try:
-        from cuda import pathfinder
-    except ImportError:  # no CuPy: nothing compiles through NVRTC here
-        return ()
-    include = pathfinder.find_nvidia_header_directory("nvcc")
-    return (f"-I{include}",) if include and (Path(include) / "crt" / "mma.h").exists() else ()
-
-
-NVRTC_OPTIONS = ("-std=c++17", *_wmma_include())
+NVRTC_OPTIONS = ("-std=c++17",)
 THREADS = 256  # rmsnorm, swiglu, sampler: any multiple of 32 up to 1024 works (blockDim-strided loops)
 HEAD_WARPS = 4  # qkv_heads: one warp per head vector, 4 per block
 
