@@ -301,15 +301,19 @@ def test_score_refuses_a_run_of_other_prompts(reference, capsys):
 
 
 def test_a_second_run_on_the_same_folder_is_refused_while_the_first_holds_it(reference):
-    from minit2i.batch.store import Store
+    """A driver holds an exclusive lock on its folder: a second run and an export are refused."""
+    from minit2i.batch.store import lock_folder
 
     prompts, out = reference
-    first = Store(out)
+    first = lock_folder(out, exclusive=True)
     try:
-        code, stdout, err = batch(prompts, "--out", out, "-n", "2")
+        run = batch(prompts, "--out", out, "-n", "2")
+        exported = batch("--out", out, "--export", "flat")
     finally:
-        first.close()
-    assert_one_line_error(code, stdout, err, "another batch run is writing")
+        os.close(first)
+    assert_one_line_error(*run, "another minit2i batch is writing or reading")
+    assert_one_line_error(*exported, "another minit2i batch is writing")
+    assert not (out / "flat").exists()
 
 
 @pytest.mark.parametrize("line", [b'{"index": "0", "k": 0, "prompt": "p", "seed": 1, "path": "x", "sha256": ""}\n',

@@ -37,21 +37,19 @@ from . import require_torch
 
 require_torch("learn")
 import dataclasses
-import io
 import os
 import re
 import sys
-import warnings
 from pathlib import Path
 
 import numpy as np
 import torch
-from PIL import Image, ImageDraw, UnidentifiedImageError
+from PIL import Image, ImageDraw
 
 from minit2i.console import OneLineParser, emit, guarded, printable
 from minit2i.core.checks import Range, file_kind, read_limited, shown, walk, writable_folder
 from minit2i.core.errors import MiniT2IError
-from minit2i.core.images import grid, save_png
+from minit2i.core.images import decode_png, grid, save_png
 
 from . import shapes
 from .ablations import POSITION_CHOICES, PREDICTIONS, AblationRun, Variant
@@ -194,20 +192,9 @@ def sample_sheet(rows: list[np.ndarray], labels: list[str]) -> np.ndarray:
 def read_row(path: Path, columns: int, image_size: int) -> np.ndarray:
     """A snapshot row this command wrote, checked to be one before it is decoded (a plain file of
     at most ROW_LIMIT bytes, a PNG of the row's size): uint8 [S, S * columns, 3]."""
-    fix = "delete it and run the same command again"
-    data = read_limited(path, "snapshot row", ROW_LIMIT)
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("error", Image.DecompressionBombWarning)
-            with Image.open(io.BytesIO(data), formats=["PNG"]) as png:
-                if png.size != (image_size * columns, image_size):
-                    raise MiniT2IError(f"{path} is {png.size[0]} x {png.size[1]} pixels, not a row of {columns} "
-                                       f"samples of {image_size} x {image_size}; {fix}")
-                return np.asarray(png.convert("RGB"))
-    except UnidentifiedImageError:
-        raise MiniT2IError(f"{path} is not a PNG image; {fix}") from None
-    except (OSError, SyntaxError, ValueError, Image.DecompressionBombError, Image.DecompressionBombWarning) as err:
-        raise MiniT2IError(f"{path} is not a PNG row this command wrote ({err}); {fix}") from None
+    data = read_limited(path, "snapshot row", ROW_LIMIT, follow_links=False)
+    return decode_png(data, path, "a PNG row this command wrote", (image_size * columns, image_size),
+                      "delete it and run the same command again")
 
 
 # ---------------------------------------------------------------------------------------------

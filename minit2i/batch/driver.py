@@ -19,11 +19,10 @@ from minit2i.core.images import png_bytes
 from minit2i.core.threads import check_threads, current_blas_threads
 
 from .prompts import metadata_line, read_prompts
-from .store import Store, differences
+from .store import IMAGES_PER_PROMPT, Store, differences
 from .worker import Job, Spec, numerical_setup
 
 ENGINES = ("local", "ray")
-IMAGES_PER_PROMPT = Range(1, 10_000)
 WORKERS = Range(1, 4096)
 # run.json's parts that must match for a run to continue an existing folder (the others, such as
 # the paths the model was read from, may change between runs).
@@ -55,52 +54,66 @@ def run_batch(prompt_file, out, spec: Spec, images_per_prompt: int = 1, seed: in
     from minit2i.api import check_call
     from minit2i.pipeline import REQUEST_RANGES, check_backend, check_memory, make_request, run_threads
 
-    check_options(images_per_prompt, engine, workers)
-    check_threads(spec.threads, "--threads")
+    check_options(images_per_prompt, engine, workers, spec.threads)
+    ray_address = check_engine(engine, ray_address)
     check_backend(spec.backend, spec.precision)
     prompt_path = user_path(prompt_file)
     prompts = read_prompts(prompt_path)
     count = len(prompts.prompts) * images_per_prompt
     given = check_call(prompts.prompts[0], generator=seed, **dict(spec.sampler))
     REQUEST_RANGES["seed"][1].check("the last image's seed, --seed + prompts x images per prompt - 1", seed + count - 1)
-    pipe = spec.open_pipeline()
+    # The driver reads configs and headers only: its thread count is the workers' (checked above,
+    # against the cluster's nodes for Ray), not this machine's.
+    pipe = dataclasses.replace(spec, threads=None).open_pipeline()
     request = make_request(pipe.files, prompts.prompts[0], given)
     if spec.backend == "numpy":
         check_memory(request, pipe.files)
     # One count for every worker, recorded: the one `generate` would choose (or the user's).
     spec = dataclasses.replace(spec, threads=run_threads(request, pipe.files, spec.threads)
                                or current_blas_threads() or 1)
-    store = Store(user_path(out))
+    record = run_record(spec, pipe.files, request, prompts.sha256, len(prompts.prompts), images_per_prompt, seed,
+                        prompt_path, command)
+    store = Store(user_path(out), record, COMPARED)
     try:
-        record = run_record(spec, pipe.files, request, prompts.sha256, len(prompts.prompts), images_per_prompt,
-                            seed, prompt_path, command)
-        store.check_run(record, COMPARED)
         done = store.done()
         jobs = [Job(i * images_per_prompt + k, i, k, text, seed + i * images_per_prompt + k)
                 for i, text in enumerate(prompts.prompts) for k in range(images_per_prompt)
                 if (i, k) not in done]
         note_unknown_words(pipe.files.tokenizer, prompts.prompts)
-        for index in dict.fromkeys(job.index for job in jobs):
-            store.write_metadata(index, metadata_line(prompts.metadata[index]))
         start = time.perf_counter()
-        draw(store, jobs, spec, record["numerical"], engine, workers, ray_address, count - len(jobs), count, progress)
+        draw(store, jobs, spec, record["numerical"], prompts.metadata, engine, workers, ray_address,
+             count - len(jobs), count, progress)
         return Summary(len(jobs), len(done), count, time.perf_counter() - start)
     finally:
         store.close()
 
 
-def check_options(images_per_prompt: int, engine: str, workers: int | None) -> None:
+def check_options(images_per_prompt: int, engine: str, workers: int | None, threads: int | None) -> None:
     IMAGES_PER_PROMPT.check("-n/--images-per-prompt", images_per_prompt)
     if engine not in ENGINES:
         raise MiniT2IError(f"--engine must be one of {', '.join(ENGINES)}, found {engine!r}")
     if workers is not None:
         WORKERS.check("--workers", workers)
+    # On Ray the count is each actor's, checked against the cluster's nodes (ray_engine.py).
+    check_threads(threads, "--threads", limit_to_cores=engine != "ray")
 
 
-def draw(store: Store, jobs: list[Job], spec: Spec, setup: dict, engine: str, workers: int | None,
-         ray_address: str | None, done: int, total: int, progress: bool) -> None:
+def check_engine(engine: str, address: str | None) -> str | None:
+    """For --engine ray, the cluster's address (`address`, else RAY_ADDRESS; None: a local
+    cluster), checked and answering (ray_engine.checked_address); None for the local engine."""
+    if engine != "ray":
+        return None
+    from .ray_engine import checked_address
+
+    return checked_address(address)
+
+
+def draw(store: Store, jobs: list[Job], spec: Spec, setup: dict, metadata: list[dict], engine: str,
+         workers: int | None, ray_address: str | None, done: int, total: int, progress: bool) -> None:
     """Run the engine over `jobs`; each image is encoded and written by the writer threads while
-    the engine draws on. Leaving early (an error, Ctrl-C, SIGTERM) lets the writes under way finish."""
+    the engine draws on, a prompt's folder and `metadata` line with its first image (a prompt file
+    of millions of lines starts drawing at once). Leaving early (an error, Ctrl-C, SIGTERM) lets
+    the writes under way finish."""
     from tqdm import tqdm
 
     if not jobs:
@@ -109,7 +122,7 @@ def draw(store: Store, jobs: list[Job], spec: Spec, setup: dict, engine: str, wo
     bar = tqdm(total=total, initial=done, unit="image", desc="images", disable=not progress, file=sys.stderr)
 
     def write(job: Job, pixels) -> None:
-        store.write_image(job.index, job.k, job.prompt, job.seed, png_bytes(pixels))
+        store.write_image(job.index, job.k, job.prompt, job.seed, png_bytes(pixels), metadata_line(metadata[job.index]))
         bar.update(1)
 
     pending: deque = deque()

@@ -9,17 +9,30 @@ manifest (store.py) is what a resumed run starts from. The cluster is the one RA
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import logging
+import os
+import re
+import socket
 from collections.abc import Iterator
 
 import numpy as np
 
+from minit2i.core.checks import shown
 from minit2i.core.errors import MiniT2IError
 
 from .worker import Job, Painter, Spec
 
 GPU_BACKENDS = ("cupy",)
+# A cluster's address as Ray takes it: its head's GCS (host:port, as `ray start --head` prints it)
+# or, with ray://, its client server (port 10001); "auto" a cluster started on this machine,
+# "local" a new one.
+ADDRESS = re.compile(r"(?P<scheme>ray://)?(?P<host>\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.-]{1,253}):(?P<port>[0-9]{1,5})")
+RAY_WORDS = ("auto", "local")
+# How long a cluster's address is given to answer (a TCP connection, then a gRPC handshake, each):
+# a head on the same network answers in milliseconds; Ray itself would wait for minutes.
+ANSWER_SECONDS = 10
 
 
 class RayPainter:
@@ -36,24 +49,79 @@ class RayPainter:
                 "setup": np.array([self.setup] * len(jobs))}
 
 
-def on_ray(jobs: list[Job], spec: Spec, workers: int | None, address: str | None) -> Iterator[tuple]:
-    """Each job drawn on the cluster by `workers` actors (default: as many as its CPUs hold at
-    `spec.threads` each, or one per GPU for a GPU backend)."""
+def checked_address(address: str | None) -> str | None:
+    """The cluster's address (`address`, else RAY_ADDRESS; None where neither is set: Ray starts a
+    local cluster), checked before Ray is started: Ray and its client installed, the address well
+    formed, and a named host answering within ANSWER_SECONDS (`check_answers`)."""
+    if importlib.util.find_spec("ray") is None or importlib.util.find_spec("grpc") is None:
+        raise MiniT2IError("--engine ray needs Ray and its client: pip install 'minit2i[ray]'")
+    name = "--ray-address"
+    if address is None:
+        name, address = "RAY_ADDRESS", os.environ.get("RAY_ADDRESS") or None
+        if address is None:
+            return None
+    if address in RAY_WORDS:
+        return address
+    form = ADDRESS.fullmatch(address)
+    if not form or not 1 <= int(form["port"]) <= 65535:
+        raise MiniT2IError(f"{name} {shown(address)} is not a Ray cluster's address; pass HOST:PORT (the head's "
+                           f"address that ray start --head prints), ray://HOST:10001 (its client server), or "
+                           f"{' or '.join(RAY_WORDS)}")
+    check_answers(form["host"].strip("[]"), int(form["port"]), f"{name} {address}")
+    return address
+
+
+def check_answers(host: str, port: int, named: str) -> None:
+    """The Ray head at `host`:`port` resolves, takes a TCP connection and completes a gRPC
+    handshake (its GCS and its client server both speak gRPC), each within ANSWER_SECONDS, and
+    Ctrl-C or SIGTERM ends the wait: otherwise one line. Ray's own connection, tried on an
+    address that does not answer, waits for minutes and ignores Ctrl-C."""
+    import grpc
+
+    fix = "start the cluster (ray start --head) or correct the address"
     try:
-        import ray
-        import ray.data
-    except ImportError:
-        raise MiniT2IError("--engine ray needs Ray: pip install 'minit2i[ray]'") from None
+        socket.create_connection((host, port), timeout=ANSWER_SECONDS).close()
+    except socket.gaierror as err:
+        raise MiniT2IError(f"{named}: cannot find the host {host} ({err.strerror}); {fix}") from None
+    except TimeoutError:
+        raise MiniT2IError(f"{named}: the Ray cluster does not answer (no connection within {ANSWER_SECONDS} s); "
+                           f"{fix}") from None
+    except OSError as err:
+        raise MiniT2IError(f"{named}: the Ray cluster does not answer ({err.strerror or err}); {fix}") from None
+    target = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    channel = grpc.insecure_channel(target)
+    try:
+        grpc.channel_ready_future(channel).result(timeout=ANSWER_SECONDS)
+    except grpc.FutureTimeoutError:
+        raise MiniT2IError(f"{named}: something takes connections there but does not answer as a Ray cluster "
+                           f"(no gRPC handshake within {ANSWER_SECONDS} s); {fix}") from None
+    finally:
+        channel.close()
+
+
+def on_ray(jobs: list[Job], spec: Spec, workers: int | None, address: str | None) -> Iterator[tuple]:
+    """Each job drawn on the cluster at `address` (checked by `checked_address`; None: a local
+    one, started here and stopped at the end) by `workers` actors (default: as many as its nodes
+    hold at `spec.threads` CPUs each, and one GPU each for a GPU backend)."""
+    import ray
+    import ray.data
+
     for name in ("ray", "ray.data"):  # its notes would break the driver's progress bar
         logging.getLogger(name).setLevel(logging.ERROR)
     started = not ray.is_initialized()
     if started:
-        ray.init(address=address, include_dashboard=False, log_to_driver=False, logging_level=logging.ERROR)
+        try:
+            ray.init(address=address, include_dashboard=False, log_to_driver=False, logging_level=logging.ERROR)
+        except (ConnectionError, ValueError, RuntimeError, TimeoutError) as err:
+            reason = " ".join(str(err).split())
+            raise MiniT2IError(f"cannot connect to the Ray cluster at {address or 'a local cluster'}: "
+                               f"{reason[:300]}; start it (ray start --head) or correct --ray-address") from None
     try:
         context = ray.data.DataContext.get_current()
         context.enable_progress_bars = False  # the driver's bar counts the images
         gpus = 1 if spec.backend in GPU_BACKENDS else 0
-        actors = workers or actor_count(ray.cluster_resources(), spec.threads, gpus)
+        nodes = [node["Resources"] for node in ray.nodes() if node.get("Alive")]
+        actors = actor_count(nodes, spec.threads, gpus, workers)
         rows = [{"number": j.number, "index": j.index, "k": j.k, "prompt": j.prompt, "seed": j.seed} for j in jobs]
         drawn = ray.data.from_items(rows, override_num_blocks=len(rows)).map_batches(
             RayPainter, fn_constructor_kwargs={"spec": spec}, batch_size=1,
@@ -69,14 +137,27 @@ def on_ray(jobs: list[Job], spec: Spec, workers: int | None, address: str | None
             ray.shutdown()
 
 
-def actor_count(resources: dict, threads: int, gpus: int) -> int:
-    """As many actors as the cluster holds: one per GPU for a GPU backend, else CPUs // threads."""
-    if gpus:
-        count = int(resources.get("GPU", 0))
-        if not count:
-            raise MiniT2IError("the Ray cluster has no GPU for --backend cupy; add a GPU node or use --backend numpy")
-        return count
-    return max(1, int(resources.get("CPU", 1) // threads))
+def actor_count(nodes: list[dict], threads: int, gpus: int, workers: int | None) -> int:
+    """The actors to start on a cluster whose live nodes have the resources `nodes` ({"CPU": 2.0,
+    "GPU": 1.0, ...} each), each actor asking for `threads` CPUs and `gpus` GPUs: `workers`, or
+    as many as the nodes hold. An actor no node can hold would wait for ever: refused in one
+    line, as are more `workers` than the nodes hold."""
+    def held(node: dict) -> int:
+        cpu_slots = int(node.get("CPU", 0) // threads)
+        return min(cpu_slots, int(node.get("GPU", 0) // gpus)) if gpus else cpu_slots
+
+    room = sum(held(node) for node in nodes)
+    if not room:
+        most = max((int(node.get("CPU", 0)) for node in nodes), default=0)
+        if gpus and not any(node.get("GPU", 0) for node in nodes):
+            raise MiniT2IError(f"the Ray cluster has no GPU for --backend {', '.join(GPU_BACKENDS)}; add a GPU node "
+                               "or use --backend numpy")
+        raise MiniT2IError(f"--threads {threads}: each actor asks for {threads} CPUs, and no node of the Ray cluster has "
+                           f"that many (the largest has {most}); pass --threads {max(most, 1)} or fewer")
+    if workers is not None and workers > room:
+        raise MiniT2IError(f"--workers {workers}: the Ray cluster's nodes hold {room} actors of {threads} CPUs"
+                           f"{' and 1 GPU' if gpus else ''} each; pass --workers {room} or fewer, or fewer --threads")
+    return workers or room
 
 
 def actor_error(err: BaseException) -> BaseException:
