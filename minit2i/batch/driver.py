@@ -3,6 +3,7 @@ draws. It alone writes to the run folder; the engine only computes."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import logging
@@ -73,19 +74,19 @@ def run_batch(prompt_file, out, spec: Spec, images_per_prompt: int = 1, seed: in
                                or current_blas_threads() or 1)
     record = run_record(spec, pipe.files, request, prompts.sha256, len(prompts.prompts), images_per_prompt, seed,
                         prompt_path, command)
-    store = Store(user_path(out), record, COMPARED)
-    try:
-        done = store.done()
-        jobs = [Job(i * images_per_prompt + k, i, k, text, seed + i * images_per_prompt + k)
-                for i, text in enumerate(prompts.prompts) for k in range(images_per_prompt)
-                if (i, k) not in done]
-        note_unknown_words(pipe.files.tokenizer, prompts.prompts)
-        start = time.perf_counter()
-        draw(store, jobs, spec, record["numerical"], prompts.metadata, engine, workers, ray_address,
-             count - len(jobs), count, progress)
-        return Summary(len(jobs), len(done), count, time.perf_counter() - start)
-    finally:
-        store.close()
+    with started_engine(engine, spec, workers, ray_address) as results_of:
+        store = Store(user_path(out), record, COMPARED)
+        try:
+            done = store.done()
+            jobs = [Job(i * images_per_prompt + k, i, k, text, seed + i * images_per_prompt + k)
+                    for i, text in enumerate(prompts.prompts) for k in range(images_per_prompt)
+                    if (i, k) not in done]
+            note_unknown_words(pipe.files.tokenizer, prompts.prompts)
+            start = time.perf_counter()
+            draw(store, jobs, results_of, record["numerical"], prompts.metadata, count - len(jobs), count, progress)
+            return Summary(len(jobs), len(done), count, time.perf_counter() - start)
+        finally:
+            store.close()
 
 
 def check_options(images_per_prompt: int, engine: str, workers: int | None, threads: int | None) -> None:
@@ -108,12 +109,12 @@ def check_engine(engine: str, address: str | None) -> str | None:
     return checked_address(address)
 
 
-def draw(store: Store, jobs: list[Job], spec: Spec, setup: dict, metadata: list[dict], engine: str,
-         workers: int | None, ray_address: str | None, done: int, total: int, progress: bool) -> None:
-    """Run the engine over `jobs`; each image is encoded and written by the writer threads while
-    the engine draws on, a prompt's folder and `metadata` line with its first image (a prompt file
-    of millions of lines starts drawing at once). Leaving early (an error, Ctrl-C, SIGTERM) lets
-    the writes under way finish."""
+def draw(store: Store, jobs: list[Job], results_of, setup: dict, metadata: list[dict], done: int, total: int,
+         progress: bool) -> None:
+    """Run the engine (`results_of(jobs)`, from `started_engine`) over `jobs`; each image is
+    encoded and written by the writer threads while the engine draws on, a prompt's folder and
+    `metadata` line with its first image (a prompt file of millions of lines starts drawing at
+    once). Leaving early (an error, Ctrl-C, SIGTERM) lets the writes under way finish."""
     from tqdm import tqdm
 
     if not jobs:
@@ -127,7 +128,7 @@ def draw(store: Store, jobs: list[Job], spec: Spec, setup: dict, metadata: list[
 
     pending: deque = deque()
     writer = ThreadPoolExecutor(WRITER_THREADS, thread_name_prefix="png-writer")
-    results = engine_results(jobs, spec, engine, workers, ray_address)
+    results = results_of(jobs)
     try:
         for number, pixels, worker_setup in results:
             if worker_setup != setup:
@@ -145,15 +146,20 @@ def draw(store: Store, jobs: list[Job], spec: Spec, setup: dict, metadata: list[
         future.result()
 
 
-def engine_results(jobs: list[Job], spec: Spec, engine: str, workers: int | None, ray_address: str | None):
-    """The engine's (job number, pixels, numerical setup) as jobs finish."""
+@contextlib.contextmanager
+def started_engine(engine: str, spec: Spec, workers: int | None, ray_address: str | None):
+    """The engine, ready -> a function of the jobs to its (job number, pixels, numerical setup)
+    as jobs finish. Ray's cluster is joined (or started) and its nodes checked to hold the actors
+    before the run folder is touched, and left at the end."""
     if engine == "ray":
-        from .ray_engine import on_ray
+        from .ray_engine import joined_cluster
 
-        return on_ray(jobs, spec, workers, ray_address)
+        with joined_cluster(spec, workers, ray_address) as on_cluster:
+            yield on_cluster
+        return
     from .engines import in_process, in_processes
 
-    return in_process(jobs, spec) if workers is None else in_processes(jobs, spec, workers)
+    yield (lambda jobs: in_process(jobs, spec)) if workers is None else (lambda jobs: in_processes(jobs, spec, workers))
 
 
 def run_record(spec: Spec, files, request, prompts_sha256: str, prompt_count: int, images_per_prompt: int,
