@@ -10,6 +10,7 @@ import re
 from collections import Counter
 from pathlib import Path
 
+from minit2i.core.checks import short_list
 from minit2i.core.errors import MiniT2IError
 from minit2i.core.images import grid, png_bytes, png_limit
 
@@ -25,12 +26,10 @@ PLAIN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,200}")
 
 def export(run: Run, kind: str) -> tuple[Path, int]:
     """Write the `kind` export (checked by `check_exports`) into DIR/<kind>/ -> (that folder, files written)."""
+    folder = plain_folder(run.root / kind, create=False)
     if kind == "dpg":
         check_exports(["dpg"], run.record["settings"]["images_per_prompt"])
-        names = item_names(run, complete_prompts(run))
-        folder = plain_folder(run.root / kind)
-        return folder, export_dpg(run, names, folder)
-    folder = plain_folder(run.root / kind)
+        return folder, export_dpg(run, item_names(run, complete_prompts(run)), folder)
     return folder, export_flat(run, folder)
 
 
@@ -60,11 +59,10 @@ def item_names(run: Run, indexes: list[int]) -> dict[int, str]:
     usable = {index: name for index, name in ids.items()
               if isinstance(name, str) and PLAIN_NAME.fullmatch(name) and not name.isdigit()}
     counts = Counter(name.casefold() for name in usable.values())
-    shared = sorted({name for name in usable.values() if counts[name.casefold()] > 1})
+    shared = sorted({name.casefold() for name in usable.values() if counts[name.casefold()] > 1})
     if shared:
-        logging.getLogger("minit2i").warning(
-            f"warning: {len(shared)} ids are shared by several prompts (the first, {shared[0]!r}): those grids are "
-            "named by their prompt's index")
+        logging.getLogger("minit2i").warning(f"warning: DPG grids named by their prompt's index where prompts share "
+                                             f"an id ({short_list([repr(name) for name in shared])})")
     return {index: usable[index] if index in usable and counts[usable[index].casefold()] == 1 else f"{index:05d}"
             for index in indexes}
 
@@ -74,7 +72,7 @@ def export_dpg(run: Run, names: dict[int, str], folder: Path) -> int:
     k order, each checked before it is decoded (`Run.image`)."""
     for index, name in names.items():
         tiles = [run.image(run.done[index, k])[1] for k in range(DPG_GRID**2)]
-        write_durably(folder / f"{name}.png", png_bytes(grid(tiles, DPG_GRID)))
+        write_durably(plain_folder(folder) / f"{name}.png", png_bytes(grid(tiles, DPG_GRID)))
     return len(names)
 
 
@@ -88,6 +86,7 @@ def export_flat(run: Run, folder: Path) -> int:
         size = os.lstat(source).st_size
         if size > limit:
             raise MiniT2IError(f"{source} is {size:,} bytes, more than an image of this run can be; {REDRAW}")
+        plain_folder(folder)
         if is_plain_file(target) and os.path.samefile(source, target):
             continue
         try:

@@ -97,18 +97,21 @@ def is_plain_file(path: Path) -> bool:
         return False
 
 
-def plain_folder(path: Path) -> Path:
-    """`path`, a folder of the run (created if missing): a link, a file or anything else there is
-    one line, so that nothing is written outside the run folder."""
+def plain_folder(path: Path, create: bool = True) -> Path:
+    """`path`, a folder of the run (created if missing and `create`): a link, a file or anything
+    else there is one line, so that nothing is written outside the run folder."""
     try:
-        path.mkdir()
-    except FileExistsError:
         mode = os.lstat(path).st_mode
-        if not stat.S_ISDIR(mode):
-            raise MiniT2IError(f"{path} is a {file_kind(mode)}, not a folder of the run; move it away and run the "
-                               "same command again") from None
-    except OSError as err:
-        raise MiniT2IError(f"cannot create {path}: {err.strerror}; fix the run folder's permissions") from None
+    except FileNotFoundError:
+        if create:
+            try:
+                path.mkdir()
+            except OSError as err:
+                raise MiniT2IError(f"cannot create {path}: {err.strerror}; fix the run folder's permissions") from None
+        return path
+    if not stat.S_ISDIR(mode):
+        raise MiniT2IError(f"{path} is a {file_kind(mode)}, not a folder of the run; move it away and run the same "
+                           "command again")
     return path
 
 
