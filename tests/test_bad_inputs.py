@@ -18,11 +18,13 @@ import io
 import json
 import os
 import shutil
+import signal
 import stat
 import struct
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import numpy as np
@@ -1965,3 +1967,55 @@ def test_actors_are_counted_against_the_nodes_that_must_hold_them():
         actor_count([two_cpus, two_cpus], 1, 0, 5)
     with pytest.raises(MiniT2IError, match="the Ray cluster has no GPU for --backend cupy"):
         actor_count([two_cpus], 1, 1, None)
+
+
+def batch_process(tmp_path: Path, address: str) -> subprocess.Popen:
+    """`minit2i batch` in a process of its own on the Ray engine, at `address`."""
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("a red circle\n")
+    environment = {key: value for key, value in os.environ.items() if key != "RAY_ADDRESS"}
+    return subprocess.Popen([sys.executable, "-m", "minit2i.cli", "batch", str(prompts), "--out", str(tmp_path / "run"),
+                             "--engine", "ray", "--ray-address", address, *EVAL_STEPS],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=environment)
+
+
+@needs_ray
+def test_a_ray_address_that_does_not_answer_is_one_line_within_30_seconds(tmp_path):
+    """Nothing listens at 127.0.0.1:1: Ray's own connection waited for as long as it was let run
+    (580 s seen). 30 s is the bound asked of it, against the 2-3 s the process needs to start."""
+    process = batch_process(tmp_path, "127.0.0.1:1")
+    _, err = process.communicate(timeout=30)
+    assert process.returncode == 2
+    assert err.decode().splitlines()[-1] == ("minit2i: error: --ray-address 127.0.0.1:1: the Ray cluster does not "
+                                             "answer (Connection refused); start the cluster (ray start --head) or "
+                                             "correct the address")
+    assert not (tmp_path / "run").exists()
+
+
+@needs_ray
+@pytest.mark.parametrize("signum, status, last", [(signal.SIGINT, 130, "minit2i: interrupted"),
+                                                  (signal.SIGTERM, 143, "minit2i: terminated"),
+                                                  (None, 2, "does not answer as a Ray cluster (no HTTP/2 settings "
+                                                            "within 10 s)")])
+def test_a_silent_ray_address_is_waited_for_a_bounded_time_and_ctrl_c_ends_the_wait(tmp_path, signum, status, last):
+    """Something takes connections and never answers (a listening socket nobody serves): the wait
+    for the cluster's answer ends at Ctrl-C (130) or SIGTERM (143), else after 10 s in one line;
+    Ray's own connection ignored both. The wait is reached when the command's connections are
+    taken (a hang guard of 60 s: the process starts in 2-3 s)."""
+    import socket
+
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(4)
+        silent.settimeout(60)
+        process = batch_process(tmp_path, f"127.0.0.1:{silent.getsockname()[1]}")
+        connection, _ = silent.accept()
+        with connection:
+            if signum is not None:
+                time.sleep(0.5)  # into the wait for an answer, which the connection just taken begins
+                process.send_signal(signum)
+            _, err = process.communicate(timeout=60)
+    assert process.returncode == status, err
+    assert "Traceback" not in err.decode()
+    assert last in err.decode().splitlines()[-1]
+    assert not (tmp_path / "run").exists()
