@@ -2019,3 +2019,93 @@ def test_a_silent_ray_address_is_waited_for_a_bounded_time_and_ctrl_c_ends_the_w
     assert "Traceback" not in err.decode()
     assert last in err.decode().splitlines()[-1]
     assert not (tmp_path / "run").exists()
+
+
+RUN_PARTS = ["run.json", "manifest.jsonl", "00001/metadata.jsonl", "00001/samples/0002.png", "00002", "dpg", "flat"]
+# What each command may write in the run folder (a rerun: anything).
+WRITTEN_BY = {"dpg": ("dpg",), "flat": ("flat",), "score": ("score.md", "score.json", "score-misses.png")}
+
+
+def damaged(path: Path, damage, outside: Path) -> None:
+    """`path` (a file or folder of the run) replaced by `damage`: a kind of FILE_KINDS, a link to
+    the file `outside`, or bytes."""
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    if isinstance(damage, bytes):
+        path.unlink(missing_ok=True)
+        path.write_bytes(damage)
+    elif damage == "a link outside":
+        path.unlink(missing_ok=True)
+        path.symlink_to(outside)
+    else:
+        _make_kind(path, damage)
+
+
+@FEW
+@given(part=st.sampled_from(RUN_PARTS), command=st.sampled_from(["rerun", "dpg", "flat", "score"]),
+       damage=st.one_of(st.sampled_from([*FILE_KINDS, "a link outside"]), st.binary(max_size=64)))
+def test_generated_run_folder_damage(scored_run, part, command, damage):
+    """Any file or folder of a finished run replaced by a FIFO, a folder, a link (broken, to a
+    device, to a file outside), an oversized, empty or arbitrary file, then the run continued,
+    exported or scored: done, or one line; nothing blocks, nothing outside the run folder changes,
+    and an export or score changes nothing in it but what it writes."""
+    with tempfile.TemporaryDirectory() as root:
+        run = run_copy(scored_run, Path(root))
+        outside = Path(root) / "outside.txt"
+        outside.write_bytes(b"a user's file")
+        damaged(run / part, damage, outside)
+        before = tree(run)
+        code, out, err = run_folder_outcome(run, command)
+        if command == "score" and code:
+            assert_score_error((code, out, err))
+        elif code:
+            assert_one_line_error(code, out, err)
+        assert outside.read_bytes() == b"a user's file"
+        if command != "rerun":
+            kept = {name: entry for name, entry in tree(run).items() if name.split("/")[0] not in WRITTEN_BY[command]}
+            assert kept == {name: entry for name, entry in before.items() if name.split("/")[0] not in WRITTEN_BY[command]}
+
+
+@FEW
+@given(ids=st.lists(st.one_of(json_values, st.sampled_from(["a", "A", "00001", "1", "x.y", "twin", "TWIN"])),
+                    min_size=3, max_size=3))
+def test_generated_dpg_item_ids(scored_run, ids):
+    """Any "id" in each prompt's metadata: one grid per prompt on disk, as many as reported."""
+    with tempfile.TemporaryDirectory() as root:
+        run = run_copy(scored_run, Path(root))
+        for index, name in enumerate(ids):
+            path = run / f"{index:05d}/metadata.jsonl"
+            path.write_text(json.dumps(json.loads(path.read_text()) | {"id": name}) + "\n")
+        code, out, err = run_cli("batch", "--out", run, "--export", "dpg")
+        assert code == 0, err
+        assert out.splitlines()[-1].endswith("dpg: 3 images")
+        assert len(list((run / "dpg").iterdir())) == 3
+
+
+# Addresses refused before Ray starts, on any machine: text, and hosts that do not resolve or are
+# this machine's at a port nothing listens on (1) or none can be. Only these: in a sandbox whose
+# network answers every outside address, Ray itself would be tried on the others.
+ray_addresses = st.one_of(st.text(max_size=24), st.builds(
+    "{}{}:{}".format, st.sampled_from(["", "ray://", "http://"]),
+    st.sampled_from(["127.0.0.1", "localhost", "[::1]", "::1", "nonsense.invalid", "", "-", "a b"]),
+    st.sampled_from(["1", "0", "65536", "99999", "", "x", "-1"])))
+
+
+@needs_ray
+@MANY
+@given(address=ray_addresses, flags=st.lists(st.sampled_from([["--threads", "0"], ["--threads", "4096"],
+                                                                ["--workers", "0"], ["--workers", "1"]]), max_size=2))
+def test_generated_ray_arguments(tmp_path, address, flags):
+    """Any --ray-address (none of Ray's words, which start a cluster), with any --threads and
+    --workers: one line before Ray starts, no run folder, nothing waited for (a hang guard: an
+    address answers or not within 10 s)."""
+    from hypothesis import assume
+
+    assume(address.strip() not in ("auto", "local"))
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("a red circle\n")
+    code, out, err = within(60, lambda: run_cli("batch", prompts, "--out", tmp_path / "run", "--engine", "ray",
+                                                 "--ray-address", address, *EVAL_STEPS,
+                                                 *[flag for pair in flags for flag in pair]))
+    assert_one_line_error(code, out, err)
+    assert not (tmp_path / "run").exists()

@@ -17,7 +17,9 @@ import json
 import logging
 import os
 import re
+import signal
 import socket
+import threading
 import warnings
 from collections.abc import Iterator
 
@@ -121,8 +123,13 @@ def joined_cluster(spec: Spec, workers: int | None, address: str | None):
         logging.getLogger(name).setLevel(logging.ERROR)
     started = not ray.is_initialized()
     if started:
+        # ray.init makes SIGTERM a bare sys.exit (a traceback from Ray's threads, no clean-up): the
+        # handler it found (the CLI's, which ends the run as Ctrl-C does) is put back.
+        terminate = signal.getsignal(signal.SIGTERM)
         try:
             ray.init(address=address, include_dashboard=False, log_to_driver=False, logging_level=logging.ERROR)
+            if threading.current_thread() is threading.main_thread():
+                signal.signal(signal.SIGTERM, terminate)
         except (ConnectionError, ValueError, RuntimeError, TimeoutError) as err:
             reason = " ".join(str(err).split())
             raise MiniT2IError(f"cannot join the Ray cluster at {address or 'this machine'}: {reason[:300]}; check that "
