@@ -503,7 +503,7 @@ def compare_section(gr, models: Models, default: str, kept, runs, form: list) ->
     def compare(prompt, model_a, backend_name, seed, steps_a, guidance_a, t_min, t_max, width, height, model_b,
                 steps_b, guidance_b, session, progress=gr.Progress()):  # noqa: B008 (as generate's)
         """Nothing new on the page after each sampling step, then both sides (as generate)."""
-        shown = []
+        shown, sides = [], []
         try:
             seed, width, height = whole(seed), whole(width), whole(height)
             for name, steps, guidance in ((model_a, whole(steps_a), guidance_a), (model_b, whole(steps_b), guidance_b)):
@@ -512,6 +512,9 @@ def compare_section(gr, models: Models, default: str, kept, runs, form: list) ->
                     else None
                 settings = {"seed": seed, "steps": steps, "guidance_scale": guidance, "width": width,
                             "height": height, "step": FIRST, "block": FIRST, "interval": interval}
+                run_request(models, name, backend_name, PRECISION, prompt, **settings)  # both checked before either runs
+                sides.append((name, steps, settings))
+            for name, steps, settings in sides:
                 finished = yield from sampled(
                     lambda on_step, name=name, settings=settings: sample_run(models, name, backend_name, PRECISION,
                                                                              on_step, prompt, **settings),

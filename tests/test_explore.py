@@ -177,6 +177,15 @@ def test_compare_shows_both_settings_of_one_prompt_and_seed(client, tmp_path):
     np.testing.assert_array_equal(read_pixels(image_b), generated_pixels(tmp_path, "demo-mf", 4, 2.0))
 
 
+def test_compare_checks_the_right_side_before_sampling_the_left(client):
+    """The right side's settings were checked only after the left side had been sampled (one
+    update of the page a step); now a bad right side is the first and only answer."""
+    job = client.submit(*list(REQUEST.values())[:10], "demo-mf", 0, 2.0, api_name="/compare")
+    status = job.result(timeout=REQUEST_LIMIT_S)[0]
+    assert "must be an integer in [1, 10000], found 0" in status
+    assert len(job.outputs()) == 1
+
+
 def test_student_with_its_interval_draws_generates_pixels(client, tmp_path):
     t_min, t_max = sampling_defaults(open_model(*demo_model("demo-mf")[:2]))["guidance_interval"]
     status, image, *_ = ask(client, model="demo-mf", steps=4, guidance=3.0, t_min=t_min, t_max=t_max, step=1)
