@@ -147,7 +147,9 @@ def check_port(host: str, port: int) -> None:
         with socket.create_server((host, port)):
             pass
     except OSError as err:
-        reason = os.strerror(err.errno) if err.errno else err  # without the address, which the line names already
+        # Without the address, which the line names already; a name that does not resolve has the
+        # resolver's own text (os.strerror of its code is "Unknown error -2").
+        reason = err.strerror if isinstance(err, socket.gaierror) else os.strerror(err.errno) if err.errno else err
         raise MiniT2IError(f"cannot serve on {host}:{port} ({reason}); pass another --port or --host") from None
 
 

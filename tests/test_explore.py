@@ -58,6 +58,15 @@ def test_without_gradio_one_line_names_the_extra(capsys, monkeypatch):
 
 
 @needs_gradio
+def test_a_host_that_is_no_address_is_one_line_saying_why(capsys):
+    """--host 999.1.1.1 said "Unknown error -2" (os.strerror of the resolver's own error code)."""
+    code, err = run(capsys, "--host", "999.1.1.1")
+    assert code == 2
+    assert err.startswith("minit2i: error: cannot serve on 999.1.1.1:7860 (") and "Unknown error" not in err
+    assert err.endswith("); pass another --port or --host\n")
+
+
+@needs_gradio
 def test_taken_port_is_one_line(capsys):
     with socket.create_server(("127.0.0.1", 0)) as taken:
         port = taken.getsockname()[1]
