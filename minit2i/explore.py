@@ -144,12 +144,13 @@ def check_port(host: str, port: int) -> None:
     if not 1 <= port <= 65535:
         raise MiniT2IError(f"--port {port} is not a port; use one in 1..65535, e.g. --port {DEFAULT_PORT}")
     try:
+        socket.getaddrinfo(host, port)  # create_server would say "Unknown error -2" of a name that does not resolve
         with socket.create_server((host, port)):
             pass
+    except socket.gaierror as err:
+        raise MiniT2IError(f"cannot serve on {host}:{port} ({err.strerror}); pass another --host") from None
     except OSError as err:
-        # Without the address, which the line names already; a name that does not resolve has the
-        # resolver's own text (os.strerror of its code is "Unknown error -2").
-        reason = err.strerror if isinstance(err, socket.gaierror) else os.strerror(err.errno) if err.errno else err
+        reason = os.strerror(err.errno) if err.errno else err  # without the address, which the line names already
         raise MiniT2IError(f"cannot serve on {host}:{port} ({reason}); pass another --port or --host") from None
 
 

@@ -63,7 +63,7 @@ def test_a_host_that_is_no_address_is_one_line_saying_why(capsys):
     code, err = run(capsys, "--host", "999.1.1.1")
     assert code == 2
     assert err.startswith("minit2i: error: cannot serve on 999.1.1.1:7860 (") and "Unknown error" not in err
-    assert err.endswith("); pass another --port or --host\n")
+    assert err.endswith("); pass another --host\n")
 
 
 @needs_gradio
