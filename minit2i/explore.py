@@ -43,6 +43,7 @@ from .explore_tutor import (
     CONCEPTS_ROUTE,
     FIRST,
     KEPT_FOR_S,
+    KEPT_RUNS,
     Kept,
     compare_label,
     concepts_markdown,
@@ -223,7 +224,8 @@ def settings_for(models: Models, name: str) -> dict:
 
 def look(models: Models, name: str, backend: str, on_step, prompt: str, **settings):
     """A finished run on the cached model, looked at its `step` and `block` (numbered from 1)."""
-    kept = Kept(sample_run(models, name, backend, PRECISION, on_step, prompt, **settings), name, backend, 1)
+    kept = Kept(KEPT_RUNS.keep(sample_run(models, name, backend, PRECISION, on_step, prompt, **settings)), name, backend,
+                1)
     return look_again(models, kept, settings["step"], settings["block"])
 
 
@@ -420,7 +422,7 @@ def build_page(gradio, models: Models, default: str, pictures: Path | None = Non
                 finished = yield from sampled(
                     lambda on_step: sample_run(models, model_name, backend_name, PRECISION, on_step, prompt, **settings),
                     progress, settings["steps"], "sampling", [gr.skip()] * 13)
-                session = Kept(finished, model_name, backend_name, session.sampling_runs + 1)
+                session = Kept(KEPT_RUNS.keep(finished), model_name, backend_name, session.sampling_runs + 1)
                 insides = look_again(models, session, settings["step"], settings["block"])
             except Exception as err:  # noqa: BLE001 (nothing may escape to Gradio: one line, error_status)
                 yield [error_status(err)] + [gr.skip()] * 12
@@ -522,7 +524,7 @@ def compare_section(gr, models: Models, default: str, kept, runs, form: list) ->
                     lambda on_step, name=name, settings=settings: sample_run(models, name, backend_name, PRECISION,
                                                                              on_step, prompt, **settings),
                     progress, steps, f"sampling {name}", [gr.skip()] * 9)
-                session = Kept(session.run, session.model, session.backend, session.sampling_runs + 1)
+                session = Kept(session.key, session.model, session.backend, session.sampling_runs + 1)
                 result = finished.result
                 shown += [compare_label(name, finished.request, sum(result.step_times)), result.pixels[0],
                           [(x0, f"step {i + FIRST}") for i, x0 in enumerate(finished_x0_pixels(finished))]]

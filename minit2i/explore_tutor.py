@@ -11,13 +11,16 @@ the walkthrough; `insides` counts from 0, as the code does.
 from __future__ import annotations
 
 import base64
+import itertools
 import re
+import threading
+from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 
 from minit2i.core.errors import MiniT2IError
 
-from .insides import FinishedRun, Insides, check_kept_size, check_position, inside_request, look_at, sample_and_keep
+from .insides import KEPT_RUN_LIMIT, FinishedRun, Insides, check_kept_size, check_position, inside_request, look_at, sample_and_keep
 from .pipeline import Request, check_backend
 
 # The page's numbers for steps and blocks start here (the docs' convention).
@@ -102,15 +105,53 @@ def look_for(panel: str) -> str:
     return f"{line} ({concept_link(section, f'concepts {section}')})"
 
 
+class KeptRuns:
+    """The finished runs the sessions of one server keep, oldest first, under `limit` bytes in all:
+    keeping one more lets go of the oldest (whose session, asked for another step, is told to
+    generate again). A session's state holds only its run's key, so that a run is freed here
+    whether or not Gradio still holds the session."""
+
+    def __init__(self, limit: int):
+        self.limit = limit
+        self.runs: OrderedDict[int, FinishedRun] = OrderedDict()
+        self.keys = itertools.count()
+        self.lock = threading.Lock()  # Gradio answers requests in several threads
+
+    def keep(self, run: FinishedRun) -> int:
+        """Keep `run` -> its key."""
+        with self.lock:
+            key = next(self.keys)
+            self.runs[key] = run
+            while len(self.runs) > 1 and sum(kept.states.nbytes + kept.x0s.nbytes
+                                             for kept in self.runs.values()) > self.limit:
+                self.runs.popitem(last=False)
+            return key
+
+    def get(self, key: int | None) -> FinishedRun | None:
+        with self.lock:
+            return self.runs.get(key)
+
+
+# Every session may keep a run of up to KEPT_RUN_LIMIT for KEPT_FOR_S: 50 sessions of one server held
+# over 12 GiB for an hour. All of a server's sessions together keep at most this much.
+SERVER_KEPT_LIMIT = 4 * KEPT_RUN_LIMIT
+KEPT_RUNS = KeptRuns(SERVER_KEPT_LIMIT)
+
+
 @dataclass
 class Kept:
-    """What one browser session keeps: its last finished run (what the step and block selectors
-    look at) and how many sampling runs it has asked for."""
+    """What one browser session keeps: the key of its last finished run in KEPT_RUNS (what the
+    step and block selectors look at) and how many sampling runs it has asked for."""
 
-    run: FinishedRun | None = None
+    key: int | None = None
     model: str = ""
     backend: str = ""
     sampling_runs: int = 0
+
+    @property
+    def run(self) -> FinishedRun | None:
+        """The session's last finished run, None if there is none or the server has let it go."""
+        return KEPT_RUNS.get(self.key)
 
     def runs_line(self) -> str:
         return f"sampling runs on this page: {self.sampling_runs}"
@@ -140,7 +181,8 @@ def sample_run(models, name: str, backend: str, precision: str, on_step, prompt:
 def look_again(models, kept: Kept, step: int, block: int) -> Insides:
     """The kept run at the page's `step` and `block` (from 1): two forwards of the reference, no sampling."""
     if kept.run is None:
-        raise MiniT2IError("there is no finished run to look at yet; press Generate first")
+        raise MiniT2IError("there is no finished run to look at (none yet, or the server let it go to make room for "
+                           "other sessions' runs); press Generate")
     reference = models.pipeline(kept.model, "numpy")
     check_position(step, kept.run.request.steps, "step", "the run's steps", first=FIRST)
     check_position(block, reference.model.mmjit.config.depth_double, "block", "the model's double blocks",

@@ -30,7 +30,9 @@ from explore_server import (
 
 from minit2i.cli import build_parser, main
 from minit2i.demo_models import demo_model
+from minit2i.core.errors import MiniT2IError
 from minit2i.explore import DEFAULT_HOST, MAP_PATCH_PIXELS, Models, heat_maps, look, model_sources
+from minit2i.explore_tutor import Kept, KeptRuns, look_again
 from minit2i.pipeline import open_model, sampling_defaults
 
 # The page's other inputs, in the order of its generate endpoint; the demo model's guidance.
@@ -43,6 +45,25 @@ needs_gradio = pytest.mark.skipif(not HAVE_GRADIO, reason=NO_GRADIO)
 def run(capsys, *args):
     code = main(["explore", *args])
     return code, capsys.readouterr().err
+
+
+def test_a_server_keeps_its_sessions_runs_within_one_bound():
+    """Each session kept a run of up to 256 MiB for an hour and nothing bounded them together (50
+    sessions could hold over 12 GiB): keeping one more run lets go of the oldest past the bound,
+    and its session is told in one line to generate again."""
+    from types import SimpleNamespace
+
+    def run():  # what a kept run's size is made of: 600 + 400 bytes
+        return SimpleNamespace(states=np.zeros(600, np.uint8), x0s=np.zeros(400, np.uint8))
+
+    runs = KeptRuns(limit=3000)
+    keys = [runs.keep(run()) for _ in range(4)]
+    assert [runs.get(key) is not None for key in keys] == [False, True, True, True]
+    alone = KeptRuns(limit=10)
+    assert alone.get(alone.keep(run())) is not None  # the newest run is kept even when it alone is over
+    with pytest.raises(MiniT2IError, match=r"^there is no finished run to look at \(none yet, or the server let it "
+                                           r"go to make room for other sessions' runs\); press Generate$"):
+        look_again(None, Kept(key=-1), 1, 1)
 
 
 def test_binds_this_machine_only_by_default():
