@@ -36,6 +36,20 @@ def shown(value) -> str:
 
 
 
+def differences(recorded: dict, wanted: dict, prefix: str = "") -> list[str]:
+    """'key: recorded -> wanted' for each leaf where two nested dicts differ (keys as a.b.c), in
+    the order of `wanted`'s keys."""
+    found = []
+    for key in [*wanted, *(key for key in recorded if key not in wanted)]:
+        a, b = recorded.get(key), wanted.get(key)
+        name = f"{prefix}{key}"
+        if isinstance(a, dict) and isinstance(b, dict):
+            found += differences(a, b, name + ".")
+        elif a != b:
+            found.append(f"{name} {json.dumps(a)} -> {json.dumps(b)}")
+    return found
+
+
 def short_list(items: list[str], limit: int = 6) -> str:
     """The first `limit` items, comma-separated, and how many more there are."""
     text = ", ".join(items[:limit])

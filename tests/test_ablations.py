@@ -118,11 +118,16 @@ def test_a_run_resumes_only_with_the_switches_that_started_it(tmp_path, capsys):
     assert run_learn("--out", folder, "--steps", 1, "--eval-prompts", 2, "--predict", "noise")[0] == 0
     before = (folder / "checkpoint.safetensors").read_bytes()
     capsys.readouterr()
-    for other in (["--predict", "velocity"], ["--predict", "noise", "--caption-drop", "0.2"],
-                  ["--predict", "noise", "--patch", "8"], ["--predict", "noise", "--bottleneck", "48"]):
+    for other, changed in ((["--predict", "velocity"], '--predict (variant.predict "noise" -> "velocity")'),
+                           (["--predict", "noise", "--caption-drop", "0.2"], "--caption-drop (recipe.caption_drop 0.1 -> 0.2)"),
+                           (["--predict", "noise", "--patch", "8"], "--patch (mmjit.patch_size 4 -> 8)"),
+                           (["--predict", "noise", "--bottleneck", "48"], "--bottleneck (mmjit.pca_channels 16 -> 48)"),
+                           ([], '--predict (variant.predict "noise" -> "x0")')):
         code, _ = run_learn("--out", folder, "--steps", 2, "--eval-prompts", 2, *other)
         err = capsys.readouterr().err
-        assert code == 2 and err.count("\n") == 1 and "was made with other settings" in err, err
+        assert code == 2 and err.count("\n") == 1, err
+        assert f"was made with other settings: {changed}; resume with the settings it was made with, or use " \
+               "another --out folder" in err, err
     assert (folder / "checkpoint.safetensors").read_bytes() == before
 
 

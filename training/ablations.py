@@ -62,6 +62,10 @@ class AblationRun(Run):
     """A train.Run whose network follows `variant`; a variant other than the model's is part of
     the checkpoint's identity, so a run resumes only with the switches that started it."""
 
+    FOLDER_FLAG = "--out"  # learn's
+    SWITCHES = {"recipe.caption_drop": "--caption-drop", "mmjit.patch_size": "--patch",
+                "mmjit.pca_channels": "--bottleneck", "variant.predict": "--predict", "variant.positions": "--positions"}
+
     def __init__(self, folder: Path, recipe: Recipe, mmjit: MMJiTConfig, t5: T5Config, variant: Variant):
         self.variant = variant
         super().__init__(folder, recipe, mmjit, t5)
@@ -69,6 +73,11 @@ class AblationRun(Run):
     def identity(self) -> dict:
         variant = {} if self.variant.is_the_model else {"variant": dataclasses.asdict(self.variant)}
         return super().identity() | variant
+
+    def changed_setting(self, recorded: dict, wanted: dict) -> str:
+        """As Run's, the model's own variant (left out of an identity) filled in on both sides."""
+        model = {"variant": dataclasses.asdict(Variant())}
+        return super().changed_setting(model | recorded, model | wanted)
 
     def predict_x0(self, mmjit_params, x_t, t, context, mask):
         """x0 [B, C, H, W] from the variant's network at (x_t, t); t as in `x0_from`."""

@@ -14,13 +14,13 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timezone
 from pathlib import Path
 
-from minit2i.core.checks import Range, user_path, walk
+from minit2i.core.checks import Range, differences, user_path, walk
 from minit2i.core.errors import MiniT2IError
 from minit2i.core.images import png_bytes
 from minit2i.core.threads import check_threads, current_blas_threads
 
 from .prompts import metadata_line, read_prompts
-from .store import IMAGES_PER_PROMPT, Store, differences
+from .store import IMAGES_PER_PROMPT, Store
 from .worker import Job, Spec, numerical_setup
 
 ENGINES = ("local", "ray")

@@ -32,7 +32,7 @@ from pathlib import Path
 
 import numpy as np
 
-from minit2i.core.checks import Range, created_folder, file_kind, open_checked, parse_json, read_limited, shown
+from minit2i.core.checks import Range, created_folder, differences, file_kind, open_checked, parse_json, read_limited, shown
 from minit2i.core.errors import MiniT2IError
 from minit2i.core.files import write_temporary
 from minit2i.core.images import decode_png, png_limit
@@ -140,20 +140,6 @@ def image_size(record: dict) -> tuple[int, int]:
     """(width, height) of the images of a run, from its checked run.json."""
     sampler = record["settings"]["sampler"]
     return sampler["width"], sampler["height"]
-
-
-def differences(recorded: dict, wanted: dict, prefix: str = "") -> list[str]:
-    """'key: recorded -> wanted' for each leaf where two nested dicts differ (keys as a.b.c), in
-    the order of `wanted`'s keys."""
-    found = []
-    for key in [*wanted, *(key for key in recorded if key not in wanted)]:
-        a, b = recorded.get(key), wanted.get(key)
-        name = f"{prefix}{key}"
-        if isinstance(a, dict) and isinstance(b, dict):
-            found += differences(a, b, name + ".")
-        elif a != b:
-            found.append(f"{name} {json.dumps(a)} -> {json.dumps(b)}")
-    return found
 
 
 def lock_folder(root: Path, exclusive: bool) -> int:
