@@ -2109,3 +2109,21 @@ def test_generated_ray_arguments(tmp_path, address, flags):
                                                  *[flag for pair in flags for flag in pair]))
     assert_one_line_error(code, out, err)
     assert not (tmp_path / "run").exists()
+
+
+@needs_ray
+def test_a_cluster_gone_without_ray_stop_is_one_line(tmp_path, monkeypatch):
+    """Without an address Ray joins the cluster `ray start` last started on this machine, from the
+    address it keeps in a file: one stopped without `ray stop` left the run waiting for minutes."""
+    import ray._private.utils
+
+    address_file = tmp_path / "ray_current_cluster"
+    address_file.write_text("127.0.0.1:1")
+    monkeypatch.setattr(ray._private.utils, "get_ray_address_file", lambda temp_dir: str(address_file))
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("a red circle\n")
+    outcome = within(60, lambda: run_cli("batch", prompts, "--out", tmp_path / "run", "--engine", "ray", *EVAL_STEPS))
+    assert_one_line_error(*outcome, f'the Ray cluster last started on this machine ({address_file}: "127.0.0.1:1"): '
+                                    "the Ray cluster does not answer (Connection refused); start it again")
+    assert not (tmp_path / "run").exists()

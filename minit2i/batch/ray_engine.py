@@ -22,9 +22,11 @@ import socket
 import threading
 import warnings
 from collections.abc import Iterator
+from pathlib import Path
 
 import numpy as np
 
+from minit2i.core.checks import read_limited
 from minit2i.core.errors import MiniT2IError
 
 from .worker import Job, Painter, Spec
@@ -39,6 +41,9 @@ RAY_WORDS = ("auto", "local")
 HTTP2_OPENING = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes([0, 0, 0, 4, 0, 0, 0, 0, 0])
 HTTP2_FRAME_HEADER = 9
 HTTP2_SETTINGS = 4
+ADDRESS_FILE_LIMIT = 4096  # Ray's file of the last cluster's address: one HOST:PORT
+LAST_CLUSTER_FIX = ("start it again (ray start --head), or stop what is left of it (ray stop) to have a local cluster "
+                    "started for the run, or pass --ray-address")
 # How long a cluster's address is given to answer (a TCP connection, then a gRPC handshake, each):
 # a head on the same network answers in milliseconds; Ray itself would wait for minutes.
 ANSWER_SECONDS = 10
@@ -69,9 +74,9 @@ def checked_address(address: str | None) -> str | None:
     name = "--ray-address"
     if address is None:
         name, address = "RAY_ADDRESS", os.environ.get("RAY_ADDRESS") or None
-        if address is None:
-            return None
-    if address in RAY_WORDS:
+    if address in (None, "auto"):
+        check_last_cluster()
+    if address is None or address in RAY_WORDS:
         return address
     if address.startswith("ray://"):
         raise MiniT2IError(f"{name} {json.dumps(address)} is a Ray Client address, and Ray Data, which --engine ray runs "
@@ -85,12 +90,30 @@ def checked_address(address: str | None) -> str | None:
     return address
 
 
-def check_answers(host: str, port: int, named: str) -> None:
+def check_last_cluster() -> None:
+    """Without an address (or with "auto") Ray joins the cluster `ray start` last started on this
+    machine, whose address it keeps in a file (Ray 2.60's, found with its own function), and
+    waits for minutes if that cluster is gone without `ray stop`: it must answer as an address
+    given does."""
+    from ray._private.utils import get_ray_address_file
+
+    path = Path(get_ray_address_file(None))
+    if not path.exists():
+        return
+    address = read_limited(path, "Ray's address file", ADDRESS_FILE_LIMIT).decode("utf-8", "replace").strip()
+    form = ADDRESS.fullmatch(address)
+    named = f"the Ray cluster last started on this machine ({path}: {json.dumps(address)})"
+    if not form:
+        raise MiniT2IError(f"{named} is not an address; {LAST_CLUSTER_FIX}")
+    check_answers(form["host"].strip("[]"), int(form["port"]), named, LAST_CLUSTER_FIX)
+
+
+def check_answers(host: str, port: int, named: str,
+                  fix: str = "start the cluster (ray start --head) or correct the address") -> None:
     """The Ray head at `host`:`port` resolves, takes a TCP connection and answers the opening of
     an HTTP/2 connection with its settings, as the gRPC server of its GCS does, each within
     ANSWER_SECONDS, and Ctrl-C or SIGTERM ends the wait: otherwise one line. Ray's own
     connection, tried on an address that does not answer, waits for minutes and ignores Ctrl-C."""
-    fix = "start the cluster (ray start --head) or correct the address"
     try:
         connection = socket.create_connection((host, port), timeout=ANSWER_SECONDS)
     except socket.gaierror as err:
