@@ -141,6 +141,7 @@ def joined_cluster(spec: Spec, workers: int | None, address: str | None):
     hold counted (`actor_count`), before the run folder is touched -> a function of the jobs to
     their (number, pixels, numerical setup) as the actors draw them (`on_ray`)."""
     import ray
+    import ray.data  # before the loggers' levels are set: importing it sets its own
 
     for name in ("ray", "ray.data"):  # its notes would break the driver's progress bar
         logging.getLogger(name).setLevel(logging.ERROR)
