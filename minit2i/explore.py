@@ -224,8 +224,8 @@ def settings_for(models: Models, name: str) -> dict:
 
 def look(models: Models, name: str, backend: str, on_step, prompt: str, **settings):
     """A finished run on the cached model, looked at its `step` and `block` (numbered from 1)."""
-    kept = Kept(KEPT_RUNS.keep(sample_run(models, name, backend, PRECISION, on_step, prompt, **settings)), name, backend,
-                1)
+    finished = sample_run(models, name, backend, PRECISION, on_step, prompt, **settings)
+    kept = Kept(KEPT_RUNS.keep(finished), name, backend, 1)
     return look_again(models, kept, settings["step"], settings["block"])
 
 
@@ -517,7 +517,8 @@ def compare_section(gr, models: Models, default: str, kept, runs, form: list) ->
                     else None
                 settings = {"seed": seed, "steps": steps, "guidance_scale": guidance, "width": width,
                             "height": height, "step": FIRST, "block": FIRST, "interval": interval}
-                run_request(models, name, backend_name, PRECISION, prompt, **settings)  # both checked before either runs
+                # Both sides are checked before either is sampled.
+                run_request(models, name, backend_name, PRECISION, prompt, **settings)
                 sides.append((name, steps, settings))
             for name, steps, settings in sides:
                 finished = yield from sampled(

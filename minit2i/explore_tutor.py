@@ -20,7 +20,8 @@ from pathlib import Path
 
 from minit2i.core.errors import MiniT2IError
 
-from .insides import KEPT_RUN_LIMIT, FinishedRun, Insides, check_kept_size, check_position, inside_request, look_at, sample_and_keep
+from .insides import (KEPT_RUN_LIMIT, FinishedRun, Insides, check_kept_size, check_position, inside_request, look_at,
+                      sample_and_keep)
 from .pipeline import Request, check_backend
 
 # The page's numbers for steps and blocks start here (the docs' convention).

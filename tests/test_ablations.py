@@ -119,7 +119,8 @@ def test_a_run_resumes_only_with_the_switches_that_started_it(tmp_path, capsys):
     before = (folder / "checkpoint.safetensors").read_bytes()
     capsys.readouterr()
     for other, changed in ((["--predict", "velocity"], '--predict (variant.predict "noise" -> "velocity")'),
-                           (["--predict", "noise", "--caption-drop", "0.2"], "--caption-drop (recipe.caption_drop 0.1 -> 0.2)"),
+                           (["--predict", "noise", "--caption-drop", "0.2"],
+                            "--caption-drop (recipe.caption_drop 0.1 -> 0.2)"),
                            (["--predict", "noise", "--patch", "8"], "--patch (mmjit.patch_size 4 -> 8)"),
                            (["--predict", "noise", "--bottleneck", "48"], "--bottleneck (mmjit.pca_channels 16 -> 48)"),
                            ([], '--predict (variant.predict "noise" -> "x0")')):

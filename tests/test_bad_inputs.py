@@ -1947,7 +1947,8 @@ def test_ray_addresses_are_checked_before_ray_starts(tmp_path, monkeypatch, addr
     assert_one_line_error(*within(60, lambda: run_cli("batch", *args, "--ray-address", address)), words)
     if address:  # an empty RAY_ADDRESS is no address, as for Ray
         monkeypatch.setenv("RAY_ADDRESS", address)
-        assert_one_line_error(*within(60, lambda: run_cli("batch", *args)), words.replace("--ray-address", "RAY_ADDRESS"))
+        from_environment = words.replace("--ray-address", "RAY_ADDRESS")
+        assert_one_line_error(*within(60, lambda: run_cli("batch", *args)), from_environment)
     assert not (tmp_path / "run").exists()
 
 
@@ -2062,8 +2063,10 @@ def test_generated_run_folder_damage(scored_run, part, command, damage):
             assert_one_line_error(code, out, err)
         assert outside.read_bytes() == b"a user's file"
         if command != "rerun":
-            kept = {name: entry for name, entry in tree(run).items() if name.split("/")[0] not in WRITTEN_BY[command]}
-            assert kept == {name: entry for name, entry in before.items() if name.split("/")[0] not in WRITTEN_BY[command]}
+            def kept(entries):
+                return {name: entry for name, entry in entries.items() if name.split("/")[0] not in WRITTEN_BY[command]}
+
+            assert kept(tree(run)) == kept(before)
 
 
 @FEW

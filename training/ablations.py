@@ -64,7 +64,8 @@ class AblationRun(Run):
 
     FOLDER_FLAG = "--out"  # learn's
     SWITCHES = {"recipe.caption_drop": "--caption-drop", "mmjit.patch_size": "--patch",
-                "mmjit.pca_channels": "--bottleneck", "variant.predict": "--predict", "variant.positions": "--positions"}
+                "mmjit.pca_channels": "--bottleneck", "variant.predict": "--predict",
+                "variant.positions": "--positions"}
 
     def __init__(self, folder: Path, recipe: Recipe, mmjit: MMJiTConfig, t5: T5Config, variant: Variant):
         self.variant = variant

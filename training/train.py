@@ -45,8 +45,8 @@ from safetensors import SafetensorError
 from tqdm import tqdm
 
 from minit2i.console import OneLineParser, emit, guarded, printable
-from minit2i.core.checks import (Range, differences, existing_path, file_kind, parse_json, read_limited, short_list, shown,
-                                 writable_folder)
+from minit2i.core.checks import (Range, differences, existing_path, file_kind, parse_json, read_limited, short_list,
+                                 shown, writable_folder)
 from minit2i.core.errors import MiniT2IError
 from minit2i.core.files import write_atomically
 from minit2i.core.mmjit_config import MMJiTConfig, mmjit_expected_shapes
@@ -395,8 +395,8 @@ class Run:
             if any(held) and not all(held):
                 problems.append(f"the optimiser state of {k} is incomplete")
         if problems:
-            raise MiniT2IError(f"{path} does not match this run: {short_list(problems, 3)}; use another {self.FOLDER_FLAG} "
-                               "folder")
+            raise MiniT2IError(f"{path} does not match this run: {short_list(problems, 3)}; use another "
+                               f"{self.FOLDER_FLAG} folder")
 
     @property
     def log_path(self) -> Path:

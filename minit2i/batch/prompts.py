@@ -59,7 +59,8 @@ def read_prompts(path: Path) -> PromptFile:
         raise MiniT2IError(f"prompt file {path} line {too_long} is longer than the {PROMPT_LINE_LIMIT:,} bytes a line "
                            "may have; shorten it")
     is_json = lines[0][1].lstrip().startswith("{")
-    metadata = [json_line(path, number, line.encode("utf-8")) if is_json else {"prompt": line.strip()} for number, line in lines]
+    metadata = [json_line(path, number, line.encode("utf-8")) if is_json else {"prompt": line.strip()}
+                for number, line in lines]
     for (number, _), entry in zip(lines, metadata):
         try:
             check_prompt(entry["prompt"])

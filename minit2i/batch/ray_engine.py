@@ -79,13 +79,13 @@ def checked_address(address: str | None) -> str | None:
     if address is None or address in RAY_WORDS:
         return address
     if address.startswith("ray://"):
-        raise MiniT2IError(f"{name} {json.dumps(address)} is a Ray Client address, and Ray Data, which --engine ray runs "
-                           "on, does not run over Ray Client; run minit2i on a node of the cluster, with the head's "
-                           "HOST:PORT (as ray start --head prints it)")
+        raise MiniT2IError(f"{name} {json.dumps(address)} is a Ray Client address, and Ray Data, which --engine ray "
+                           "runs on, does not run over Ray Client; run minit2i on a node of the cluster, with the "
+                           "head's HOST:PORT (as ray start --head prints it)")
     form = ADDRESS.fullmatch(address)
     if not form or not 1 <= int(form["port"]) <= 65535:
-        raise MiniT2IError(f"{name} {json.dumps(address)} is not a Ray cluster's address; pass the head's HOST:PORT (as "
-                           f"ray start --head prints it), or {' or '.join(RAY_WORDS)}")
+        raise MiniT2IError(f"{name} {json.dumps(address)} is not a Ray cluster's address; pass the head's HOST:PORT "
+                           f"(as ray start --head prints it), or {' or '.join(RAY_WORDS)}")
     check_answers(form["host"].strip("[]"), int(form["port"]), f"{name} {address}")
     return address
 
@@ -156,9 +156,9 @@ def joined_cluster(spec: Spec, workers: int | None, address: str | None):
                 signal.signal(signal.SIGTERM, terminate)
         except (ConnectionError, ValueError, RuntimeError, TimeoutError) as err:
             reason = " ".join(str(err).split())
-            raise MiniT2IError(f"cannot join the Ray cluster at {address or 'this machine'}: {reason[:300]}; check that "
-                               "it runs (ray status), and for a cluster with token authentication (Ray's default) "
-                               "set RAY_AUTH_MODE=token") from None
+            raise MiniT2IError(f"cannot join the Ray cluster at {address or 'this machine'}: {reason[:300]}; check "
+                               "that it runs (ray status), and for a cluster with token authentication (Ray's "
+                               "default) set RAY_AUTH_MODE=token") from None
     try:
         gpus = 1 if spec.backend in GPU_BACKENDS else 0
         nodes = [node["Resources"] for node in ray.nodes() if node.get("Alive")]
@@ -209,8 +209,8 @@ def actor_count(nodes: list[dict], threads: int, gpus: int, workers: int | None)
         if gpus and not any(node.get("GPU", 0) for node in nodes):
             raise MiniT2IError(f"the Ray cluster has no GPU for --backend {', '.join(GPU_BACKENDS)}; add a GPU node "
                                "or use --backend numpy")
-        raise MiniT2IError(f"--threads {threads}: each actor asks for {threads} CPUs, and no node of the Ray cluster has "
-                           f"that many (the largest has {most}); pass --threads {max(most, 1)} or fewer")
+        raise MiniT2IError(f"--threads {threads}: each actor asks for {threads} CPUs, and no node of the Ray cluster "
+                           f"has that many (the largest has {most}); pass --threads {max(most, 1)} or fewer")
     if workers is not None and workers > room:
         raise MiniT2IError(f"--workers {workers}: the Ray cluster's nodes hold {room} actors of {threads} CPUs"
                            f"{' and 1 GPU' if gpus else ''} each; pass --workers {room} or fewer, or fewer --threads")

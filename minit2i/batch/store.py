@@ -32,7 +32,8 @@ from pathlib import Path
 
 import numpy as np
 
-from minit2i.core.checks import Range, created_folder, differences, file_kind, open_checked, parse_json, read_limited, shown
+from minit2i.core.checks import (Range, created_folder, differences, file_kind, open_checked, parse_json,
+                                 read_limited, shown)
 from minit2i.core.errors import MiniT2IError
 from minit2i.core.files import write_temporary
 from minit2i.core.images import decode_png, png_limit
