@@ -1970,22 +1970,30 @@ def test_actors_are_counted_against_the_nodes_that_must_hold_them():
         actor_count([two_cpus], 1, 1, None)
 
 
-def batch_process(tmp_path: Path, address: str) -> subprocess.Popen:
-    """`minit2i batch` in a process of its own on the Ray engine, at `address`."""
+@contextlib.contextmanager
+def batch_process(tmp_path: Path, address: str):
+    """`minit2i batch` in a process of its own on the Ray engine, at `address`; killed at the end
+    if it is still running (a test that failed on a hang leaves no process behind)."""
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("a red circle\n")
     environment = {key: value for key, value in os.environ.items() if key != "RAY_ADDRESS"}
-    return subprocess.Popen([sys.executable, "-m", "minit2i.cli", "batch", str(prompts), "--out", str(tmp_path / "run"),
-                             "--engine", "ray", "--ray-address", address, *EVAL_STEPS],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=environment)
+    process = subprocess.Popen([sys.executable, "-m", "minit2i.cli", "batch", str(prompts), "--out",
+                                str(tmp_path / "run"), "--engine", "ray", "--ray-address", address, *EVAL_STEPS],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=environment)
+    try:
+        yield process
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
 
 
 @needs_ray
 def test_a_ray_address_that_does_not_answer_is_one_line_within_30_seconds(tmp_path):
     """Nothing listens at 127.0.0.1:1: Ray's own connection waited for as long as it was let run
     (580 s seen). 30 s is the bound asked of it, against the 2-3 s the process needs to start."""
-    process = batch_process(tmp_path, "127.0.0.1:1")
-    _, err = process.communicate(timeout=30)
+    with batch_process(tmp_path, "127.0.0.1:1") as process:
+        _, err = process.communicate(timeout=30)
     assert process.returncode == 2
     assert err.decode().splitlines()[-1] == ("minit2i: error: --ray-address 127.0.0.1:1: the Ray cluster does not "
                                              "answer (Connection refused); start the cluster (ray start --head) or "
@@ -2009,13 +2017,13 @@ def test_a_silent_ray_address_is_waited_for_a_bounded_time_and_ctrl_c_ends_the_w
         silent.bind(("127.0.0.1", 0))
         silent.listen(4)
         silent.settimeout(60)
-        process = batch_process(tmp_path, f"127.0.0.1:{silent.getsockname()[1]}")
-        connection, _ = silent.accept()
-        with connection:
-            if signum is not None:
-                time.sleep(0.5)  # into the wait for an answer, which the connection just taken begins
-                process.send_signal(signum)
-            _, err = process.communicate(timeout=60)
+        with batch_process(tmp_path, f"127.0.0.1:{silent.getsockname()[1]}") as process:
+            connection, _ = silent.accept()
+            with connection:
+                if signum is not None:
+                    time.sleep(0.5)  # into the wait for an answer, which the connection just taken begins
+                    process.send_signal(signum)
+                _, err = process.communicate(timeout=60)
     assert process.returncode == status, err
     assert "Traceback" not in err.decode()
     assert last in err.decode().splitlines()[-1]
