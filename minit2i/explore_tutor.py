@@ -100,9 +100,9 @@ def concept_link(section: int, text: str | None = None) -> str:
 # Under each panel: (what to look for, the concepts section that explains it).
 LOOK_FOR = {
     "state": (("The state x_t the step starts from, t of the way from the noise to the image: pure noise at "
-               "step 1, nearly the picture at the last."), 1),
-    "x0": (("The network's guess of the finished picture: the shape and its place are there after a few steps, "
-            "while x_t is still mostly noise."), 2),
+               "step 1, more of the picture at every step."), 1),
+    "x0": (("The network's guess of the finished picture: from step 2 on it is nearly the picture, while x_t "
+            "is still mostly noise."), 2),
     "velocity": (("The direction the step moves x_t, (x0 - x_t) over the time left, on its own scale: nearly the "
                   f"same picture at every step (its pixels correlate {VELOCITY_AGREEMENT:g} or more with step 1's; "
                   "the line above gives this step's), the image minus the noise, x - n, as a straight path has "
