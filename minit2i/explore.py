@@ -73,7 +73,9 @@ PAGE_CSS = ("img { image-rendering: pixelated; } "
             ".picture img { width: 100%; height: 100%; object-fit: contain; } "
             ".gallery .grid-wrap.fixed-height { height: auto !important; min-height: 0 !important; "
             "max-height: none !important; } "
-            ".look-for { font-size: 0.85em; opacity: 0.85; }")
+            ".look-for { font-size: 0.85em; opacity: 0.85; } "
+            # The x0 strip's chosen step (explore_tutor.strip marks its caption).
+            "#x0-steps .thumbnail-item:has(img[alt^='\u25b6']) { outline: 3px solid #f97316; }")
 # Gradio draws a page after the browser has loaded it, so the browser's own jump to a link's #id
 # finds nothing: jump when the heading appears, and again while the figures above it load, until
 # the reader scrolls (every page of the server, the concepts page and its links above all).

@@ -158,7 +158,7 @@ def time_line(models, kept: Kept, step: int) -> str:
 
 def strip(x0_pictures: list, step: int, run: FinishedRun) -> list[tuple]:
     """The x0 strip's (picture, caption) of every step, the page's `step` (from 1) marked with its t."""
-    return [(picture, f"{STRIP_MARK} step {i + FIRST}, t = {step_times(run, i)[0]:.2f}" if i + FIRST == step
+    return [(picture, f"{STRIP_MARK} {i + FIRST}: t {step_times(run, i)[0]:.2f}" if i + FIRST == step
              else f"step {i + FIRST}") for i, picture in enumerate(x0_pictures)]
 
 

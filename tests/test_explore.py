@@ -157,7 +157,7 @@ def test_page_shows_every_panel(client):
     assert status == f"demo, seed {SEED}: done"
     assert timings.startswith("timings (numpy, fp32, BLAS threads 1):") and f"step {STEPS}" in timings
     assert [item["caption"] for item in x0_steps] == [
-        f"\u25b6 step {i}, t = 0.33" if i == REQUEST["step"] else f"step {i}" for i in range(1, STEPS + 1)]
+        f"\u25b6 {i}: t 0.33" if i == REQUEST["step"] else f"step {i}" for i in range(1, STEPS + 1)]
     assert time.startswith(f"**step {REQUEST['step']} of {STEPS}: t = 0.33 to 0.50**")
     assert [item["caption"].split(":")[0] for item in attention] == PROMPT.split()
     third = read_pixels(x0_steps[REQUEST["step"] - 1]["image"])

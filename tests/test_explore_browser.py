@@ -150,7 +150,7 @@ def test_moving_the_time_control_looks_again_without_sampling(shown):
     runs = text_of(driver, "#runs")
     before = panels(driver)
     assert text_of(driver, "#step-time").startswith(f"step {STEP} of {STEPS}: t = {(STEP - 1) / STEPS:.2f}")
-    assert marked_step(driver) == f"\u25b6 step {STEP}, t = {(STEP - 1) / STEPS:.2f}"
+    assert marked_step(driver) == f"\u25b6 {STEP}: t {(STEP - 1) / STEPS:.2f}"
     move_slider(driver, "step", 2)
     WebDriverWait(driver, REQUEST_LIMIT_S).until(
         lambda d: status_of(d) == f"step {STEP + 2}, block {BLOCK}: from the finished run")
@@ -161,7 +161,7 @@ def test_moving_the_time_control_looks_again_without_sampling(shown):
     assert text_of(driver, "#runs") == runs
     t = f"{(STEP + 1) / STEPS:.2f}"
     assert text_of(driver, "#step-time").startswith(f"step {STEP + 2} of {STEPS}: t = {t}")
-    assert marked_step(driver) == f"\u25b6 step {STEP + 2}, t = {t}"
+    assert marked_step(driver) == f"\u25b6 {STEP + 2}: t {t}"
     np.testing.assert_array_equal(after["x0"], shown_pixels(driver, '#x0-steps img[alt^="\u25b6"]'))
     fill(driver, "block", BLOCK + 1)
     WebDriverWait(driver, REQUEST_LIMIT_S).until(
@@ -170,7 +170,7 @@ def test_moving_the_time_control_looks_again_without_sampling(shown):
     driver.find_element(By.CSS_SELECTOR, '#x0-steps img[alt="step 1"]').click()
     WebDriverWait(driver, REQUEST_LIMIT_S).until(
         lambda d: status_of(d) == f"step 1, block {BLOCK + 1}: from the finished run")
-    assert marked_step(driver) == "\u25b6 step 1, t = 0.00"
+    assert marked_step(driver) == "\u25b6 1: t 0.00"
     assert text_of(driver, "#runs") == runs
 
 
