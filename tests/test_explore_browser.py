@@ -145,7 +145,9 @@ def test_moving_the_time_control_looks_again_without_sampling(shown):
 
     driver, _ = shown
     for elem_id, value in {"seed": 1, "steps": STEPS, "step": STEP, "block": BLOCK}.items():
-        fill(driver, elem_id, value)
+        fill(driver, elem_id, value)  # with a run kept, the selectors show its step at once
+    WebDriverWait(driver, REQUEST_LIMIT_S).until(
+        lambda d: status_of(d) == f"step {STEP}, block {BLOCK}: from the finished run")
     generate(driver, "demo, seed 1: done")
     runs = text_of(driver, "#runs")
     before = panels(driver)
