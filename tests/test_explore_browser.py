@@ -148,7 +148,8 @@ def test_moving_the_time_control_looks_again_without_sampling(shown):
         fill(driver, elem_id, value)  # with a run kept, the selectors show its step at once
     WebDriverWait(driver, REQUEST_LIMIT_S).until(
         lambda d: status_of(d) == f"step {STEP}, block {BLOCK}: from the finished run")
-    generate(driver, "demo, seed 1: done")
+    driver.find_element(By.ID, "generate").click()  # waited for by its own status: a look may land after the click
+    WebDriverWait(driver, REQUEST_LIMIT_S).until(lambda d: status_of(d) == "demo, seed 1: done")
     runs = text_of(driver, "#runs")
     before = panels(driver)
     assert text_of(driver, "#step-time").startswith(f"step {STEP} of {STEPS}: t = {(STEP - 1) / STEPS:.2f}")
