@@ -75,7 +75,9 @@ PAGE_CSS = ("img { image-rendering: pixelated; } "
             "max-height: none !important; } "
             ".look-for { font-size: 0.85em; opacity: 0.85; } "
             # The x0 strip's chosen step (explore_tutor.strip marks its caption).
-            "#x0-steps .thumbnail-item:has(img[alt^='\u25b6']) { outline: 3px solid #f97316; }")
+            "#x0-steps .thumbnail-item:has(img[alt^='\u25b6']) { outline: 3px solid #f97316; } "
+            # A link to code on the concepts page looks like a link, not only like code.
+            "#concepts a code { color: var(--link-text-color); text-decoration: underline; }")
 # Gradio draws a page after the browser has loaded it, so the browser's own jump to a link's #id
 # finds nothing: jump when the heading appears, and again while the figures above it load, until
 # the reader scrolls (every page of the server, the concepts page and its links above all).
