@@ -352,7 +352,8 @@ def load_script(name: str):
 # Stated sizes and times, and the concepts page's exercises
 
 NUMBER_WORDS = {"twenty": 20, "thirty": 30, "forty": 40, "fifty": 50, "sixty": 60, "eighty": 80, "hundred": 100}
-# "[`name`](path) ... (about) N lines": the file's lines, or the function's where the link names one.
+# A link to a source file, then "(about N lines)" or "in about N lines": the file's lines, or the
+# function's where the link names one.
 LINE_CLAIM = re.compile(r"\[`([^`\]]+)`\]\(([^)#\s]+\.py)\)[^\[.]{0,60}?\b(?:about|in about)\s+(\d+|[a-z]+)\s+lines", re.S)
 PROSE = [*DOCS, ROOT / "training" / "README.md"]
 
