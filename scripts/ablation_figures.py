@@ -43,7 +43,8 @@ EXPERIMENTS = {
                     "v, b 32"),
 }
 # The loss plots shown as they are (learn's loss.png, the predicted floor dashed): figure: run.
-LOSS_FIGURES = {"ablation-velocity-loss.png": "velocity", "ablation-v32-loss.png": "predict-v32"}
+LOSS_FIGURES = {"ablation-velocity-loss.png": "velocity", "ablation-noise-loss.png": "noise",
+                "ablation-v32-loss.png": "predict-v32"}
 # The runs also drawn and read back at guidance 1 (the conditional prediction alone, no
 # unconditional branch): whether a run draws well without guidance, or guidance breaks it.
 UNGUIDED = ("baseline", "no-caption-drop")

@@ -51,8 +51,11 @@ def loss_chart(steps: np.ndarray, losses: np.ndarray, *, title: str, x_label: st
         value, label = floor
         for dash in range(left, width - right, 12):
             draw.line([(dash, y(value)), (min(dash + 7, width - right), y(value))], fill=FLOOR, width=2)
-        draw.text((width - right - 4, y(value) - 4), label, fill=FLOOR, font=font(12), anchor="rb")
     draw.line([(x(s), y(v)) for s, v in zip(steps, losses)], fill=CURVE, width=2)
+    if floor:  # the label last, on white, so that the curve cannot hide it
+        box = draw.textbbox((width - right - 4, y(value) - 4), label, font=font(12), anchor="rb")
+        draw.rectangle((box[0] - 3, box[1] - 2, box[2] + 3, box[3] + 2), fill=(255, 255, 255), outline=FLOOR)
+        draw.text((width - right - 4, y(value) - 4), label, fill=FLOOR, font=font(12), anchor="rb")
     draw.line([(left, height - bottom), (width - right, height - bottom)], fill=INK)
     draw.line([(left, top), (left, height - bottom)], fill=INK)
     for step in np.linspace(0, last, 5):
