@@ -70,8 +70,9 @@ def inverse_square_mean(recipe: Recipe) -> float:
 
 
 def predicted_floor(prediction: str, patch: int, bottleneck: int, recipe: Recipe, channels: int = 3) -> float | None:
-    """The velocity loss below which a network predicting `prediction` cannot go, or None where
-    nothing forces one (x0: the clean image passes the bottleneck; or a bottleneck that hides nothing).
+    """The velocity loss below which a network predicting `prediction` cannot go on average, or None
+    where nothing forces one (x0: the clean image passes the bottleneck; or a bottleneck that hides
+    nothing).
 
     The network sees each patch of channels * patch^2 numbers through `bottleneck` channels only,
     so the noise in the other directions never reaches it and its best answer there is 0 (model.md
