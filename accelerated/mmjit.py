@@ -86,9 +86,13 @@ def embed_image(images, embedder, config: MMJiTConfig):
 
 
 def mask_text(context, mask, mask_token):
-    """[B, L, Dc], [B, L], [1, 1, Dc] -> [B, L, Dc]: padded positions become mask_token (MMJiT's only
-    use of the mask)."""
-    return cp.where(mask[..., None] > 0.5, context, mask_token[0, 0])
+    """[B, L, Dc], [B, L], [1, 1, Dc] -> [B, L, Dc] in context's dtype: padded positions become
+    mask_token (MMJiT's only use of the mask).
+
+    CuPy's where has no bfloat16 loop: bfloat16 runs its float32 loop and comes back float32
+    (exactly the same values), so the dtype is pinned, never left to CuPy's promotion.
+    """
+    return cp.where(mask[..., None] > 0.5, context, mask_token[0, 0]).astype(context.dtype, copy=False)
 
 
 def attention_inputs(batch: int, total_length: int, config: MMJiTConfig, dtype):

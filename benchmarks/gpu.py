@@ -12,7 +12,7 @@ code uses an einsum softmax, see shared notes); the CuPy path is accelerated.sam
 Reported: wall time per run (CUDA events), ms per step, achieved TFLOP/s of the MMJiT GEMM +
 attention work against the device's peak for that precision, and per-kernel timings of the
 fused kernels at B/16 shapes, each beside the prediction of benchmarks/performance_model.py
-(docs/performance-model.md) on an H100 or A100. Needs CuPy and an NVIDIA GPU (and torch with
+(docs/performance-model.md) on an H200, H100 or A100. Needs CuPy and an NVIDIA GPU (and torch with
 CUDA for the baseline).
 
     python benchmarks/gpu.py --smoke               # no GPU: every component once on cudasim, untimed
@@ -176,10 +176,10 @@ def kernel_cases(cp, config: MMJiTConfig, size: int, precision: str) -> dict:
 
 
 def model_device(device_name: str):
-    """The performance model's description of this GPU (H100 or A100), or None."""
+    """The performance model's description of this GPU (H200, H100 or A100), or None."""
     import performance_model
 
-    return next((device for device in (performance_model.H100, performance_model.A100)
+    return next((device for device in (performance_model.H200, performance_model.H100, performance_model.A100)
                  if device.name.split()[0] in device_name), None)
 
 

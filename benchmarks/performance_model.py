@@ -41,6 +41,7 @@ class Device:
 
 
 H100 = Device("H100 SXM", 989.0, 67.0, 3.35)
+H200 = Device("H200", 989.0, 67.0, 4.8)  # the H100's SMs (132) and clocks with HBM3e
 A100 = Device("A100 SXM", 312.0, 19.5, 2.0)
 
 

@@ -27,6 +27,7 @@ from types import SimpleNamespace
 
 import numpy as np
 
+from . import cupy_dtypes
 from .module import Module
 
 # The names offered as `cupy.<name>`; `cuda` and `cupyx` hold the cupy.cuda.* and cupyx.* ones.
@@ -121,12 +122,18 @@ class ndarray(np.ndarray):
     """Device memory (NumPy's, here); arithmetic on it is recorded while a graph is captured."""
 
     def __array_ufunc__(self, ufunc, method, *inputs, out=None, **kwargs):
+        """An operator or cupy ufunc: CuPy's loop for these operands (cupy_dtypes), NumPy computing it."""
+        if method != "__call__" or kwargs:
+            raise TypeError(f"numpy.{ufunc.__name__}.{method} with {sorted(kwargs)} on a device array: cudasim's "
+                            "stand-in models CuPy's plain ufunc calls only")
         args = [_host(x) for x in inputs]
+        loop = cupy_dtypes.resolve(ufunc.__name__, [cupy_dtypes.operand(x) for x in args])
         if out is None:
-            return _fresh(lambda: getattr(ufunc, method)(*args, **kwargs))
-        targets = tuple(_host(x) for x in out)
-        _run_or_record(lambda: getattr(ufunc, method)(*args, out=targets, **kwargs))
-        return out[0] if len(out) == 1 else out
+            return _fresh(lambda: cupy_dtypes.run_loop(ufunc, loop, args))
+        (target,) = (_host(x) for x in out)
+        cupy_dtypes.check_output_cast(loop, target.dtype)
+        _run_or_record(lambda: np.copyto(target, cupy_dtypes.run_loop(ufunc, loop, args), casting="unsafe"))
+        return out[0]
 
     def __array_function__(self, func, types, args, kwargs):
         raise TypeError(f"numpy.{func.__name__} on a device array: CuPy would refuse it; use the cupy function")
@@ -163,6 +170,16 @@ class ndarray(np.ndarray):
 
     def get(self, stream=None, order="C", out=None, blocking=True):
         return _to_host(self)
+
+    def mean(self, axis=None, dtype=None, out=None, keepdims=False):
+        """CuPy's mean: 16-bit floats summed in float32 and returned in their own dtype (cupy_dtypes.mean_dtypes)."""
+        base = self.view(np.ndarray)
+        total, result = cupy_dtypes.mean_dtypes(base.dtype) if dtype is None else (np.dtype(dtype),) * 2
+        return _fresh(lambda: np.mean(base, axis=axis, dtype=total, keepdims=keepdims).astype(result))
+
+    def all(self, axis=None, out=None, keepdims=False):
+        base = self.view(np.ndarray)
+        return _fresh(lambda: np.all(base, axis=axis, keepdims=keepdims))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -222,9 +239,12 @@ def concatenate(tup, axis=0, out=None, *, dtype=None, casting="same_kind"):
     return _fresh(lambda: np.concatenate(arrays, axis=axis, dtype=dtype, casting=casting))
 
 
-def where(condition, x=None, y=None):
+def where(condition, x, y):
+    """cupy.where(condition, x, y): its own loop table, which has no bfloat16 loop (cupy_dtypes)."""
+    condition = condition.astype(bool, copy=False)  # as CuPy does first: a device operation, recorded in a capture
     args = [_host(a) for a in (condition, x, y)]
-    return _fresh(lambda: np.where(*args))
+    loop = cupy_dtypes.resolve("where", [cupy_dtypes.operand(a) for a in args])
+    return _fresh(lambda: cupy_dtypes.run_loop(np.where, loop, args))
 
 
 def _fp32_product(a, b):

@@ -45,8 +45,10 @@ def _show_notes(quiet: bool) -> None:
     notes.propagate = False
     notes.setLevel(logging.WARNING if quiet else logging.INFO)
     if quiet:
-        from huggingface_hub.utils import disable_progress_bars
-
+        try:
+            from huggingface_hub.utils import disable_progress_bars
+        except ImportError:  # no huggingface_hub: no download bars to silence
+            return
         disable_progress_bars()
 
 
@@ -77,7 +79,7 @@ def add_info_parser(sub) -> None:
 
 def run_info(args) -> int:
     from .demo_models import demo_model
-    from .hub import describe_repo, is_repo_id
+    from .repo_ids import hub, is_repo_id
 
     if args.path is None or demo_model(args.path) is not None:
         emit(describe_demo(args.path or "demo"))
@@ -85,7 +87,7 @@ def run_info(args) -> int:
     if not is_repo_id(args.path):
         emit(describe(args.path, args.variant, args.jax_tree))
         return 0
-    text, snapshot = describe_repo(args.path, args.variant)
+    text, snapshot = hub(args.path).describe_repo(args.path, args.variant)
     emit(text)
     if snapshot is not None:
         emit(describe(snapshot, args.variant, args.jax_tree))

@@ -43,7 +43,7 @@ def add_parser(sub) -> None:
 def run(args) -> int:
     """The outputs are checked first, then the source's metadata, then its tensors are read."""
     from .demo_models import demo_model
-    from .hub import resolve_model
+    from .repo_ids import resolve_model
     from .model_files import inspect_mmjit
 
     destination, config_path = check_outputs(args.destination, args.force)

@@ -1,7 +1,7 @@
 """Weights by Hugging Face Hub repo id (`MiniT2I/MiniT2I`, `google/flan-t5-large`).
 
-`--model` and `--t5` take a path or a repo id: an existing path always wins, and `org/name` that is
-not a path is a repo id. A repo id becomes a snapshot folder of the Hugging Face cache (wherever
+`--model` and `--t5` take a path or a repo id (`minit2i.repo_ids` tells them apart and imports this
+module for a repo id only: it needs huggingface_hub 2.x). A repo id becomes a snapshot folder of the Hugging Face cache (wherever
 `HF_HUB_CACHE` / `HF_HOME` put it), which `minit2i.model_files` then reads like any folder:
 
 * cached: if the snapshot `refs/main` names holds every file the model needs, it is used and the
@@ -19,7 +19,6 @@ not a path is a repo id. A repo id becomes a snapshot folder of the Hugging Face
 from __future__ import annotations
 
 import logging
-import os
 import posixpath
 import re
 import time
@@ -109,8 +108,6 @@ def _bounded_client_factory(event_hooks):
 
 set_client_factory(_bounded_client_factory(get_session().event_hooks))
 
-# `org/name` as the Hub spells repo ids (no `--` or `..`, which the Hub forbids too).
-REPO_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*")
 COMMIT = re.compile(r"[0-9a-f]{40}")
 
 
@@ -128,13 +125,6 @@ class HubModel:
 
 class HubUnreachable(MiniT2IError):
     """Files are missing from the cache and the Hub cannot be asked (offline or unreachable)."""
-
-
-def is_repo_id(spec) -> bool:
-    """True for `org/name` that is not an existing path (an existing path always wins)."""
-    text = str(spec)
-    return (REPO_ID.fullmatch(text) is not None and "--" not in text and ".." not in text
-            and not text.lower().endswith(".safetensors") and not os.path.lexists(os.path.expanduser(text)))
 
 
 # The official JAX repos (MiniT2I/MiniT2I-B-16-jax, ...) hold an Orbax checkpoint folder: `checkpoint/` as
@@ -162,16 +152,6 @@ def t5_model(repo_id: str, expected_d_model: int | None = None) -> HubModel:
         return check_t5_header(index, config_path, labels, expected_d_model)
 
     return HubModel(repo_id, choose, check, ["config.json", T5_WEIGHTS, "tokenizer.json"], "T5 encoder")
-
-
-def resolve_model(spec, variant: str = DEFAULT_VARIANT, jax_tree: str | None = None):
-    """`spec` unchanged if it is a path; for a repo id, the local snapshot folder holding the transformer."""
-    return local_snapshot(mmjit_model(str(spec), variant, jax_tree)) if is_repo_id(spec) else spec
-
-
-def resolve_t5(spec, expected_d_model: int | None = None):
-    """`spec` unchanged if it is a path; for a repo id, the local snapshot folder holding the T5 encoder."""
-    return local_snapshot(t5_model(str(spec), expected_d_model)) if is_repo_id(spec) else spec
 
 
 def check_repo_id(repo_id: str) -> str:

@@ -38,6 +38,7 @@ from minit2i.core.weights import LoadedWeights
 from minit2i.reference.sampler import DEFAULT_A_MIN, initial_noise
 
 from .model_files import find_tokenizer_json, inspect_mmjit, inspect_t5
+from .repo_ids import resolve_model, resolve_t5
 
 BACKENDS = {"numpy": ("minit2i.reference.pipeline", "NumpyRunner"), "cupy": ("minit2i.accelerated.pipeline", "CupyRunner"),
             "cudasim": ("minit2i.accelerated.pipeline", "CudasimRunner")}
@@ -194,10 +195,7 @@ def open_model(model, t5=None, tokenizer_path=None, variant: str = DEFAULT_VARIA
     (`llm`, google/flan-t5-large) is used. `jax_tree` chooses the parameter tree of a JAX (Orbax)
     checkpoint (`--jax-tree`; by default the official one).
     """
-    # Imported here: the GPU parity run (scripts/gpu-check) uses this module on machines whose
-    # huggingface_hub predates the 2.x line hub.py needs, and only repo ids need the Hub.
     from .demo_models import demo_model
-    from .hub import resolve_model, resolve_t5
 
     demo = demo_model(model)
     if demo is not None:  # "demo", "demo-mf": the folders shipped in the package

@@ -108,3 +108,19 @@ def offline_hub(tmp_path, monkeypatch):
     monkeypatch.setattr(constants, "HF_HUB_CACHE", str(root))
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
     return HFCache(root)
+
+
+@pytest.fixture(scope="session")
+def hub_1x(tmp_path_factory):
+    """A folder holding huggingface_hub 1.x alone (the lent GPU machine's image had 1.33; the project
+    needs 2.x for repo ids only), fetched from PyPI once a session; put first on PYTHONPATH."""
+    import subprocess
+
+    target = tmp_path_factory.mktemp("huggingface-hub-1")
+    result = subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
+                             "--no-deps", "--target", str(target), "huggingface_hub>=1.33,<2"],
+                            capture_output=True, text=True, timeout=600)  # a hang guard
+    if result.returncode != 0:
+        pytest.skip("pip could not fetch huggingface_hub 1.x from PyPI: "
+                    + (result.stderr.strip().splitlines() or ["no output"])[-1])
+    return target

@@ -150,6 +150,12 @@ def collect(store):
     return lambda name, value: store.__setitem__(name, value)
 
 
+def dtypes_of(stages: dict) -> dict:
+    """{stage name: its dtype's name}: every stage of a forward must stay in the network dtype (a
+    CuPy routine without a 16-bit loop would silently widen it, as `where` does for bfloat16)."""
+    return {name: np.dtype(value.dtype).name for name, value in stages.items()}
+
+
 def planted(monkeypatch, name: str, corrupt) -> None:
     """kernels.<name> replaced by the real kernel followed by `corrupt(arguments, result)`: a bug
     planted after the fact, for the tests that show a parity bound catches it."""

@@ -19,6 +19,7 @@ from gpu_parity import (  # noqa: F401 (device, report_worst_error: autouse fixt
     STAGE_BOUND,
     UNIT_ROUNDOFF,
     collect,
+    dtypes_of,
     cp,
     device,
     dtype_for,
@@ -389,6 +390,7 @@ def test_mmjit_every_stage_matches_reference(tiny, precision):
     x0 = mmjit_forward(upload_mmjit(nest(tiny.mmjit.tensors), config, dtype), config, images, context,
                        cp.asarray(mask).astype(dtype), collect(actual))
     assert list(actual) == list(expected)
+    assert dtypes_of(actual | {"x0": x0}) == {name: np.dtype(dtype).name for name in [*actual, "x0"]}
     for name in expected:
         assert within(relative_error(actual[name], expected[name]), STAGE_BOUND[precision]), name
     assert within(relative_error(x0, x0_ref), STAGE_BOUND[precision])
@@ -404,6 +406,7 @@ def test_t5_every_block_matches_reference(tiny):
     out_ref = ref_t5_encode(ref.cast_tree(nest(tiny.t5.tensors), np.float64), config, ids, mask, collect(expected))
     out = gpu_t5_encode(upload_t5(nest(tiny.t5.tensors), config), config, ids, mask, collect(actual))
     assert list(actual) == list(expected) == [f"t5.block.{i}" for i in range(config.num_layers)]
+    assert dtypes_of(actual | {"out": out}) == {name: "float32" for name in [*actual, "out"]}  # T5 runs in fp32
     for name in expected:
         assert within(relative_error(actual[name], expected[name]), 1e-4), name
     assert within(relative_error(out, out_ref), 1e-4)

@@ -20,6 +20,7 @@ from gpu_parity import (  # noqa: F401 (device, report_worst_error: autouse fixt
     STAGE_BOUND,
     UNIT_ROUNDOFF,
     collect,
+    dtypes_of,
     cp,
     device,
     dtype_for,
@@ -168,6 +169,7 @@ def test_student_every_stage_matches_reference(student, precision):
                            *(cp.asarray(values, np.float32) for values in scalars), context, cp.asarray(mask),
                            collect(actual))
     assert list(actual) == list(expected) and "aux_tokens" in expected
+    assert dtypes_of(actual) == {name: np.dtype(dtype).name for name in actual}
     for name in expected:
         assert within(relative_error(actual[name], expected[name]), STAGE_BOUND[precision]), name
     assert x0.shape == (3, 3, HEIGHT, WIDTH) and x0.dtype == dtype

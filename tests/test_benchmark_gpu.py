@@ -68,6 +68,14 @@ def test_peak_table(bench, name, precision, peak):
     assert bench.peak_tflops(name, precision) == peak
 
 
+@pytest.mark.parametrize("name, model", [("NVIDIA H200", "H200"), ("NVIDIA H100 80GB HBM3", "H100 SXM"),
+                                         ("NVIDIA A100-SXM4-80GB", "A100 SXM"), ("Tesla T4", None)])
+def test_the_performance_model_knows_the_device(bench, name, model):
+    """Its predicted column is filled on the GPUs it describes (an H200: 4.8 TB/s, the H100's peaks)."""
+    device = bench.model_device(name)
+    assert (device.name if device else None) == model
+
+
 def test_torch_baseline_is_the_reference_math(bench):
     """The eager PyTorch baseline, run on the CPU here, reproduces the reference sampler."""
     torch = pytest.importorskip("torch", reason="the PyTorch peer needs the [crosscheck] extra")

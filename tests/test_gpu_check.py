@@ -1,15 +1,17 @@
 """scripts/gpu-check --cudasim, run as the GPU machine runs it: from a copy of the checkout (the
-files a device run receives), with no install step (the copy is not the installed package) and
-nothing but this interpreter's third-party packages. It must pass and write a report small
-enough to copy back in one go."""
+files a device run receives), with no install step, in a virtual environment that has this
+interpreter's third-party packages but not the project, huggingface_hub 1.x and no httpx2 (the
+lent machine's image). It must pass and write a report small enough to copy back in one go."""
 
 from __future__ import annotations
 
 import importlib.machinery
 import importlib.util
 import os
+import re
 import shutil
 import signal
+import site
 import subprocess
 import sys
 import time
@@ -20,7 +22,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "scripts" / "gpu-check"
 MAX_FILES, MAX_FILE_BYTES = 5, 16 * 2**20
-PARTS = ("versions", "parity-bf16", "parity-fp16", "parity-fp32", "replay", "benchmark", "sanitizer", "profile")
+PARTS = ("versions", "parity-bf16", "parity-fp16", "parity-fp32", "replay", "user", "benchmark", "sanitizer", "profile")
 
 
 @pytest.fixture(scope="module")
@@ -34,17 +36,44 @@ def gpu_check():
     del sys.modules["gpu_check"]
 
 
-@pytest.fixture(scope="module")
-def checkout_copy(tmp_path_factory):
+def copy_checkout(copy: Path) -> Path:
     """The tracked and untracked-but-not-ignored files, as a device run carries them."""
     files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=REPO, capture_output=True,
                            text=True, check=True).stdout.split()
-    copy = tmp_path_factory.mktemp("checkout")
     for name in files:
         if (REPO / name).is_file():
             (copy / name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(REPO / name, copy / name)
     return copy
+
+
+@pytest.fixture(scope="module")
+def checkout_copy(tmp_path_factory):
+    return copy_checkout(tmp_path_factory.mktemp("checkout"))
+
+
+def lent_machine_venv(folder: Path, hub_1x: Path) -> Path:
+    """A virtual environment at `folder` as on the lent GPU machine: this interpreter's third-party
+    packages (their folders on the path, so the project's editable install is not), huggingface_hub
+    1.x before them, and httpx2 unimportable. Returns its python."""
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(folder)], check=True, timeout=120)
+    own_site = next((folder / "lib").glob("python*/site-packages"))
+    lines = [str(hub_1x), *site.getsitepackages(), "import sys; sys.modules['httpx2'] = None"]
+    (own_site / "lent-machine.pth").write_text("\n".join(lines) + "\n")
+    return folder / "bin" / "python"
+
+
+@pytest.fixture(scope="module")
+def bare_python(tmp_path_factory, hub_1x) -> Path:
+    return lent_machine_venv(tmp_path_factory.mktemp("lent-machine") / "venv", hub_1x)
+
+
+def test_the_lent_machine_venv_lacks_the_project_and_has_the_old_hub(bare_python):
+    probe = ("import importlib.util as u, importlib.metadata as m; "
+             "print(u.find_spec('minit2i'), m.version('huggingface_hub'), u.find_spec('numpy') is not None)")
+    result = subprocess.run([str(bare_python), "-c", probe], capture_output=True, text=True, cwd="/", timeout=60)
+    found, hub_version, numpy = result.stdout.split()
+    assert (found, hub_version.split(".")[0], numpy) == ("None", "1", "True"), result.stderr
 
 
 def files_of(folder: Path) -> set[Path]:
@@ -53,23 +82,24 @@ def files_of(folder: Path) -> set[Path]:
 
 
 @pytest.fixture(scope="module")
-def report(checkout_copy, tmp_path_factory):
+def report(checkout_copy, bare_python, tmp_path_factory):
     """The check with a relative --out, run from a folder of its own: (result, report folder,
     the files the run added to the checkout)."""
     work = tmp_path_factory.mktemp("work")
     env = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
     before = files_of(checkout_copy)
-    result = subprocess.run([sys.executable, str(checkout_copy / "scripts" / "gpu-check"), "--cudasim", "--out", "report"],
+    result = subprocess.run([str(bare_python), str(checkout_copy / "scripts" / "gpu-check"), "--cudasim", "--out", "report"],
                             cwd=work, env=env, capture_output=True, text=True, timeout=1800)  # a hang guard
     return result, work / "report", files_of(checkout_copy) - before
 
 
-def test_cudasim_check_passes_from_a_copy_of_the_checkout(report, checkout_copy):
+def test_cudasim_check_passes_from_a_copy_of_the_checkout(report, checkout_copy, bare_python):
     result, out, _ = report
     summary = (out / "summary.md").read_text()
     assert result.returncode == 0, result.stdout + result.stderr
     assert summary.startswith("# gpu-check: twin PASSED; tools: sanitizer passed, profile passed (cudasim")
     assert f"minit2i imported from {checkout_copy.resolve()}" in summary  # the copy, not the installed package
+    assert f" at {bare_python} (a virtual environment outside the checkout)" in summary  # which Python ran
     lines = [line for line in summary.splitlines() if line.startswith("* ")]
     assert [line.split(":")[0][2:] for line in lines] == list(PARTS)  # in the order of value
     for line in lines:
@@ -88,6 +118,17 @@ def test_report_names_every_kernel_and_dtype(report):
         for suffix in ("f32", "f16", "bf16"):
             assert f"| {kernel}_{suffix} |" in summary
     assert "| flash_attention_f32 |" in summary and "| flash_attention_tc_bf16 |" in summary
+
+
+def test_the_user_part_compares_every_demo_png_and_draws_a_batch(report):
+    """Both demo models in each precision on the device against the NumPy backend's PNG, each
+    within its bound (the part passed), and a four-image batch."""
+    _, out, _ = report
+    summary = (out / "summary.md").read_text()
+    for model in ("demo", "demo-mf"):
+        for precision in ("fp32", "fp16", "bf16"):
+            assert re.search(rf"^\| {model} \| {precision} \| \d+", summary, re.MULTILINE), (model, precision)
+    assert "`minit2i batch -n 4 --backend cudasim --precision bf16`: 4 PNGs" in summary
 
 
 def test_report_fits_one_copy_back(report):
@@ -198,17 +239,65 @@ def test_a_check_stopped_from_outside_leaves_its_report(tmp_path):
 
 
 def test_a_tool_that_cannot_run_here_is_not_the_twins_failure(gpu_check):
-    parts = [gpu_check.Part(name, "passed") for name in PARTS[:6]]
+    parts = [gpu_check.Part(name, "passed") for name in PARTS[:-2]]
     parts += [gpu_check.Part("sanitizer", "unavailable"), gpu_check.Part("profile", "unavailable")]
     assert gpu_check.verdicts(parts, list(PARTS)) == ("PASSED", "sanitizer unavailable, profile unavailable")
-    parts[6].status = "failed"  # compute-sanitizer ran and found an error in a kernel
+    parts[-2].status = "failed"  # compute-sanitizer ran and found an error in a kernel
     assert gpu_check.verdicts(parts, list(PARTS))[0] == "FAILED"
     for output in ("========= Error: Device not supported", "==ERROR== ERR_NVGPUCTRPERM - The user does not have permission"):
         assert gpu_check.UNAVAILABLE.search(output)
 
 
 def test_the_default_budget_fits_one_short_gpu_window(gpu_check):
-    """At most 8 minutes in all, and the six most valuable parts leave a quarter for the tools."""
+    """At most 8 minutes in all, and the parts before the tools leave a quarter for them."""
     assert gpu_check.DEFAULT_BUDGET <= 8 * 60
     assert sum(gpu_check.SHARES.values()) <= 0.75
-    assert list(gpu_check.SHARES) == list(PARTS[:6])
+    assert list(gpu_check.SHARES) == list(PARTS[:-2])
+
+
+def test_started_outside_any_venv_it_runs_under_the_checkouts_venv(tmp_path, hub_1x):
+    """`scripts/gpu-check` from its shebang's python3 (no virtual environment) starts itself
+    again under the checkout's .venv, the README's set-up, and the summary says so."""
+    copy = copy_checkout(tmp_path / "checkout")
+    venv_python = lent_machine_venv(copy / ".venv", hub_1x)
+    base_python = getattr(sys, "_base_executable", sys.executable)
+    result = subprocess.run([base_python, str(copy / "scripts" / "gpu-check"), "--cudasim", "--parts", "versions",
+                             "--out", str(tmp_path / "report")], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert f"gpu-check: Python {platform_version(venv_python)} at {venv_python} (the checkout's .venv)" in result.stdout
+
+
+def platform_version(python: Path) -> str:
+    return subprocess.run([str(python), "-c", "import platform; print(platform.python_version())"],
+                          capture_output=True, text=True, check=True, timeout=60).stdout.strip()
+
+
+def test_tests_that_cannot_start_are_the_checks_failure_not_the_twins(tmp_path, bare_python):
+    """A conftest that cannot import (as the checkout's own minit2i/ folder once shadowed the
+    import root): the part says the check could not run the tests and why, and the twin is
+    INCOMPLETE, not FAILED."""
+    copy = copy_checkout(tmp_path / "checkout")
+    conftest = copy / "tests" / "conftest.py"
+    conftest.write_text(conftest.read_text() + "\nimport a_module_this_machine_lacks\n")
+    result = subprocess.run([str(bare_python), str(copy / "scripts" / "gpu-check"), "--cudasim", "--parts",
+                             "versions,parity-fp32", "--out", str(tmp_path / "report")],
+                            capture_output=True, text=True, timeout=300)
+    summary = (tmp_path / "report" / "summary.md").read_text()
+    assert result.returncode == 1
+    assert summary.startswith("# gpu-check: twin INCOMPLETE;")
+    assert ("* parity-fp32: could not run" in summary and "the check could not run the tests: ModuleNotFoundError: "
+            "No module named 'a_module_this_machine_lacks'" in summary), summary
+
+
+@pytest.mark.parametrize("output, errors", [
+    ("========= COMPUTE-SANITIZER\n========= ERROR SUMMARY: 0 errors\n", 0),
+    ("========= ERROR SUMMARY: 3 errors\n", 3),
+    ("========= ERROR SUMMARY: 1 error\n", 1),
+    ("========= RACECHECK SUMMARY: 0 hazards displayed (0 errors, 0 warnings)\n", 0),
+    ("========= RACECHECK SUMMARY: 2 hazards displayed (1 error, 1 warning)\n", 1),
+    ("Traceback (most recent call last):\n", None),
+])
+def test_each_sanitizer_tools_summary_is_read(gpu_check, output, errors):
+    """memcheck, synccheck and initcheck end with ERROR SUMMARY, racecheck with its own line (as
+    printed on an H200: `RACECHECK SUMMARY: 0 hazards displayed (0 errors, 0 warnings)`)."""
+    assert gpu_check.sanitizer_errors(output) == errors

@@ -28,7 +28,7 @@ from minit2i.core.checks import human_size
 from minit2i.core.config_fields import to_json
 from minit2i.core.t5_config import T5Config
 from minit2i.demo_models import random_t5_weights
-from minit2i.hub import is_repo_id
+from minit2i.repo_ids import is_repo_id
 
 T5_REPO = "tiny-org/tiny-t5"
 COMMIT, OTHER = "a" * 40, "c" * 40
@@ -85,6 +85,49 @@ def pixels(path) -> np.ndarray:
 ])
 def test_what_counts_as_a_repo_id(spec, expected):
     assert is_repo_id(spec) is expected
+
+
+# huggingface_hub 1.x (as the lent GPU machine had) and no httpx2: an interpreter that cannot import it
+OLD_HUB_MAIN = "import sys; sys.modules['httpx2'] = None; from minit2i.cli import main; sys.exit(main(sys.argv[1:]))"
+
+
+def old_hub_minit2i(hub_1x, *args: str) -> subprocess.CompletedProcess:
+    env = os.environ | {"PYTHONPATH": os.pathsep.join(filter(None, [str(hub_1x), os.environ.get("PYTHONPATH")]))}
+    return subprocess.run([sys.executable, "-c", OLD_HUB_MAIN, *args], capture_output=True, text=True, env=env,
+                          timeout=300)  # a hang guard
+
+
+def test_the_demo_model_draws_the_same_png_with_huggingface_hub_1_and_no_httpx2(hub_1x, tmp_path, capsys):
+    """Only a repo id imports minit2i.hub: the demo model needs no huggingface_hub 2.x."""
+    args = ["generate", "--model", "demo", "-p", "a small blue square", *SMALL]
+    assert main([*args, "-o", str(tmp_path / "here.png")]) == 0
+    result = old_hub_minit2i(hub_1x, *args, "-o", str(tmp_path / "old-hub.png"))
+    assert result.returncode == 0, result.stderr
+    assert (tmp_path / "old-hub.png").read_bytes() == (tmp_path / "here.png").read_bytes()
+
+
+def test_a_repo_id_with_huggingface_hub_1_is_one_line(hub_1x, tmp_path):
+    result = old_hub_minit2i(hub_1x, "generate", "--model", "MiniT2I/MiniT2I", "-p", "a cat", "-o", "cat.png")
+    assert result.returncode == 2
+    assert re.fullmatch(r"minit2i: error: MiniT2I/MiniT2I is a Hub repo id, which needs huggingface_hub 2\.x, and "
+                        r"1\.\d+\.\d+ is installed; pip install 'huggingface_hub>=2,<3', or pass a local path\n",
+                        result.stderr), result.stderr
+    assert not (tmp_path / "cat.png").exists()
+
+
+def test_a_repo_id_without_huggingface_hub_is_one_line(monkeypatch):
+    from importlib import metadata
+
+    from minit2i import repo_ids
+    from minit2i.core.errors import MiniT2IError
+
+    def missing(name):
+        raise metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(repo_ids.metadata, "version", missing)
+    with pytest.raises(MiniT2IError, match=r"^org/name is a Hub repo id, which needs huggingface_hub 2\.x, and it is "
+                                           r"not installed; pip install 'huggingface_hub>=2,<3', or pass a local path$"):
+        repo_ids.resolve_model("org/name")
 
 
 def test_an_existing_path_wins_over_the_repo_id(tmp_path):
