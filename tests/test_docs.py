@@ -354,7 +354,8 @@ def load_script(name: str):
 NUMBER_WORDS = {"twenty": 20, "thirty": 30, "forty": 40, "fifty": 50, "sixty": 60, "eighty": 80, "hundred": 100}
 # A link to a source file, then "(about N lines)" or "in about N lines": the file's lines, or the
 # function's where the link names one.
-LINE_CLAIM = re.compile(r"\[`([^`\]]+)`\]\(([^)#\s]+\.py)\)[^\[.]{0,60}?\b(?:about|in about)\s+(\d+|[a-z]+)\s+lines", re.S)
+LINE_CLAIM = re.compile(r"\[`([^`\]]+)`\]\(([^)#\s]+\.py)\)[^\[.]{0,60}?\b(?:about|in about)\s+(\d+|[a-z]+)\s+lines",
+                        re.S)
 PROSE = [*DOCS, ROOT / "training" / "README.md"]
 
 
@@ -378,8 +379,8 @@ def test_stated_line_counts_hold_within_a_tenth():
         assert abs(actual - stated) <= 0.1 * stated, f"{doc.name}: {name} is {actual} lines, the page says {stated}"
     text = (ROOT / "training" / "README.md").read_text()
     assert "training step in about forty lines" in text  # the same function, told without a link
-    functions = {n.name: n.end_lineno - n.lineno + 1 for n in ast.parse((ROOT / "training" / "one_step.py").read_text()).body
-                 if isinstance(n, ast.FunctionDef)}
+    tree = ast.parse((ROOT / "training" / "one_step.py").read_text())
+    functions = {n.name: n.end_lineno - n.lineno + 1 for n in tree.body if isinstance(n, ast.FunctionDef)}
     assert abs(functions["training_step"] - 40) <= 4
 
 
@@ -422,7 +423,8 @@ def test_the_readmes_python_snippet_writes_the_command_lines_picture(tmp_path, m
 def exercises() -> list[tuple[str, str]]:
     """(the command, the answer folded under it) of each concepts.md exercise run with `python -c`."""
     text = (ROOT / "docs" / "concepts.md").read_text()
-    pattern = r"```\n(\.venv/bin/python -c \"\n.*?\")\n```\s*<details markdown=\"1\">\s*<summary>What it prints.*?</summary>(.*?)</details>"
+    pattern = (r"```\n(\.venv/bin/python -c \"\n.*?\")\n```\s*<details markdown=\"1\">\s*"
+               r"<summary>What it prints.*?</summary>(.*?)</details>")
     return re.findall(pattern, text, re.S)
 
 

@@ -6,7 +6,8 @@ from __future__ import annotations
 import numpy as np
 from PIL import Image, ImageDraw, ImageFont
 
-INK, GRID, LABEL, CURVE, MARK, FLOOR = (0, 0, 0), (225, 225, 225), (80, 80, 80), (200, 40, 40), (170, 170, 220), (30, 110, 60)
+INK, GRID, LABEL, CURVE, MARK = (0, 0, 0), (225, 225, 225), (80, 80, 80), (200, 40, 40), (170, 170, 220)
+FLOOR = (30, 110, 60)  # the predicted floor's dashed line
 
 
 def font(size: int):
