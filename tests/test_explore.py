@@ -180,11 +180,15 @@ def test_five_requests_at_once_queue_and_all_complete(client, tmp_path):
 
 
 def test_page_shows_every_panel(client):
-    """Steps are numbered from 1, as in the docs: step 3 is the third x0 of the strip."""
-    status, image, timings, x0_steps, attention, cond, uncond, guided, state, x0, velocity, runs = ask(client)
+    """Steps are numbered from 1, as in the docs: step 3 is the third x0 of the strip, marked there
+    with its t (the uniform grid's 2/6), which the line above the panels gives too."""
+    (status, image, timings, x0_steps, attention, cond, uncond, guided, state, x0, velocity, time,
+     runs) = ask(client)
     assert status == f"demo, seed {SEED}: done"
     assert timings.startswith("timings (numpy, fp32, BLAS threads 1):") and f"step {STEPS}" in timings
-    assert [item["caption"] for item in x0_steps] == [f"step {i}" for i in range(1, STEPS + 1)]
+    assert [item["caption"] for item in x0_steps] == [
+        f"\u25b6 {i}: t 0.33" if i == REQUEST["step"] else f"step {i}" for i in range(1, STEPS + 1)]
+    assert time.startswith(f"**step {REQUEST['step']} of {STEPS}: t = 0.33 to 0.50**")
     assert [item["caption"].split(":")[0] for item in attention] == PROMPT.split()
     third = read_pixels(x0_steps[REQUEST["step"] - 1]["image"])
     np.testing.assert_array_equal(read_pixels(guided), third)
@@ -448,21 +452,44 @@ def test_model_flags_are_taken_or_refused_as_generate_takes_them(capsys, flags, 
 
 def test_the_served_concepts_page_carries_its_figures_and_no_dead_links():
     """The explore server shows docs/concepts.md itself: every figure inlined (it has no file route),
-    links within the page pointing at headings as Gradio names them, links to other pages of the
-    docs left as their text (those pages are the docs site's)."""
+    links within the page pointing at headings as Gradio names them, links to source files at the
+    server's own page of the file, at the definition a link names (each answered, its id on the
+    page), links to other pages of the docs left as their text (those pages are the docs site's)."""
     import re
 
+    from minit2i.code_pages import CODE_ROUTE, answer
     from minit2i.explore_tutor import concepts_dir, concepts_markdown, section_anchor
 
     source = (concepts_dir() / "concepts.md").read_text()
     served = concepts_markdown()
     figures = re.findall(r"!\[[^\]]*\]\(figures/", source)
     assert len(figures) >= 6 and served.count("](data:image/png;base64,") == len(figures)
-    assert re.findall(r"(?<!!)\[[^\]]+\]\((?!data:|#)[^)]*\)", served) == []
+    code = re.findall(r"(?<!!)\[[^\]]+\]\(((?!data:|#)[^)]*)\)", served)
+    assert len(code) >= 40 and all(link.startswith(f"{CODE_ROUTE}/") for link in code)
+    for link in set(code):
+        status, _, page = answer("/" + link.split("#")[0])
+        assert status == 200, link
+        if "#" in link:
+            assert f'id="{link.split("#")[1]}"' in page, link
+    assert "[`sample`](code/reference/sampler.py#sample)" in served
+    assert "reading guide" in served and "](reading-guide.md)" not in served
     anchors = {section_anchor(heading) for heading in re.findall(r"^#+ (.*)$", source, re.MULTILINE)}
     within = re.findall(r"\]\(#([^)]*)\)", served)
     assert within and set(within) <= anchors  # "References: below" goes to the references heading
-    assert "[`sample`](" not in served and "`sample`" in served
+
+
+def test_a_code_page_serves_source_files_only():
+    """/code/PATH answers a source file of the repository's package folders (or, in a checkout,
+    scripts/); anything else, a path leaving its folder included, is a 404 of one line."""
+    from minit2i.code_pages import answer
+
+    status, kind, page = answer("/code/reference/sampler.py")
+    assert (status, kind) == (200, "text/html; charset=utf-8") and 'id="time_grid"' in page and 'id="L1"' in page
+    assert answer("/code/scripts/concept_figures.py")[0] == 200  # a checkout
+    for path in ("/code/reference/../pyproject.toml", "/code/../../etc/passwd", "/code/docs/concepts.md",
+                 "/code/reference/no_such.py", "/code/reference", "/code/reference/%2e%2e/core/files.py"):
+        status, _, body = answer(path)
+        assert status == 404 and body.count("\n") == 1, path
 
 
 def test_no_dollar_sign_in_the_served_concepts_pages_code():

@@ -13,7 +13,8 @@ ends up holding
 
     samples.png   columns: the prompts of SHEET_SCENES, each with its own seed; rows: the data set's
                   image of each, then the samples at each snapshot step
-    loss.png      the training loss, 10-step means, log scale, the snapshot steps marked
+    loss.png      the training loss, 10-step means, log scale, the snapshot steps marked, and the
+                  floor the switches predict (--predict velocity or noise: `predicted_floor`)
     samples/      one row per snapshot (the rows of samples.png; a resumed run keeps them)
     export/       the final model (EMA weights) as train.py exports it: `minit2i generate --model
                   OUT/export/transformer --t5 OUT/export/t5 -p ...` draws with it
@@ -52,7 +53,7 @@ from minit2i.core.errors import MiniT2IError
 from minit2i.core.images import decode_png, grid, save_png
 
 from . import shapes
-from .ablations import POSITION_CHOICES, PREDICTIONS, AblationRun, Variant
+from .ablations import POSITION_CHOICES, PREDICTIONS, AblationRun, Variant, predicted_floor
 from .charts import font, loss_chart
 from .evaluate import ATTRIBUTES, draw_scenes, evaluation_scenes
 from .train import (CHECKPOINT, DEFAULT_EXPORT, DEMO_MMJIT, DEMO_T5, Recipe, Run, check_export_dir,
@@ -268,8 +269,10 @@ def write_results(run: Run) -> None:
     sheet = sample_sheet([data_row(run.mmjit.image_size), *rows], ["the data", *(f"step {s}" for s in steps)])
     save_png(sheet, run.folder / "samples.png")
     if curve:
+        floor = predicted_floor(run.variant.predict, run.mmjit.patch_size, run.mmjit.pca_channels, run.recipe)
         chart = loss_chart(np.array([r["step"] for r in curve]), np.array([r["loss"] for r in curve]),
-                           title="loss (10-step means)", x_label="training step (dotted: snapshots)", marks=steps)
+                           title="loss (10-step means)", x_label="training step (dotted: snapshots)", marks=steps,
+                           floor=(floor, f"predicted floor {floor:.2f}") if floor else None)
         save_png(chart, run.folder / "loss.png")
     emit(score_table(evaluations, losses))
     emit(final_line(evaluations[run.step]))
