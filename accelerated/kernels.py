@@ -43,24 +43,8 @@ KERNEL_DIR = Path(__file__).parent / "kernels"
 SOURCES = ("rmsnorm.cu", "swiglu.cu", "rope.cu", "attention.cu", "attention_tc.cu", "sampler.cu")
 DTYPE_SUFFIXES = {"float32": "f32", "float16": "f16", "bfloat16": "bf16"}
 COMMON_HEADER = "common.cuh"
-
-
-def _wmma_include() -> tuple[str, ...]:
-    """NVRTC's -I for crt/mma.h, which <mma.h> includes (attention_tc.cu).
-
-    A CUDA toolkit has it in the include folder CuPy already passes; a pip-only install (CUDA 12
-    or 13 wheels) has it only in the nvcc wheel's include folder, which is then added. Found with
-    cuda.pathfinder, as CuPy 14 finds its own headers.
-    """
-    try:
-        from cuda import pathfinder
-    except ImportError:  # no CuPy: nothing compiles through NVRTC here
-        return ()
-    include = pathfinder.find_nvidia_header_directory("nvcc")
-    return (f"-I{include}",) if include and (Path(include) / "crt" / "mma.h").exists() else ()
-
-
-NVRTC_OPTIONS = ("-std=c++17", *_wmma_include())
+PTX_HEADER = "ptx.cuh"  # mma.sync, ldmatrix, cp.async: the instruction on a GPU, its semantics on cudasim
+NVRTC_OPTIONS = ("-std=c++17",)
 THREADS = 256  # rmsnorm, swiglu, sampler: any multiple of 32 up to 1024 works (blockDim-strided loops)
 HEAD_WARPS = 4  # qkv_heads: one warp per head vector, 4 per block
 
@@ -69,10 +53,11 @@ HEAD_WARPS = 4  # qkv_heads: one warp per head vector, 4 per block
 # use them and define none (tests/test_kernel_sources.py checks both).
 ATTENTION_WARPS = 4  # attention.cu: 4 warps x 8 query rows per block
 ATTENTION_ROWS_PER_WARP = 8
-TC_WARPS = 4  # attention_tc.cu: one fragment row of 16 queries per warp
-WMMA_TILE = 16  # m = n = k of every tensor-core fragment
-KEY_TILE = 32  # keys staged in shared memory per step, both attention kernels
-SKEW = 8  # 16-bit elements of padding per shared row (attention_tc.cu)
+MMA_WARPS = 4  # attention_tc.cu: 16 query rows per warp (the m of mma.sync m16n8k16)
+# attention_tc.cu: keys per double-buffered K/V tile. 64 would halve the barriers but needs ~150
+# registers a thread (S is 16 x 64 fp32 per warp), so 3 blocks per SM instead of 4.
+MMA_KEY_TILE = 32
+KEY_TILE = 32  # attention.cu: keys staged in shared memory per step
 MAX_HEAD_DIM = 128
 KERNEL_CONSTANTS = {
     "WARPS": ATTENTION_WARPS,
@@ -83,20 +68,17 @@ KERNEL_CONSTANTS = {
     # At least 3 resident blocks per SM lets ptxas keep attention.cu's ~160 live registers per
     # thread instead of spilling on sm_90 (tests/test_kernels_compile.py).
     "MIN_BLOCKS_PER_SM": 3,
-    "TC_WARPS": TC_WARPS,
-    "WMMA_TILE": WMMA_TILE,
-    "TC_ROWS": TC_WARPS * WMMA_TILE,
-    "TC_KEY_TILE": KEY_TILE,
-    "SKEW": SKEW,
-    # Padded row strides (16 bytes each) so a fragment's rows start in different banks.
-    "SCORE_LD": KEY_TILE + 4,  # fp32 scores
-    "PROB_LD": KEY_TILE + SKEW,  # 16-bit probabilities
-    # 4 blocks of 48 KiB (Dh 64) fill an H100's 228 KiB of shared memory; stating it also keeps
-    # ptxas from capping the fp16 kernel at 40 registers and spilling on sm_80.
-    "TC_MIN_BLOCKS_PER_SM": 4,
+    "MMA_WARPS": MMA_WARPS,
+    "MMA_ROWS": MMA_WARPS * 16,
+    "MMA_KEY_TILE": MMA_KEY_TILE,
+    # Resident blocks per SM the register budget is set for (__launch_bounds__): 4 x 24 KiB of
+    # shared memory and <= 128 registers a thread at Dh <= 64; 2 x 48 KiB at Dh <= 128.
+    "MMA_MIN_BLOCKS_D64": 4,
+    "MMA_MIN_BLOCKS_D128": 2,
     "MAX_PAIRS_PER_LANE": MAX_HEAD_DIM // 64,  # rope.cu: 32 lanes x 2 pairs x 2 values
 }
 TENSOR_CORE_DTYPES = ("float16", "bfloat16")  # attention on tensor cores; fp32 stays on CUDA cores
+MMA_HEAD_DIMS = (64, 128)  # the padded head dims attention_tc.cu is compiled for (entry points _tc_, _tc_d128_)
 DEFAULT_SHARED_BYTES = 48 * 1024
 
 launch_counts: Counter = Counter()
@@ -175,14 +157,15 @@ def bfloat16_dtype():
 
 def kernel_source(source: str) -> str:
     """A .cu file as NVRTC compiles it: `KERNEL_CONSTANTS` as #defines, then the source with
-    common.cuh pasted in place of its #include.
+    common.cuh and ptx.cuh pasted in place of their #includes.
 
     CuPy's kernel cache is keyed by the source text, so the header and the constants must be
     part of that text (with -I, an edited header would silently reuse stale binaries).
     """
-    include = f'#include "{COMMON_HEADER}"'
     defines = "".join(f"#define {name} {value}\n" for name, value in KERNEL_CONSTANTS.items())
-    body = (KERNEL_DIR / source).read_text().replace(include, (KERNEL_DIR / COMMON_HEADER).read_text(), 1)
+    body = (KERNEL_DIR / source).read_text()
+    for header in (COMMON_HEADER, PTX_HEADER):
+        body = body.replace(f'#include "{header}"', (KERNEL_DIR / header).read_text(), 1)
     return defines + body
 
 
@@ -303,16 +286,16 @@ def qkv_heads(qkv, bias, heads: int, q, k, v, offset: int = 0, norms=None, rope=
          np.int32(rope is not None), np.float32(eps)))
 
 
+def mma_head_dim(head_dim: int) -> int:
+    """The padded head dim of the tensor-core kernel: 64 up to 64 (52 -> 64), else 128."""
+    return next(padded for padded in MMA_HEAD_DIMS if head_dim <= padded)
+
+
 def attention_shared_bytes(head_dim: int, dtype) -> int:
     """Dynamic shared memory of the attention kernel for `dtype` (see the two sources' layouts)."""
     if np.dtype(dtype).name in TENSOR_CORE_DTYPES:
-        c = KERNEL_CONSTANTS
-        padded = -(-head_dim // WMMA_TILE) * WMMA_TILE  # zero-padded to whole fragments
-        # fp32: O [TC_ROWS, Dp], scores [TC_WARPS, 16, SCORE_LD]; 16-bit: Q [TC_ROWS, Dp + SKEW],
-        # K and V [KEY_TILE, Dp + SKEW], P [TC_WARPS, 16, PROB_LD]
-        fp32 = c["TC_ROWS"] * padded + TC_WARPS * WMMA_TILE * c["SCORE_LD"]
-        half = (c["TC_ROWS"] + 2 * KEY_TILE) * (padded + SKEW) + TC_WARPS * WMMA_TILE * c["PROB_LD"]
-        return 4 * fp32 + 2 * half
+        # Q [MMA_ROWS, Dp], K and V [2 buffers, MMA_KEY_TILE, Dp], 16-bit
+        return 2 * (KERNEL_CONSTANTS["MMA_ROWS"] + 4 * MMA_KEY_TILE) * mma_head_dim(head_dim)
     # Q [ROWS_PER_BLOCK, Dh], K [KEY_TILE, Dh + 1] (padded against bank conflicts), V [KEY_TILE, Dh]
     return 4 * (KERNEL_CONSTANTS["ROWS_PER_BLOCK"] * head_dim + KEY_TILE * (2 * head_dim + 1))
 
@@ -321,7 +304,8 @@ def attention(q, k, v, scale: float, bias=None, key_mask=None):
     """Flash-style attention: q [B, H, Lq, Dh], k/v [B, H, Lk, Dh] -> [B, Lq, H*Dh] (heads merged).
 
     bias: float32 [H, Lq, Lk] added to the scores; key_mask: float32 [B, Lk], 1 keep / 0 pad.
-    fp16 and bf16 run on tensor cores (attention_tc.cu), fp32 on CUDA cores (attention.cu).
+    fp16 and bf16 run on tensor cores (attention_tc.cu, head_dim a multiple of 4: its rows are
+    copied in 8-byte pieces at least), fp32 on CUDA cores (attention.cu).
     """
     batch, heads, lq, head_dim = q.shape
     lk = k.shape[2]
@@ -340,7 +324,11 @@ def attention(q, k, v, scale: float, bias=None, key_mask=None):
     out = cp.empty((batch, lq, heads * head_dim), dtype=dtype)
     shared = attention_shared_bytes(head_dim, dtype)
     if np.dtype(dtype).name in TENSOR_CORE_DTYPES:
-        kernel, rows, warps = _kernel("attention_tc.cu", "flash_attention_tc", dtype), KERNEL_CONSTANTS["TC_ROWS"], TC_WARPS
+        if head_dim % 4:
+            raise MiniT2IError(f"fp16/bf16 attention needs a head_dim that is a multiple of 4, not {head_dim}; "
+                               "use fp32 precision")
+        name = "flash_attention_tc" if mma_head_dim(head_dim) == 64 else "flash_attention_tc_d128"
+        kernel, rows, warps = _kernel("attention_tc.cu", name, dtype), KERNEL_CONSTANTS["MMA_ROWS"], MMA_WARPS
     else:
         kernel, rows, warps = (_kernel("attention.cu", "flash_attention", dtype), KERNEL_CONSTANTS["ROWS_PER_BLOCK"],
                                ATTENTION_WARPS)

@@ -1,4 +1,4 @@
-"""GPU benchmark: MiniT2I sampling with CFG on one GPU, CuPy twin vs PyTorch eager (SDPA).
+"""GPU benchmark: MiniT2I sampling with CFG on one GPU, CuPy twin vs PyTorch eager (SDPA) and torch.compile.
 
     python benchmarks/gpu.py                       # B/16, 512x512, 10 and 100 steps, fp32/fp16/bf16
     python benchmarks/gpu.py --steps 10 --precisions bf16 --no-torch
@@ -10,7 +10,9 @@ baseline is training/torch_model.py, torch ops with F.scaled_dot_product_attenti
 code uses an einsum softmax, see shared notes); the CuPy path is accelerated.sampler.sample.
 
 Reported: wall time per run (CUDA events), ms per step, achieved TFLOP/s of the MMJiT GEMM +
-attention work against the device's peak for that precision, and per-kernel timings of the
+attention work against the device's peak for that precision (torch.compile of the same torch
+model beside PyTorch eager), our attention kernel beside torch SDPA at the model's attention
+shapes (ratio printed), and per-kernel timings of the
 fused kernels at B/16 shapes, each beside the prediction of benchmarks/performance_model.py
 (docs/performance-model.md) on an H200, H100 or A100. Needs CuPy and an NVIDIA GPU (and torch with
 CUDA for the baseline).
@@ -57,7 +59,8 @@ def parse_args(argv=None):
     parser.add_argument("--precisions", nargs="+", default=["fp32", "fp16", "bf16"], choices=list(PRECISION_INDEX))
     parser.add_argument("--cfg-scale", type=float, default=BASE_RECIPE["cfg_scale"])
     parser.add_argument("--repeats", type=int, default=2, help="timed runs per setting (best is reported)")
-    parser.add_argument("--no-torch", action="store_true", help="skip the PyTorch eager baseline")
+    parser.add_argument("--no-torch", action="store_true", help="skip the PyTorch baselines (eager, torch.compile, SDPA)")
+    parser.add_argument("--no-compile", action="store_true", help="skip the torch.compile baseline")
     parser.add_argument("--no-graph", action="store_true", help="CuPy: run every step eagerly (no CUDA graph replay)")
     parser.add_argument("--smoke", action="store_true", help="no GPU: run every component once on cudasim, untimed")
     return parser.parse_args(argv)
@@ -206,10 +209,12 @@ def print_components(cp, config: MMJiTConfig, size: int, precision: str, device_
 # PyTorch eager baseline: training/torch_model.py (the reference math in torch ops, SDPA)
 
 
-def torch_sampler(torch, params, config: MMJiTConfig, size, steps, precision, cfg_scale, dev="cuda"):
-    """A closure running the whole sampler in torch eager; returns the final state [1, C, H, W]."""
+def torch_sampler(torch, params, config: MMJiTConfig, size, steps, precision, cfg_scale, dev="cuda", compiled=False):
+    """A closure running the whole sampler in torch eager (or with the forward under
+    torch.compile, compiled on the first call: the warm-up); returns the final state [1, C, H, W]."""
     from minit2i.training import torch_model as torch_peer  # here, because torch is optional for this script
 
+    forward = torch.compile(torch_peer.mmjit_forward) if compiled else torch_peer.mmjit_forward
     dtype = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[precision]
     tree = torch_peer.to_torch_tree(params, dev, dtype)
     length = config.prompt_length
@@ -224,7 +229,7 @@ def torch_sampler(torch, params, config: MMJiTConfig, size, steps, precision, cf
     def run():
         x = noise.clone()
         for f in factors:
-            x0 = torch_peer.mmjit_forward(tree, config, torch.cat([x, x]).to(dtype), both_context, both_mask).float()
+            x0 = forward(tree, config, torch.cat([x, x]).to(dtype), both_context, both_mask).float()
             guided = x0[1:] + cfg_scale * (x0[:1] - x0[1:])
             x = x + float(f) * (guided - x)
         return x
@@ -243,6 +248,39 @@ def time_torch(torch, fn, repeats: int) -> float:
         torch.cuda.synchronize()
         best = min(best, start.elapsed_time(end))
     return best
+
+
+def attention_shapes(config: MMJiTConfig, size: int) -> list[tuple[int, int, int, int]]:
+    """[B, H, L, Dh] of the model's attentions in one CFG forward: the joint text + image one (at
+    `size` and at half of it) and the text preamble's."""
+    text, patches = config.prompt_length, (size // config.patch_size) ** 2
+    return [(2, config.num_heads, length, config.head_dim) for length in (text + patches, text + patches // 4, text)]
+
+
+def time_attention(cp, torch, shape, precision: str, launches: int = 20) -> tuple[float, float | None]:
+    """µs per launch of kernels.attention and (with torch) of torch SDPA on the same random
+    q, k, v [B, H, L, Dh], each timed over `launches` launches with CUDA events."""
+    from minit2i.accelerated.pipeline import precision_dtype
+
+    dtype = precision_dtype(precision)
+    q, k, v = (cp.asarray(np.random.default_rng(seed).standard_normal(shape, dtype=np.float32)).astype(dtype)
+               for seed in range(3))
+    scale = shape[-1] ** -0.5
+    ours = time_cupy(cp, lambda: [kernels.attention(q, k, v, scale) for _ in range(launches)], 3) * 1e3 / launches
+    if torch is None:
+        return ours, None
+    torch_dtype = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[precision]
+    tq, tk, tv = (torch.as_tensor(cp.asnumpy(a.astype(np.float32)), device="cuda", dtype=torch_dtype) for a in (q, k, v))
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    theirs = time_torch(torch, lambda: [sdpa(tq, tk, tv, scale=scale) for _ in range(launches)], 3) * 1e3 / launches
+    return ours, theirs
+
+
+def print_attention(cp, torch, config: MMJiTConfig, size: int, precision: str) -> None:
+    for shape in attention_shapes(config, size):
+        ours, sdpa = time_attention(cp, torch, shape, precision)
+        beside = f", torch SDPA {sdpa:.1f} µs, ours / SDPA {ours / sdpa:.2f}" if sdpa else ""
+        print(f"attention {list(shape)} {precision}: ours {ours:.1f} µs{beside}")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -298,13 +336,19 @@ def main(argv=None) -> int:
                 runs.append(("torch eager", lambda: time_torch(torch, torch_sampler(
                     torch, params, config, args.size, steps, precision, args.cfg_scale), args.repeats),
                     lambda: performance_model.torch_run_ms(config, args.size, steps, device, item, assumptions)))
+            if torch is not None and not args.no_compile:
+                runs.append(("torch.compile", lambda: time_torch(torch, torch_sampler(
+                    torch, params, config, args.size, steps, precision, args.cfg_scale, compiled=True), args.repeats),
+                    lambda: None))
             for backend, timed, predict in runs:
                 ms = timed()
-                predicted = f"{predict():.1f}" if device else "?"
+                predicted = f"{predict():.1f}" if device and predict() is not None else "?"
                 tflops = flops_per_step * steps / ms / 1e9
                 peak = peak_tflops(device_name, precision)
                 share = f"{100 * tflops / peak:.1f}" if peak else "?"
                 print(f"{backend:<14}{precision:<10}{steps:>6}{ms:>11.1f}{predicted:>11}{ms / steps:>9.2f}{tflops:>9.1f}{share:>8}")
+    for precision in args.precisions:
+        print_attention(cp, torch, config, args.size, precision)
     for precision in args.precisions:
         print_components(cp, config, args.size, precision, device_name, timed=True)
     return 0
@@ -313,7 +357,7 @@ def main(argv=None) -> int:
 def smoke(args) -> int:
     """No GPU: every component once and a 2-step sampler (graph capture tried), on cudasim at the tiny
     model's shapes; nothing is timed (the predictions shown are the model's, for an H100)."""
-    from minit2i.accelerated.pipeline import CudasimRunner
+    from minit2i.accelerated.pipeline import CudasimRunner, precision_dtype
     from minit2i.core.mmjit_config import MMJIT_TINY
 
     cp = CudasimRunner.array_module()
@@ -323,6 +367,10 @@ def smoke(args) -> int:
     for precision in args.precisions:
         cupy_sampler(cp, params, config, size, 2, precision, args.cfg_scale, use_graph=not args.no_graph)()
         print(f"sampler, {precision}: 2 steps ran")
+        for shape in attention_shapes(config, size):
+            q = cp.zeros(shape, np.float32).astype(precision_dtype(precision))
+            kernels.attention(q, q, q, 1.0)
+        print(f"attention, {precision}: {len(attention_shapes(config, size))} shapes ran (untimed; SDPA needs a GPU)")
         print_components(cp, config, size, precision, "H100 (predicted only)", timed=False)
     return 0
 

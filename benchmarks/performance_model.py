@@ -51,7 +51,7 @@ class Assumptions:
 
     gemm: float = 0.70  # cuBLAS on these mid-size shapes (M = 512..2048, K, N = 768..4096)
     gemm_fp32: float = 0.80  # SGEMM without TF32 is compute-bound and well tuned
-    attention_tc: float = 0.30  # our WMMA kernel: no async copies, O round trip through shared memory
+    attention_tc: float = 0.30  # the tensor-core kernel (the issue model below gives ~20 % at B/16's shape)
     attention_fp32: float = 0.40  # the CUDA-core kernel
     sdpa: float = 0.45  # PyTorch SDPA (FlashAttention-2 kernels)
     memory: float = 0.70  # bandwidth-bound elementwise / norm kernels
@@ -268,6 +268,114 @@ def torch_run_ms(config, size, steps, device, item, a: Assumptions) -> float:
 
 
 # ---------------------------------------------------------------------------------------------
+# The attention kernels, instruction by instruction (an H200: the GPU they were measured on)
+
+
+@dataclass(frozen=True)
+class Chip:
+    """What an issue model needs of a GPU: SMs, warp schedulers per SM, the sustained clock, and
+    the latency of a global load that hits L2 (K and V of a head are re-read from L2 by every
+    query block)."""
+
+    name: str
+    sms: int
+    schedulers: int
+    clock_ghz: float
+    l2_latency_cycles: int
+
+
+H200_CHIP = Chip("H200 SXM", 132, 4, 1.98, 270)  # the H100 SXM has the same SMs and clock: the same prediction
+
+
+@dataclass(frozen=True)
+class AttentionKernel:
+    """One attention kernel as its SASS shows it (tests/test_kernels_compile.py reads the SASS).
+
+    instructions: warp instructions one warp executes per key tile (the key-tile loop's body,
+    its inner loops at their trip counts, the branches B/16 does not take left out);
+    exposed_cycles: cycles per key tile in which a warp waits on a dependent long-latency result
+    that no other warp of its scheduler covers (every warp of a block reaches the same phase
+    between two barriers, and ~1 block per scheduler is resident)."""
+
+    name: str
+    rows_per_block: int
+    key_tile: int
+    warps: int
+    blocks_per_sm: int
+    instructions: int
+    exposed_cycles: int
+
+
+# attention_tc.cu before FlashAttention-2 (WMMA): a 1,780-instruction key-tile loop whose K/V
+# staging loop (36 instructions: a 16-bit LDG, its STS, an integer division by Dp) runs 16 times
+# for K and 16 for V, the score loop (2 x 4 x ~70, fragments through generic LD: 32 per 16 MMAs),
+# the rescale of O in shared memory (16 rows x ~70) and P V (4 x 210): ~4,800 per tile. Its
+# staging is synchronous: 32 dependent L2 round trips per thread per tile, plus ~1,500 cycles of
+# shared-memory round trips (O's rescale, the score store and reload, generic loads before MMAs).
+WMMA_ATTENTION = AttentionKernel("WMMA (before)", 64, 32, 4, 4, 4800, 32 * H200_CHIP.l2_latency_cycles + 1500)
+# attention_tc.cu now: a 1,057-instruction loop of which B/16's whole tiles skip the 538 of the
+# bias/mask logits, run the two cp.async loops (70 instructions, the 16- or 8-byte branch taken)
+# twice each, and skip Q's loads after the first tile: ~530. Copies are asynchronous and a tile
+# ahead; what stays exposed: S's 4 chains of 4 HMMA (~130 cycles), the softmax's MUFU.EX2 and 4
+# shuffles (~150), P V's chains of 2 (~65), LDSM waits (~60) and 2 barriers (~200).
+MMA_ATTENTION = AttentionKernel("mma.sync (FlashAttention-2)", 64, 32, 4, 4, 530, 600)
+
+
+def attention_kernel_us(kernel: AttentionKernel, batch: int, heads: int, length: int, chip: Chip = H200_CHIP) -> float:
+    """Issue model of one launch at [batch, heads, length, Dh <= 64]: per key tile an SM issues
+    the instructions of its resident warps (one per scheduler per cycle) and, on top, a warp's
+    exposed latency (not overlapped: barriers keep a block's warps in the same phase); the grid
+    runs in ceil(blocks / resident slots) waves. SM time = waves x tiles x (issue + exposed)."""
+    blocks = -(-length // kernel.rows_per_block) * batch * heads
+    slots = chip.sms * kernel.blocks_per_sm
+    waves = -(-blocks // slots)
+    warps_per_sm = kernel.warps * min(kernel.blocks_per_sm, blocks / chip.sms)
+    tiles = -(-length // kernel.key_tile)
+    issue = warps_per_sm * kernel.instructions / chip.schedulers
+    return waves * tiles * (issue + kernel.exposed_cycles) / (chip.clock_ghz * 1e3)
+
+
+# Measured on one H200 with the WMMA kernel (CUDA events, each row side by side in one call,
+# random B/16 weights, 10 steps at 512 x 512, CFG 6, bf16): the sampler, one attention launch at
+# [2, 12, 1280, 64], and the fused kernels the model predicted 2-3.5x too fast.
+H200_MEASURED = {"sampler_ms": 151.7, "attention_us": 623.0, "rms_norm_us": 9.2, "swiglu_us": 26.3, "qkv_heads_us": 20.9}
+
+
+def sampler_with_attention_ms(attention_us: float, config: MMJiTConfig = MMJIT_B16, steps: int = 10,
+                              small_kernels_at: float | None = None) -> float:
+    """The measured H200 sampler with each joint attention (depth_double per forward) at
+    `attention_us` instead of the measured one; with `small_kernels_at`, rms_norm, swiglu and
+    qkv_heads also at that multiple of this model's DRAM-time prediction (H100 bandwidth, which
+    the H200's 4.8 TB/s only improves) instead of their measured times."""
+    per_step = config.depth_double * (attention_us - H200_MEASURED["attention_us"]) / 1e3
+    if small_kernels_at is not None:
+        components = {c.name: c for c in forward_components(config, 512, 2)}
+        for name in ("rms_norm", "swiglu", "qkv_heads"):
+            c = components[name]
+            predicted_us = 1e3 * roofline_ms(c, H100, 2) / c.launches
+            per_step += c.launches * (small_kernels_at * predicted_us - H200_MEASURED[f"{name}_us"]) / 1e3
+    return H200_MEASURED["sampler_ms"] + steps * per_step
+
+
+def attention_model_table() -> list[str]:
+    rows = ["| kernel | instructions / warp / tile | exposed cycles / tile | predicted µs | measured µs |",
+            "|---|---|---|---|---|"]
+    for kernel, measured in ((WMMA_ATTENTION, f"{H200_MEASURED['attention_us']:.0f}"), (MMA_ATTENTION, "not yet")):
+        rows.append(f"| {kernel.name} | {kernel.instructions} | {kernel.exposed_cycles} | "
+                    f"{attention_kernel_us(kernel, 2, 12, 1280):.0f} | {measured} |")
+    return rows
+
+
+def sampler_model_table() -> list[str]:
+    new = attention_kernel_us(MMA_ATTENTION, 2, 12, 1280)
+    rows = ["| 10-step B/16 sampler on the H200, bf16 | ms |", "|---|---|",
+            f"| measured (WMMA attention) | {H200_MEASURED['sampler_ms']:.1f} |",
+            f"| with the FlashAttention-2 kernel | {sampler_with_attention_ms(new):.1f} |",
+            f"| and rms_norm, swiglu, qkv_heads at 1.5x their DRAM time | {sampler_with_attention_ms(new, small_kernels_at=1.5):.1f} |"]
+    return rows
+
+
+# ---------------------------------------------------------------------------------------------
 # Markdown tables
 
 
@@ -337,6 +445,8 @@ def tables() -> dict[str, list[str]]:
         "10 steps, 512x512, predicted": summary_table(),
         "One 512x512 image with the default steps on an H100 SXM, T5 included, predicted": image_table(),
         "Sensitivity of the B/16 bf16 H100 prediction": sensitivity_table(),
+        "Attention at [2, 12, 1280, 64] bf16 on the H200, issue model": attention_model_table(),
+        "The 10-step sampler on the H200 with the new attention": sampler_model_table(),
     }
 
 

@@ -36,6 +36,20 @@ def shown(value) -> str:
 
 
 
+def differences(recorded: dict, wanted: dict, prefix: str = "") -> list[str]:
+    """'key: recorded -> wanted' for each leaf where two nested dicts differ (keys as a.b.c), in
+    the order of `wanted`'s keys."""
+    found = []
+    for key in [*wanted, *(key for key in recorded if key not in wanted)]:
+        a, b = recorded.get(key), wanted.get(key)
+        name = f"{prefix}{key}"
+        if isinstance(a, dict) and isinstance(b, dict):
+            found += differences(a, b, name + ".")
+        elif a != b:
+            found.append(f"{name} {json.dumps(a)} -> {json.dumps(b)}")
+    return found
+
+
 def short_list(items: list[str], limit: int = 6) -> str:
     """The first `limit` items, comma-separated, and how many more there are."""
     text = ", ".join(items[:limit])
@@ -102,15 +116,20 @@ JSON_LIMIT = 64 * 2**20  # config.json, a shard index, the golden manifest, toke
 JSON_DEPTH_LIMIT = 100  # nesting of a JSON document: real ones nest under 10 deep
 
 
-def open_checked(path: Path, what: str, limit: int) -> BinaryIO:
-    """`path` opened for reading if it is a regular file (through links) of at most `limit`
+def open_checked(path: Path, what: str, limit: int, follow_links: bool = True) -> BinaryIO:
+    """`path` opened for reading if it is a regular file (through links, unless `follow_links`
+    is False: then a link is refused, as in a folder this program wrote) of at most `limit`
     bytes; a FIFO, device, folder or larger file is one line and is never read. The check is
     made on the opened file, so a path swapped meanwhile cannot slip past it."""
     path = Path(path)
     try:
         # O_NONBLOCK: opening a FIFO with no writer would otherwise block before the check
-        f = os.fdopen(os.open(path, os.O_RDONLY | os.O_NONBLOCK), "rb")
+        flags = os.O_RDONLY | os.O_NONBLOCK | (0 if follow_links else os.O_NOFOLLOW)
+        f = os.fdopen(os.open(path, flags), "rb")
     except OSError as err:
+        if not follow_links and err.errno == errno.ELOOP and path.is_symlink():
+            raise MiniT2IError(f"{what} {path} is a symbolic link, which is never followed here; put the file "
+                               "itself there") from None
         raise MiniT2IError(f"cannot read {what} {path}: {_unusable(path, err)}") from None
     try:
         _check_kind_and_size(os.fstat(f.fileno()), path, what, limit)
@@ -120,12 +139,12 @@ def open_checked(path: Path, what: str, limit: int) -> BinaryIO:
     return f
 
 
-def read_limited(path: Path, what: str, limit: int) -> bytes:
+def read_limited(path: Path, what: str, limit: int, follow_links: bool = True) -> bytes:
     """The bytes of a regular file of at most `limit` bytes (`open_checked`). What is read is
     bounded by the size checked (a buffered read preallocates what it is asked for), so a file
     growing meanwhile is refused, not read on."""
     try:
-        with open_checked(path, what, limit) as f:
+        with open_checked(path, what, limit, follow_links) as f:
             size = os.fstat(f.fileno()).st_size
             data = f.read(size + 1)
     except OSError as err:

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import io
+import warnings
 from pathlib import Path
 
 import numpy as np
-from PIL import Image
+from PIL import Image, UnidentifiedImageError
 
 from .checks import user_path
 from .errors import MiniT2IError
@@ -64,6 +65,31 @@ def png_bytes(pixels: np.ndarray) -> bytes:
     buffer = io.BytesIO()
     Image.fromarray(np.ascontiguousarray(pixels)).save(buffer, format="PNG")
     return buffer.getvalue()
+
+
+def png_limit(width: int, height: int) -> int:
+    """The largest PNG file of a width x height RGB image: its raw pixels, a filter byte a row and
+    zlib's 5 bytes a stored block of 64 kB at worst, bounded by twice the raw size plus 1 MiB."""
+    return 2 * 3 * width * height + 2**20
+
+
+def decode_png(data: bytes, path: Path, what: str, size: tuple[int, int], fix: str) -> np.ndarray:
+    """The bytes of a PNG file from outside (`path`, `what` it should be, for the messages) ->
+    uint8 [H, W, 3], checked to be a PNG of `size` (width, height) before it is decoded: another
+    size, a decompression bomb (a small file declaring billions of pixels) or damaged data is one
+    line ending in `fix`."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", Image.DecompressionBombWarning)
+            with Image.open(io.BytesIO(data), formats=["PNG"]) as png:
+                if png.size != size:
+                    raise MiniT2IError(f"{path} is {png.size[0]} x {png.size[1]} pixels, not {what} of "
+                                       f"{size[0]} x {size[1]}; {fix}")
+                return np.asarray(png.convert("RGB"))
+    except UnidentifiedImageError:
+        raise MiniT2IError(f"{path} is not a PNG image; {fix}") from None
+    except (OSError, SyntaxError, ValueError, Image.DecompressionBombError, Image.DecompressionBombWarning) as err:
+        raise MiniT2IError(f"{path} is not {what} ({err}); {fix}") from None
 
 
 def grid(pixels: list[np.ndarray], columns: int) -> np.ndarray:

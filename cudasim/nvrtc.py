@@ -4,7 +4,9 @@ NVRTC (the library CuPy calls), the CUDA headers (cuda_fp16.h, cuda_bf16.h) and 
 the way CuPy 14 finds them, with `cuda.pathfinder`: pip wheels for CUDA 12 (`nvidia-cuda-*-cu12`)
 or 13 (`nvidia-cuda-*`), a conda environment, or a toolkit under CUDA_PATH / CUDA_HOME. None of
 them needs a GPU or a driver. `resources()` reports per kernel what `ptxas -v` prints:
-registers, spill stores/loads and static shared memory.
+registers, spill stores/loads and static shared memory; `sass()` reads a cubin's machine code
+with cuobjdump (the `nvidia-cuda-cuobjdump` and `nvidia-cuda-nvdisasm` wheels, which disassemble
+sm_80 and sm_90 cubins without a GPU).
 """
 
 from __future__ import annotations
@@ -111,6 +113,61 @@ def resources(ptx: str, arch: str) -> dict[str, Resources]:
     if result.returncode != 0:
         raise NvrtcError(f"ptxas failed for {arch}:\n{result.stderr}")
     return parse_ptxas(result.stderr, arch)
+
+
+@dataclass(frozen=True)
+class Instruction:
+    """One SASS instruction: its byte offset in the kernel, its opcode with modifiers (e.g.
+    HMMA.16816.F32.BF16) and, for a branch, the offset it jumps to."""
+
+    offset: int
+    opcode: str
+    target: int | None = None
+
+
+SASS_LINE = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(?:@!?U?P[T0-9]+\s+)?([A-Z][A-Z0-9_]*(?:\.[A-Z0-9_]+)*)([^;]*);")
+
+
+def sass(cubin: bytes) -> dict[str, list[Instruction]]:
+    """{kernel: its instructions} of a cubin, disassembled with `cuobjdump -sass`."""
+    cuobjdump = _found("cuobjdump (the nvidia-cuda-cuobjdump wheel)", _pathfinder().find_nvidia_binary_utility("cuobjdump"))
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "kernels.cubin"
+        path.write_bytes(elf_extent(cubin))
+        # cuobjdump runs nvdisasm, which the nvdisasm wheel puts beside it
+        result = subprocess.run([str(cuobjdump), "-sass", str(path)], capture_output=True, text=True,
+                                env={"PATH": str(cuobjdump.parent)})
+    if result.returncode != 0:
+        raise NvrtcError(f"cuobjdump failed (is the nvidia-cuda-nvdisasm wheel installed?):\n{result.stderr}")
+    return parse_sass(result.stdout)
+
+
+def elf_extent(image: bytes) -> bytes:
+    """A 64-bit ELF image padded with zeros to the end of its own program and section header
+    tables. The cubin CuPy 14's NVRTC path returns (nvrtc.getCUBIN) is one byte shorter than its
+    headers say, the last one (a 0, inside the last program header), as if read as a C string;
+    cuobjdump refuses it ("does not contain device code"), ptxas's own cubin is complete."""
+    e_phoff, e_shoff = int.from_bytes(image[32:40], "little"), int.from_bytes(image[40:48], "little")
+    e_phentsize, e_phnum, e_shentsize, e_shnum = (int.from_bytes(image[i:i + 2], "little") for i in (54, 56, 58, 60))
+    extent = max(e_phoff + e_phentsize * e_phnum, e_shoff + e_shentsize * e_shnum)
+    return image + bytes(max(0, extent - len(image)))
+
+
+def parse_sass(text: str) -> dict[str, list[Instruction]]:
+    kernels = {}
+    for block in re.split(r"\n\s*Function : ", text)[1:]:
+        instructions = []
+        for match in SASS_LINE.finditer(block):
+            branch = re.fullmatch(r"\s*0x([0-9a-f]+)\s*", match.group(3)) if match.group(2).startswith("BRA") else None
+            instructions.append(Instruction(int(match.group(1), 16), match.group(2), int(branch.group(1), 16) if branch else None))
+        kernels[block.split("\n", 1)[0].strip()] = instructions
+    return kernels
+
+
+def loop_bodies(instructions: list[Instruction]) -> list[list[Instruction]]:
+    """The bodies of the kernel's loops: from the target of each backward branch to the branch."""
+    return [[i for i in instructions if branch.target <= i.offset <= branch.offset]
+            for branch in instructions if branch.target is not None and branch.target < branch.offset]
 
 
 def parse_ptxas(log: str, arch: str) -> dict[str, Resources]:

@@ -37,12 +37,14 @@ from minit2i.core.mmjit_config import DEFAULT_VARIANT
 from .api import MiniT2IPipeline, MiniT2IPipelineOutput
 from .arguments import add_model_arguments, model_paths
 from .console import LINE_LIMIT, emit, printable
+from .code_pages import CodePages
 from .demo_models import DEMO_MODELS
 from .explore_tutor import (
     ATTENTION_SINKS,
     CONCEPTS_ROUTE,
     FIRST,
     KEPT_FOR_S,
+    KEPT_RUNS,
     Kept,
     compare_label,
     concepts_markdown,
@@ -51,6 +53,8 @@ from .explore_tutor import (
     other_model,
     run_request,
     sample_run,
+    strip,
+    time_line,
 )
 from .insides import finished_x0_pixels, step_pictures
 from .page_guard import TEMP_VARIABLE, PageGuard, is_loopback, pictures_folder, prune
@@ -70,7 +74,30 @@ PAGE_CSS = ("img { image-rendering: pixelated; } "
             ".picture img { width: 100%; height: 100%; object-fit: contain; } "
             ".gallery .grid-wrap.fixed-height { height: auto !important; min-height: 0 !important; "
             "max-height: none !important; } "
-            ".look-for { font-size: 0.85em; opacity: 0.85; }")
+            ".look-for { font-size: 0.85em; opacity: 0.85; } "
+            # The x0 strip's chosen step (explore_tutor.strip marks its caption).
+            "#x0-steps .thumbnail-item:has(img[alt^='\u25b6']) { outline: 3px solid #f97316; } "
+            # A link to code on the concepts page looks like a link, not only like code.
+            "#concepts a code { color: var(--link-text-color); text-decoration: underline; }")
+# Gradio draws a page after the browser has loaded it, so the browser's own jump to a link's #id
+# finds nothing: jump when the heading appears, and again while the figures above it load, until
+# the reader scrolls (every page of the server, the concepts page and its links above all).
+JUMP_TO_ANCHOR = """<script>
+(() => {
+  let reader = false, since = Date.now();
+  for (const kind of ["wheel", "keydown", "touchstart", "mousedown"]) {
+    window.addEventListener(kind, () => { reader = true; }, {passive: true});
+  }
+  const jump = () => {
+    const id = decodeURIComponent(location.hash.slice(1));
+    const target = id && document.getElementById(id);
+    if (target) target.scrollIntoView();
+    if (id && !reader && Date.now() - since < 5000) setTimeout(jump, 200);
+  };
+  window.addEventListener("hashchange", () => { reader = false; since = Date.now(); jump(); });
+  jump();
+})();
+</script>"""
 
 
 def add_parser(sub) -> None:
@@ -144,8 +171,11 @@ def check_port(host: str, port: int) -> None:
     if not 1 <= port <= 65535:
         raise MiniT2IError(f"--port {port} is not a port; use one in 1..65535, e.g. --port {DEFAULT_PORT}")
     try:
+        socket.getaddrinfo(host, port)  # create_server would say "Unknown error -2" of a name that does not resolve
         with socket.create_server((host, port)):
             pass
+    except socket.gaierror as err:
+        raise MiniT2IError(f"cannot serve on {host}:{port} ({err.strerror}); pass another --host") from None
     except OSError as err:
         reason = os.strerror(err.errno) if err.errno else err  # without the address, which the line names already
         raise MiniT2IError(f"cannot serve on {host}:{port} ({reason}); pass another --port or --host") from None
@@ -154,14 +184,15 @@ def check_port(host: str, port: int) -> None:
 def launch_settings(gradio, host: str, port: int) -> dict:
     """`Blocks.launch` arguments: no share link, no server-side rendering process, and the system's
     fonts instead of the default theme's web fonts, so nothing is fetched from the internet; every
-    request checked by `page_guard.PageGuard` first."""
+    request checked by `page_guard.PageGuard` first, then the source files the concepts page links
+    served (`code_pages`); and the script that takes a link to its heading (JUMP_TO_ANCHOR)."""
     from starlette.middleware import Middleware
 
     local_fonts = gradio.themes.Default(font=["ui-sans-serif", "system-ui", "sans-serif"],
                                         font_mono=["ui-monospace", "monospace"])
     return {"server_name": host, "server_port": port, "share": False, "ssr_mode": False, "quiet": True,
-            "theme": local_fonts, "css": PAGE_CSS,
-            "app_kwargs": {"middleware": [Middleware(PageGuard, loopback=is_loopback(host))]}}
+            "theme": local_fonts, "css": PAGE_CSS, "head": JUMP_TO_ANCHOR,
+            "app_kwargs": {"middleware": [Middleware(PageGuard, loopback=is_loopback(host)), Middleware(CodePages)]}}
 
 
 def model_sources(args) -> dict[str, dict]:
@@ -220,7 +251,8 @@ def settings_for(models: Models, name: str) -> dict:
 
 def look(models: Models, name: str, backend: str, on_step, prompt: str, **settings):
     """A finished run on the cached model, looked at its `step` and `block` (numbered from 1)."""
-    kept = Kept(sample_run(models, name, backend, PRECISION, on_step, prompt, **settings), name, backend, 1)
+    finished = sample_run(models, name, backend, PRECISION, on_step, prompt, **settings)
+    kept = Kept(KEPT_RUNS.keep(finished), name, backend, 1)
     return look_again(models, kept, settings["step"], settings["block"])
 
 
@@ -363,10 +395,13 @@ def build_page(gradio, models: Models, default: str, pictures: Path | None = Non
         gr.Markdown("## Step by step\nThe selectors look at the finished run again: moving them samples "
                     "nothing, it only runs the two forwards of the chosen step that the maps below need.")
         with gr.Row():
-            # Numbers the page checks itself (one line naming the range), not sliders, whose bounds Gradio
-            # would check with a pop-up of its own.
-            step = gr.Number(start["step"], label="step (1 = first)", precision=0, elem_id="step")
+            # The time axis: a slider over the steps of the run (the page checks the value it sends, as
+            # every field's, so a client's out-of-range step is the project's one line); clicking a
+            # picture of the x0 strip moves it too.
+            step = gr.Slider(FIRST, start["steps"], start["step"], step=1, scale=3, elem_id="step",
+                             label="step (1 = first): drag it, or click a picture of the x0 strip")
             block = gr.Number(start["block"], label="double block (1 = first)", precision=0, elem_id="block")
+        time = gr.Markdown("", elem_id="step-time")
         with gr.Row():
             panels = []
             for name, label in (("state", "the state x_t the step starts from"),
@@ -377,8 +412,8 @@ def build_page(gradio, models: Models, default: str, pictures: Path | None = Non
                                            elem_id=f"step-{name}", elem_classes="picture"))
                     gr.Markdown(look_for(name), elem_classes="look-for")
         gr.Markdown("### The clean-image prediction at every step")
-        x0_steps = gr.Gallery(label="x0 at every step", format="png", columns=10, elem_id="x0-steps",
-                              elem_classes="gallery")
+        x0_steps = gr.Gallery(label="x0 at every step (click one to look at its step)", format="png", columns=10,
+                              elem_id="x0-steps", elem_classes="gallery", allow_preview=False)
         gr.Markdown(look_for("x0_steps"), elem_classes="look-for")
         gr.Markdown("## Which image patches look at each word\nAt the chosen step and double block: for every "
                     "patch, the attention its query pays to the word's tokens (mean over heads; black 0, white "
@@ -398,11 +433,12 @@ def build_page(gradio, models: Models, default: str, pictures: Path | None = Non
             guided = gr.Image(label="guided", format="png", interactive=False, height=SHOWN_SIZE,
                              elem_id="guided", elem_classes="picture")
         gr.Markdown(look_for("guidance"), elem_classes="look-for")
-        looked = [*panels, attention, cond, uncond, guided]
+        looked = [time, x0_steps, *panels, attention, cond, uncond, guided]
 
         def shown(run_kept: Kept, insides, step_number):
-            """The selectors' panels for `insides` at the page's `step_number`."""
-            return [*step_pictures(run_kept.run, step_number - FIRST),
+            """The selectors' outputs (`looked`) for `insides` at the page's `step_number`."""
+            return [time_line(models, run_kept, step_number), strip(insides.x0_steps, step_number, run_kept.run),
+                    *step_pictures(run_kept.run, step_number - FIRST),
                     list(zip(heat_maps(insides.attention), word_captions(insides.words, insides.attention))),
                     insides.cond_x0, insides.uncond_x0, insides.x0_steps[step_number - FIRST]]
 
@@ -416,28 +452,27 @@ def build_page(gradio, models: Models, default: str, pictures: Path | None = Non
                                          t_max, width, height, step, block)
                 finished = yield from sampled(
                     lambda on_step: sample_run(models, model_name, backend_name, PRECISION, on_step, prompt, **settings),
-                    progress, settings["steps"], "sampling", [gr.skip()] * 13)
-                session = Kept(finished, model_name, backend_name, session.sampling_runs + 1)
+                    progress, settings["steps"], "sampling", [gr.skip()] * 14)
+                session = Kept(KEPT_RUNS.keep(finished), model_name, backend_name, session.sampling_runs + 1)
                 insides = look_again(models, session, settings["step"], settings["block"])
             except Exception as err:  # noqa: BLE001 (nothing may escape to Gradio: one line, error_status)
-                yield [error_status(err)] + [gr.skip()] * 12
+                yield [error_status(err)] + [gr.skip()] * 13
                 return
             seed, step = settings["seed"], settings["step"]
-            state, prediction, velocity, *maps = shown(session, insides, step)
+            line, steps_strip, state, prediction, velocity, *maps = shown(session, insides, step)
             yield [f"{model_name}, seed {seed}: done", insides.image,
                     MiniT2IPipelineOutput([insides.image], insides.result.timings, insides.result.step_times,
                                           backend_name, PRECISION, insides.result.blas_threads).timing_table(),
-                    [(x0, f"step {i + FIRST}") for i, x0 in enumerate(insides.x0_steps)],
-                    *maps, state, prediction, velocity, session, session.runs_line()]
+                    steps_strip, *maps, state, prediction, velocity, line, session, session.runs_line()]
 
         def select(session, step, block):
             if session.run is None:  # nothing generated yet: the numbers are for the next run
-                return [gr.skip()] * 8
+                return [gr.skip()] * 10
             step, block = whole(step), whole(block)
             try:
                 insides = look_again(models, session, step, block)
             except Exception as err:  # noqa: BLE001 (nothing may escape to Gradio: one line, error_status)
-                return [error_status(err)] + [gr.skip()] * 7
+                return [error_status(err)] + [gr.skip()] * 9
             return [f"step {step}, block {block}: from the finished run", *shown(session, insides, step)]
 
         def choose_model(model_name):
@@ -451,17 +486,29 @@ def build_page(gradio, models: Models, default: str, pictures: Path | None = Non
 
         run.click(generate, [prompt, model, backend, seed, steps, guidance, t_min, t_max, width, height, step, block,
                              kept],
-                  [status, image, timings, x0_steps, attention, cond, uncond, guided, *panels, kept, runs],
+                  [status, image, timings, x0_steps, attention, cond, uncond, guided, *panels, time, kept, runs],
                   api_name="generate", preprocess=False)
 
         def fit_step(steps, step):
+            """The slider over the steps of the run to come."""
+            steps, step = whole(steps), whole(step)
             if not isinstance(steps, int) or steps < FIRST:
                 return gr.skip()  # Generate will say what is wrong with it
-            return min(step, steps) if isinstance(step, int) else gr.skip()
+            return gr.Slider(maximum=steps, value=min(step, steps) if isinstance(step, int) else gr.skip())
 
-        for chosen in (step, block):
-            chosen.blur(select, [kept, step, block], [status, *looked], api_name=False, preprocess=False)
-            chosen.submit(select, [kept, step, block], [status, *looked], api_name=False, preprocess=False)
+        def pick_step(chosen):
+            """The step of the strip's picture clicked (Gradio hands over the click's event data)."""
+            return chosen.index + FIRST
+
+        # The class itself, not the string that postponed annotations make of it: Gradio finds its
+        # event-data parameter by the annotation, and `gr` is not a name of this module.
+        pick_step.__annotations__ = {"chosen": gr.SelectData}
+
+        step.change(select, [kept, step, block], [status, *looked], api_name=False, preprocess=False,
+                    trigger_mode="always_last")
+        block.blur(select, [kept, step, block], [status, *looked], api_name=False, preprocess=False)
+        block.submit(select, [kept, step, block], [status, *looked], api_name=False, preprocess=False)
+        x0_steps.select(pick_step, None, [step], api_name=False, preprocess=False)
         steps.change(fit_step, [steps, step], [step], api_name=False, preprocess=False)
         model.change(choose_model, [model], [status, steps, guidance, interval_row, t_min, t_max, width, height, step,
                                              block], api_name="defaults", preprocess=False)
@@ -503,7 +550,7 @@ def compare_section(gr, models: Models, default: str, kept, runs, form: list) ->
     def compare(prompt, model_a, backend_name, seed, steps_a, guidance_a, t_min, t_max, width, height, model_b,
                 steps_b, guidance_b, session, progress=gr.Progress()):  # noqa: B008 (as generate's)
         """Nothing new on the page after each sampling step, then both sides (as generate)."""
-        shown = []
+        shown, sides = [], []
         try:
             seed, width, height = whole(seed), whole(width), whole(height)
             for name, steps, guidance in ((model_a, whole(steps_a), guidance_a), (model_b, whole(steps_b), guidance_b)):
@@ -512,11 +559,15 @@ def compare_section(gr, models: Models, default: str, kept, runs, form: list) ->
                     else None
                 settings = {"seed": seed, "steps": steps, "guidance_scale": guidance, "width": width,
                             "height": height, "step": FIRST, "block": FIRST, "interval": interval}
+                # Both sides are checked before either is sampled.
+                run_request(models, name, backend_name, PRECISION, prompt, **settings)
+                sides.append((name, steps, settings))
+            for name, steps, settings in sides:
                 finished = yield from sampled(
                     lambda on_step, name=name, settings=settings: sample_run(models, name, backend_name, PRECISION,
                                                                              on_step, prompt, **settings),
                     progress, steps, f"sampling {name}", [gr.skip()] * 9)
-                session = Kept(session.run, session.model, session.backend, session.sampling_runs + 1)
+                session = Kept(session.key, session.model, session.backend, session.sampling_runs + 1)
                 result = finished.result
                 shown += [compare_label(name, finished.request, sum(result.step_times)), result.pixels[0],
                           [(x0, f"step {i + FIRST}") for i, x0 in enumerate(finished_x0_pixels(finished))]]

@@ -11,20 +11,41 @@ the walkthrough; `insides` counts from 0, as the code does.
 from __future__ import annotations
 
 import base64
+import itertools
 import re
+import threading
+from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 
 from minit2i.core.errors import MiniT2IError
 
-from .insides import FinishedRun, Insides, check_kept_size, check_position, inside_request, look_at, sample_and_keep
-from .pipeline import Request, check_backend
+from .code_pages import code_link
+from .insides import (
+    KEPT_RUN_LIMIT,
+    FinishedRun,
+    Insides,
+    check_kept_size,
+    check_position,
+    inside_request,
+    look_at,
+    sample_and_keep,
+    step_times,
+    velocity_correlation,
+)
+from .pipeline import Request, check_backend, is_student
 
 # The page's numbers for steps and blocks start here (the docs' convention).
 FIRST = 1
 CONCEPTS_ROUTE = "concepts"  # the concepts page, served beside the explore page
 # How long a session's kept run outlives its last request (Gradio drops the state then).
 KEPT_FOR_S = 3600
+# The velocity panel's claim: at every step the velocity's pixels correlate at least this much with
+# the first step's (a straight path from noise to image has one velocity, x - n; the demo runs give
+# 0.97 and more, tests/test_explore_captions.py measures it).
+VELOCITY_AGREEMENT = 0.95
+# How the x0 strip marks the chosen step.
+STRIP_MARK = "\u25b6"
 
 
 PACKAGE = Path(__file__).resolve().parent
@@ -51,8 +72,10 @@ def concepts_sections(text: str) -> dict[int, tuple[str, str]]:
 
 def concepts_markdown(folder: Path | None = None) -> str:
     """docs/concepts.md as the explore server shows it: its figures inlined (data: URIs, so the
-    page needs no file route), its links within the page pointed at Gradio's heading ids, and its
-    links to other pages of the docs left as text."""
+    page needs no file route), its links within the page pointed at Gradio's heading ids, its
+    links to source files at the server's own pages of them (`code_pages`: at the function a
+    link names), and its links to other pages of the docs, which the server does not have, left
+    as text."""
     folder = folder or concepts_dir()
     text = (folder / "concepts.md").read_text()
 
@@ -60,9 +83,15 @@ def concepts_markdown(folder: Path | None = None) -> str:
         data = base64.b64encode((folder / match.group(2)).read_bytes()).decode()
         return f"![{match.group(1)}](data:image/png;base64,{data})"
 
+    def link(match):
+        label, target = match.group(1), match.group(2)
+        name = re.fullmatch(r"`(\w+)`", label)
+        served = code_link(target.removeprefix("../").split("#")[0], name and name[1])
+        return f"[{label}]({served})" if served else label
+
     text = re.sub(r"!\[([^\]]*)\]\((figures/[^)\s]+\.png)\)", figure, text)
     text = re.sub(r"\]\(#([\w-]+)\)", r"](#h-\1)", text)  # the page's own headings, as Gradio names them
-    return re.sub(r"(?<!!)\[([^\]]+)\]\((?!https?:|#|data:)[^)]+\)", r"\1", text)  # the docs site has those pages
+    return re.sub(r"(?<!!)\[([^\]]+)\]\((?!https?:|#|data:)([^)]+)\)", link, text)
 
 
 def concept_link(section: int, text: str | None = None) -> str:
@@ -73,12 +102,14 @@ def concept_link(section: int, text: str | None = None) -> str:
 
 # Under each panel: (what to look for, the concepts section that explains it).
 LOOK_FOR = {
-    "state": (("The state x_t the step starts from: pure noise at step 1, the picture after the last; it moves "
-               "along a straight line from the noise to the image."), 1),
-    "x0": (("The network's guess of the finished picture: the shape and its place are there after a few steps, "
-            "while x_t is still mostly noise."), 2),
-    "velocity": (("The direction the step moves x_t, (x0 - x_t) over the time left, on its own scale: early it "
-                  "carries the whole picture, late only the last corrections."), 2),
+    "state": (("The state x_t the step starts from, t of the way from the noise to the image: pure noise at "
+               "step 1, more of the picture at every step."), 1),
+    "x0": (("The network's guess of the finished picture: from step 2 on it is nearly the picture, while x_t "
+            "is still mostly noise."), 2),
+    "velocity": (("The direction the step moves x_t, (x0 - x_t) over the time left, on its own scale: nearly the "
+                  f"same picture at every step (its pixels correlate {VELOCITY_AGREEMENT:g} or more with step 1's; "
+                  "the line above gives this step's), the image minus the noise, x - n, as a straight path has "
+                  "it."), 2),
     "x0_steps": (("Read the strip left to right: the guess sharpens while the state it is made from loses "
                   "its noise."), 2),
     "attention": (("A colour or shape word lights up on the patches where that shape is drawn; change the block "
@@ -102,18 +133,74 @@ def look_for(panel: str) -> str:
     return f"{line} ({concept_link(section, f'concepts {section}')})"
 
 
+class KeptRuns:
+    """The finished runs the sessions of one server keep, oldest first, under `limit` bytes in all:
+    keeping one more lets go of the oldest (whose session, asked for another step, is told to
+    generate again). A session's state holds only its run's key, so that a run is freed here
+    whether or not Gradio still holds the session."""
+
+    def __init__(self, limit: int):
+        self.limit = limit
+        self.runs: OrderedDict[int, FinishedRun] = OrderedDict()
+        self.keys = itertools.count()
+        self.lock = threading.Lock()  # Gradio answers requests in several threads
+
+    def keep(self, run: FinishedRun) -> int:
+        """Keep `run` -> its key."""
+        with self.lock:
+            key = next(self.keys)
+            self.runs[key] = run
+            while len(self.runs) > 1 and sum(kept.states.nbytes + kept.x0s.nbytes
+                                             for kept in self.runs.values()) > self.limit:
+                self.runs.popitem(last=False)
+            return key
+
+    def get(self, key: int | None) -> FinishedRun | None:
+        with self.lock:
+            return self.runs.get(key)
+
+
+# Every session may keep a run of up to KEPT_RUN_LIMIT for KEPT_FOR_S: 50 sessions of one server held
+# over 12 GiB for an hour. All of a server's sessions together keep at most this much.
+SERVER_KEPT_LIMIT = 4 * KEPT_RUN_LIMIT
+KEPT_RUNS = KeptRuns(SERVER_KEPT_LIMIT)
+
+
 @dataclass
 class Kept:
-    """What one browser session keeps: its last finished run (what the step and block selectors
-    look at) and how many sampling runs it has asked for."""
+    """What one browser session keeps: the key of its last finished run in KEPT_RUNS (what the
+    step and block selectors look at) and how many sampling runs it has asked for."""
 
-    run: FinishedRun | None = None
+    key: int | None = None
     model: str = ""
     backend: str = ""
     sampling_runs: int = 0
 
+    @property
+    def run(self) -> FinishedRun | None:
+        """The session's last finished run, None if there is none or the server has let it go."""
+        return KEPT_RUNS.get(self.key)
+
     def runs_line(self) -> str:
         return f"sampling runs on this page: {self.sampling_runs}"
+
+
+def time_line(models, kept: Kept, step: int) -> str:
+    """The line above the step's panels: where the page's `step` (from 1) of the kept run lies on
+    the path from noise to image, and how alike its velocity is to the first step's."""
+    start, end = step_times(kept.run, step - FIRST)
+    steps = kept.run.request.steps
+    clock = (f" (the student's own clock, 1 noise: {1 - start:.2f} to {1 - end:.2f})"
+             if is_student(models.files(kept.model)) else "")
+    return (f"**step {step} of {steps}: t = {start:.2f} to {end:.2f}**{clock}, on the path from noise (t = 0) to "
+            f"image (t = 1): x_t = {start:.2f} x + {1 - start:.2f} n. The velocity's correlation with step "
+            f"{FIRST}'s: {velocity_correlation(kept.run, step - FIRST, 0):.3f}.")
+
+
+def strip(x0_pictures: list, step: int, run: FinishedRun) -> list[tuple]:
+    """The x0 strip's (picture, caption) of every step, the page's `step` (from 1) marked with its t."""
+    return [(picture, f"{STRIP_MARK} {i + FIRST}: t {step_times(run, i)[0]:.2f}" if i + FIRST == step
+             else f"step {i + FIRST}") for i, picture in enumerate(x0_pictures)]
 
 
 def run_request(models, name: str, backend: str, precision: str, prompt: str, *, step: int, block: int,
@@ -140,7 +227,8 @@ def sample_run(models, name: str, backend: str, precision: str, on_step, prompt:
 def look_again(models, kept: Kept, step: int, block: int) -> Insides:
     """The kept run at the page's `step` and `block` (from 1): two forwards of the reference, no sampling."""
     if kept.run is None:
-        raise MiniT2IError("there is no finished run to look at yet; press Generate first")
+        raise MiniT2IError("there is no finished run to look at (none yet, or the server let it go to make room for "
+                           "other sessions' runs); press Generate")
     reference = models.pipeline(kept.model, "numpy")
     check_position(step, kept.run.request.steps, "step", "the run's steps", first=FIRST)
     check_position(block, reference.model.mmjit.config.depth_double, "block", "the model's double blocks",

@@ -25,6 +25,7 @@ from minit2i.reference.mean_flow import unrotated_prefix
 from minit2i.reference.mean_flow_sampler import step_lengths
 from minit2i.reference.mmjit import joint_qkv
 from minit2i.reference.pipeline import NumpyRunner
+from minit2i.reference.sampler import time_grid
 
 from .pipeline import (
     Model,
@@ -129,12 +130,33 @@ def sample_and_keep(model: Model, request: Request, runner, reference: NumpyRunn
                        model.tokenizer.word_positions(request.prompt), result)
 
 
+def step_times(run: FinishedRun, step: int) -> tuple[float, float]:
+    """(t where sampling step `step` (0-based) starts, t where it ends) on the base sampler's clock,
+    0 noise and 1 image, whichever sampler ran: both grids are uniform, and the student's own
+    clock (1 noise, 0 image) reads 1 - t (concepts.md 7)."""
+    grid = time_grid(run.request.steps)
+    return float(grid[step]), float(grid[step + 1])
+
+
+def step_velocity(run: FinishedRun, step: int) -> np.ndarray:
+    """float32 [C, H, W]: the velocity sampling step `step` (0-based) followed, the move from its
+    state to the next over the step's length of time (base clock)."""
+    start, end = step_times(run, step)
+    return (run.states[step + 1] - run.states[step]) / np.float32(end - start)
+
+
+def velocity_correlation(run: FinishedRun, step: int, other: int) -> float:
+    """The Pearson correlation of the pixels of two steps' velocities (0-based steps): 1 when one
+    is the other scaled, what a straight path from noise to image gives at every step."""
+    return float(np.corrcoef(step_velocity(run, step).ravel(), step_velocity(run, other).ravel())[0, 1])
+
+
 def step_pictures(run: FinishedRun, step: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """uint8 [H, W, 3] x3 of sampling step `step` (0-based): the state x_t it starts from, the clean
-    image x0 predicted there, and the velocity the step follows (the move to the next state over
-    the step's length of time), shown on its own scale (its largest value white or black)."""
-    moved = run.states[step + 1] - run.states[step]
-    velocity = moved / max(float(np.abs(moved).max()), np.finfo(np.float32).tiny)
+    image x0 predicted there, and the velocity the step follows (`step_velocity`), shown on its
+    own scale (its largest value white or black)."""
+    velocity = step_velocity(run, step)
+    velocity = velocity / max(float(np.abs(velocity).max()), np.finfo(np.float32).tiny)
     return tuple(to_pixels(picture[None])[0] for picture in (run.states[step], run.x0s[step], velocity))
 
 

@@ -4,7 +4,8 @@
 
 Each experiment is one `python -m minit2i.training.learn --out runs/ablations/NAME SWITCHES`
 command (EXPERIMENTS), the baseline the same command without switches; a finished run is only
-read again, an interrupted one resumes. Each sheet (docs/figures/ablation-*.png) shows the data's
+read again, an interrupted one resumes. The loss plots of LOSS_FIGURES are copied as they are.
+Each sheet (docs/figures/ablation-*.png) shows the data's
 row, then for each run its samples at the middle snapshot and at the end, labelled (the caption
 drop's sheet also the final weights at guidance 1); the script prints the checker's final counts
 of every run, as the tables of concepts.md quote them. Runs are
@@ -13,6 +14,7 @@ deterministic on one thread, so the sheets come out byte for byte the same.
 
 from __future__ import annotations
 
+import shutil
 import sys
 from pathlib import Path
 
@@ -36,7 +38,13 @@ EXPERIMENTS = {
     "velocity-wide": (["--predict", "velocity", "--bottleneck", "48"], "v, b 48"),
     "sincos-only": (["--positions", "sincos"], "sin/cos"),
     "rope-only": (["--positions", "rope"], "RoPE only"),
+    # concepts.md 2's exercise: a short run that closes on the floor its bottleneck predicts.
+    "predict-v32": (["--predict", "velocity", "--bottleneck", "32", "--steps", "500", "--eval-prompts", "8"],
+                    "v, b 32"),
 }
+# The loss plots shown as they are (learn's loss.png, the predicted floor dashed): figure: run.
+LOSS_FIGURES = {"ablation-velocity-loss.png": "velocity", "ablation-noise-loss.png": "noise",
+                "ablation-v32-loss.png": "predict-v32"}
 # The runs also drawn and read back at guidance 1 (the conditional prediction alone, no
 # unconditional branch): whether a run draws well without guidance, or guidance breaks it.
 UNGUIDED = ("baseline", "no-caption-drop")
@@ -111,6 +119,8 @@ def main() -> None:
     run_all()
     for filename, (names, unguided) in SHEETS.items():
         save_png(sheet(names, unguided), FIGURES / filename)
+    for filename, name in LOSS_FIGURES.items():
+        shutil.copyfile(RUNS / name / "loss.png", FIGURES / filename)
     emit(score_table())
 
 

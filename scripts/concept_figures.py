@@ -24,7 +24,15 @@ import numpy as np  # noqa: E402
 from make_figures import FIGURES, load_demo  # noqa: E402
 from minit2i.core.files import write_atomically  # noqa: E402
 from minit2i.core.images import to_pixels  # noqa: E402
-from minit2i.insides import look_inside  # noqa: E402
+from minit2i.insides import (  # noqa: E402
+    block_inputs,
+    block_rope,
+    inside_request,
+    look_inside,
+    predictions,
+    sample_and_keep,
+)
+from minit2i.reference.mmjit import joint_qkv  # noqa: E402
 from minit2i.pipeline import Request, generate, sampling_defaults  # noqa: E402
 from minit2i.reference import layers, mean_flow_sampler, sampler  # noqa: E402
 
@@ -43,13 +51,19 @@ DATA_COLOUR, NOISE_COLOUR, PATH_COLOUR = "#d62728", "#9a9a9a", "#1f77b4"
 # samplers can run on the ideal network.
 
 
-def exact_x0(x, t: float):
-    """[N, 2] points x_t at time t (base convention: 0 noise, 1 data) -> [N, 2] the posterior mean
-    of the data point: x_t = t x + (1 - t) n with n ~ 2 N(0, I) makes x_t Gaussian around t x."""
+def toy_logits(x, t: float, data=TOY_DATA):
+    """[N, 2] points x_t -> [N, len(data)] log p_t(x_t | data point) up to one constant: x_t = t x +
+    (1 - t) n with n ~ 2 N(0, I) makes x_t Gaussian around t x, of spread 2 (1 - t)."""
     spread = sampler.NOISE_SCALE * (1.0 - t)
-    logits = -((x[:, None, :] - t * TOY_DATA[None]) ** 2).sum(-1) / (2 * spread**2)
+    return -((x[:, None, :] - t * data[None]) ** 2).sum(-1) / (2 * spread**2)
+
+
+def exact_x0(x, t: float, data=TOY_DATA):
+    """[N, 2] points x_t at time t (base convention: 0 noise, 1 data) -> [N, 2] the posterior mean
+    of the data point, the data points weighted by how likely each is to have given x_t."""
+    logits = toy_logits(x, t, data)
     weights = np.exp(logits - logits.max(axis=1, keepdims=True))
-    return (weights / weights.sum(axis=1, keepdims=True)) @ TOY_DATA
+    return (weights / weights.sum(axis=1, keepdims=True)) @ data
 
 
 def toy_noise(count: int = TOY_COUNT):
@@ -195,6 +209,73 @@ def a_min_figure():
     right.set_ylabel("f = dt / max(1 - t, a_min)")
     right.set_title("the share of the way to x0 each Euler step goes", fontsize=10)
     right.legend(fontsize=8)
+    return figure
+
+
+# The toy's condition for guidance: "the upper half", the ring's points with y > 0.
+TOY_CLASS = TOY_DATA[:, 1] > 0
+
+
+def class_log_probability(x, t: float):
+    """[N, 2] points x_t -> [N] log p_t(c | x_t) of the toy's class c (TOY_CLASS), every data point
+    equally likely: the log of the class's share of the posterior weights."""
+    logits = toy_logits(x, t)
+    top = logits.max(axis=1, keepdims=True)
+    return (np.log(np.exp(logits - top)[:, TOY_CLASS].sum(axis=1)) - np.log(np.exp(logits - top).sum(axis=1)))
+
+
+def implicit_classifier_gap(t: float = 0.5, count: int = 200, step: float = 1e-5) -> float:
+    """The largest difference, over `count` points x_t of the toy's noise at time t, between the
+    gradient of log p_t(c | x_t) (central differences of `class_log_probability`) and the
+    difference of the conditional and unconditional scores made from the exact x0 predictions,
+    grad log p_t(x_t) = (t x0 - x_t) / (2 (1 - t))^2: Bayes' rule says they are one vector."""
+    x = toy_noise(count)[:, :, 0, 0] * (1 - t)
+    scale = t / (sampler.NOISE_SCALE * (1 - t)) ** 2
+    scores = scale * (exact_x0(x, t, TOY_DATA[TOY_CLASS]) - exact_x0(x, t))
+    gradient = np.stack([(class_log_probability(x + step * e, t) - class_log_probability(x - step * e, t)) / (2 * step)
+                         for e in np.eye(2)], axis=1)
+    return float(np.abs(gradient - scores).max() / np.abs(scores).max())
+
+
+def toy_guided_denoiser(steps: int):
+    """`toy_denoiser` with a condition: rows whose mask is set get the exact x0 of TOY_CLASS's points,
+    the others (the sampler's unconditional half, an all-zero mask) that of all the points."""
+    times = iter(sampler.time_grid(steps))
+
+    def denoise(x, context, mask):
+        t = next(times)
+        points = x[:, :, 0, 0]
+        conditional = mask.any(axis=1)[:, None]
+        return np.where(conditional, exact_x0(points, t, TOY_DATA[TOY_CLASS]), exact_x0(points, t))[:, :, None, None]
+
+    return denoise
+
+
+def guidance_toy_figure(scales=(0.0, 1.0, 3.0), steps: int = 50):
+    """The implicit classifier p_t(c | x_t) of the toy's class "upper half" at t = 0.5 with its
+    gradient, then the base sampler on the exact network at guidance 0, 1 and 3."""
+    figure, axes = plt.subplots(1, 1 + len(scales), figsize=(4.2 * (1 + len(scales)), 4.4))
+    t = 0.5
+    side = np.linspace(-4.5, 4.5, 91)
+    grid = np.stack(np.meshgrid(side, side), axis=-1).reshape(-1, 2)
+    toy_axes(axes[0], f"p(c | x_t) at t = {t:g}, c = the upper half,\nand its gradient: what guidance adds")
+    axes[0].imshow(np.exp(class_log_probability(grid, t)).reshape(len(side), len(side)), origin="lower",
+                   extent=(-4.5, 4.5, -4.5, 4.5), cmap="RdBu", vmin=0, vmax=1, alpha=0.6)
+    coarse = grid.reshape(len(side), len(side), 2)[::10, ::10].reshape(-1, 2)
+    step = 1e-5
+    gradient = np.stack([(class_log_probability(coarse + step * e, t) - class_log_probability(coarse - step * e, t))
+                         / (2 * step) for e in np.eye(2)], axis=1)
+    axes[0].quiver(*coarse.T, *gradient.T, color="black", angles="xy", scale_units="xy", scale=3, width=0.004)
+    axes[0].set_xlabel(f"grad log p(c | x_t) against the score difference of the\nexact predictions: largest gap "
+                       f"{implicit_classifier_gap(t):.0e} of its size", fontsize=8)
+    noise = toy_noise()
+    for axis, scale in zip(axes[1:], scales):
+        states = [noise]
+        sampler.sample(toy_guided_denoiser(steps), noise, np.zeros((len(noise), 1, 1)), np.ones((len(noise), 1)),
+                       steps, scale, callback=lambda info, states=states: states.append(info.x))
+        toy_axes(axis, f"guidance {scale:g}" + {0.0: ": the unconditional field", 1.0: ": the conditional field"}.get(
+            scale, ": past the conditional one"))
+        draw_paths(axis, np.stack(states)[:, :, :, 0, 0])
     return figure
 
 
@@ -353,6 +434,60 @@ def positions_figure(queries=((8, 8), (3, 12))):
     return figure
 
 
+def text_patch_scores(step: int = 10, block: int = 2, word: str = "red"):
+    """(the demo model's image queries scored against the key of `word`'s first token [grid, grid],
+    with the joint RoPE and with every rotation by angle 0, both mean over heads and divided by
+    sqrt(Dh)) at double block `block` and sampling step `step` (0-based) of PROMPT, seed SEED: the
+    block's own q and k (`joint_qkv`), computed from its inputs twice."""
+    model, runner = load_demo("demo")
+    settings = sampling_defaults(model)
+    request = inside_request(model, PROMPT, seed=SEED, steps=settings["steps"], guidance_scale=settings["cfg_scale"],
+                             width=settings["width"], height=settings["height"], step=step, block=block)
+    run = sample_and_keep(model, request, runner, runner)
+    stages, _ = predictions(model, runner, request, step, run.states[step][None], run.context, run.mask)
+    config = model.mmjit.config
+    img, txt = block_inputs(stages, block, config)
+    grid = config.image_size // config.patch_size
+    rope = block_rope(config, txt.shape[1], grid, grid, img.dtype)
+    token = dict(run.words)[word][0]
+    maps = []
+    for tables in (rope, (np.ones_like(rope[0]), np.zeros_like(rope[1]))):
+        q, k, _ = joint_qkv(img, txt, runner.mmjit_params["double_blocks"][block], tables, config)
+        scores = np.einsum("hnd,hd->hn", q[0, :, txt.shape[1]:], k[0, :, token]) / np.sqrt(config.head_dim)
+        maps.append(scores.mean(axis=0).reshape(grid, grid))
+    return maps
+
+
+def joint_rope_figure(text_positions=(0, 4, 12)):
+    """What a text-patch score depends on under the joint RoPE: a query of ones at every patch
+    against a key of ones at text position l (the pure rotation: without RoPE, 1 everywhere);
+    then the demo model's real scores of every patch against "red", with RoPE and without."""
+    config = load_demo("demo")[0].mmjit.config
+    grid = config.image_size // config.patch_size
+    length = max(text_positions) + 1
+    cos, sin = layers.joint_rope(length, grid, grid, config.head_dim, np.float64)
+    ones = np.ones((1, 1, length + grid * grid, config.head_dim))
+    rotated = layers.apply_rope(ones, cos, sin)[0, 0]
+    figure, axes = plt.subplots(1, len(text_positions) + 2, figsize=(3.2 * (len(text_positions) + 2), 3.8),
+                                layout="constrained")
+    for axis, position in zip(axes, text_positions):
+        scores = rotated[length:] @ rotated[position] / config.head_dim
+        shown = axis.imshow(scores.reshape(grid, grid), cmap="viridis", vmin=-1, vmax=1)
+        axis.set_title(f"RoPE only: text position {position}\nagainst every patch", fontsize=9)
+    with_rope, without = text_patch_scores()
+    agreement = np.corrcoef(with_rope.ravel(), without.ravel())[0, 1]
+    low, high = min(with_rope.min(), without.min()), max(with_rope.max(), without.max())
+    for axis, scores, name in ((axes[-2], with_rope, "with RoPE"), (axes[-1], without, "without RoPE")):
+        axis.imshow(scores, cmap="magma", vmin=low, vmax=high)
+        axis.set_title(f'demo: every patch against "red",\n{name} (block 3, step 11)', fontsize=9)
+    axes[-1].set_xlabel(f"correlation of the two maps: {agreement:.3f}", fontsize=9)
+    for axis in axes:
+        axis.set_xticks([])
+        axis.set_yticks([])
+    figure.colorbar(shown, ax=axes[:len(text_positions)], location="bottom", shrink=0.5)
+    return figure
+
+
 # ---------------------------------------------------------------------------------------------
 # Inside one step (minit2i.insides)
 
@@ -402,9 +537,11 @@ FIGURE_MAKERS = {
     "concept-real-sampler.png": real_sampler_figure,
     "concept-a-min.png": a_min_figure,
     "concept-guidance-scales.png": guidance_scales_figure,
+    "concept-guidance-toy.png": guidance_toy_figure,
     "concept-cond-uncond.png": cond_uncond_figure,
     "concept-attention.png": attention_figure,
     "concept-positions.png": positions_figure,
+    "concept-joint-rope.png": joint_rope_figure,
     "concept-mean-flow-toy.png": mean_flow_toy_figure,
     "concept-student-guidance.png": student_guidance_figure,
     "concept-four-vs-twenty.png": four_vs_twenty_figure,

@@ -30,10 +30,13 @@ GROUPS = {
     "tests/test_explore_browser.py": "ports",
     "tests/test_hub.py::test_unknown_repo_and_unreachable_hub_are_one_line": "ports",
     # module-wide work done once: the site, the distillation, the NVRTC and ptxas compilations, the
-    # notebook run, the official writer's JAX checkpoints, the short training run
+    # explore captions' sampling runs, the notebook run, the official writer's JAX checkpoints, the
+    # short training run
     "tests/test_site.py": "site",
     "tests/test_distill.py": "distill",
     "tests/test_kernels_compile.py": "nvrtc",
+    "tests/test_ptx.py": "nvrtc",
+    "tests/test_explore_captions.py": "captions",
     "tests/test_walkthrough.py": "walkthrough",
     "tests/test_jax_checkpoints.py": "jax-checkpoints",
     "tests/test_learn.py": "learn",

@@ -12,11 +12,12 @@ import io
 
 import numpy as np
 import pytest
+from PIL import Image
 
 torch = pytest.importorskip("torch", reason="training needs the [train] extra (torch)")
 from minit2i.core.weights import nest  # noqa: E402
 from minit2i.reference.sampler import NOISE_SCALE  # noqa: E402
-from minit2i.training import ablations, learn, torch_model, train  # noqa: E402  (needs torch)
+from minit2i.training import ablations, charts, learn, torch_model, train  # noqa: E402  (needs torch)
 
 
 def path_point(seed: int = 0):
@@ -111,6 +112,33 @@ def test_a_short_run_of_a_switch_writes_its_rows_and_scores_and_no_export(tmp_pa
     assert printed.splitlines()[-1] == ("not exported: minit2i generate draws with the model's x0 prediction and "
                                         "both position signals")
     assert not (folder / "export").exists()
+    # The loss curve draws the floor these switches predict (patch 8 velocity: 4 x 176/192 = 3.67).
+    with Image.open(folder / "loss.png") as png:
+        chart = np.asarray(png.convert("RGB"))
+    assert (chart == charts.FLOOR).all(axis=-1).sum() > 200
+
+
+def test_the_predicted_floors_are_the_hidden_noise_over_the_training_times():
+    """The velocity floor is the hidden share of the noise's variance 4: 4 x 32/48 = 2.67 at patch 4,
+    4 x 176/192 = 3.67 at patch 8, 1.33 through 32 channels, none through 48 (nothing hidden) or
+    for x0. The noise's is that times E[1/max(t, a_min)^2], exactly 23.73 for the learn run's
+    sigmoid(N(-0.8, 0.8)) floored at 0.05 (63.29), and 24.94 without the floor, the closed form
+    1 + 2 e^(0.8 + 0.32) + e^(1.6 + 1.28) (66.52). A Monte Carlo mean of 4 million draws agrees
+    within 4 of its standard errors (measured: 0.1 % relative)."""
+    recipe = learn.LEARN_RECIPE
+    floors = {(prediction, patch, bottleneck): ablations.predicted_floor(prediction, patch, bottleneck, recipe)
+              for prediction, patch, bottleneck in (("velocity", 4, 16), ("velocity", 8, 16), ("velocity", 4, 32),
+                                                    ("velocity", 4, 48), ("x0", 4, 16), ("noise", 4, 16))}
+    assert floors.pop(("velocity", 4, 48)) is None and floors.pop(("x0", 4, 16)) is None
+    assert floors == pytest.approx({("velocity", 4, 16): 8 / 3, ("velocity", 8, 16): 11 / 3,
+                                    ("velocity", 4, 32): 4 / 3, ("noise", 4, 16): 63.2887}, rel=1e-5)
+    unfloored = dataclasses.replace(recipe, a_min=1e-12)
+    assert ablations.inverse_square_mean(unfloored) == pytest.approx(1 + 2 * np.exp(1.12) + np.exp(2.88), rel=1e-12)
+    t = 1 / (1 + np.exp(-np.random.default_rng(0).normal(recipe.t_mu, recipe.t_sigma, 4_000_000)))
+    for chosen in (recipe, unfloored):
+        draws = 1 / np.maximum(t, chosen.a_min) ** 2
+        error = draws.std() / np.sqrt(draws.size)
+        assert abs(draws.mean() - ablations.inverse_square_mean(chosen)) < 4 * error
 
 
 def test_a_run_resumes_only_with_the_switches_that_started_it(tmp_path, capsys):
@@ -118,11 +146,17 @@ def test_a_run_resumes_only_with_the_switches_that_started_it(tmp_path, capsys):
     assert run_learn("--out", folder, "--steps", 1, "--eval-prompts", 2, "--predict", "noise")[0] == 0
     before = (folder / "checkpoint.safetensors").read_bytes()
     capsys.readouterr()
-    for other in (["--predict", "velocity"], ["--predict", "noise", "--caption-drop", "0.2"],
-                  ["--predict", "noise", "--patch", "8"], ["--predict", "noise", "--bottleneck", "48"]):
+    for other, changed in ((["--predict", "velocity"], '--predict (variant.predict "noise" -> "velocity")'),
+                           (["--predict", "noise", "--caption-drop", "0.2"],
+                            "--caption-drop (recipe.caption_drop 0.1 -> 0.2)"),
+                           (["--predict", "noise", "--patch", "8"], "--patch (mmjit.patch_size 4 -> 8)"),
+                           (["--predict", "noise", "--bottleneck", "48"], "--bottleneck (mmjit.pca_channels 16 -> 48)"),
+                           ([], '--predict (variant.predict "noise" -> "x0")')):
         code, _ = run_learn("--out", folder, "--steps", 2, "--eval-prompts", 2, *other)
         err = capsys.readouterr().err
-        assert code == 2 and err.count("\n") == 1 and "was made with other settings" in err, err
+        assert code == 2 and err.count("\n") == 1, err
+        assert f"was made with other settings: {changed}; resume with the settings it was made with, or use " \
+               "another --out folder" in err, err
     assert (folder / "checkpoint.safetensors").read_bytes() == before
 
 

@@ -213,7 +213,7 @@ def test_flash_attention_matches_softmax_attention(batch, heads, lq, lk, head_di
                   kernel_bound(precision, attention_roundings(q64, k64, bias64, scale)))
 
 
-def attention_roundings(q64, k64, bias64, scale: float) -> float:
+def attention_roundings(q64, k64, bias64, scale: float, score_roundings: int = 3) -> float:
     """k of an attention bound against V = max |v|: (Dh + 3) A + 2 Lk + 4 fp32 roundings, where
     A = max over query and key of scale sum_d |q_d k_d| + |bias| bounds the scores' terms.
 
@@ -227,42 +227,63 @@ def attention_roundings(q64, k64, bias64, scale: float) -> float:
     by the same correction rounds twice (its own error cancels in the ratio): 2 ceil(Lk / 32) u;
     the reciprocal and the product 2 u. In all at most
     u_dtype + (2 (Dh + 3) A + 2.4 Lk + 2 ceil(Lk / 32) + 6) u, within kernel_bound's doubling of
-    u_dtype + k u_fp32. Masked keys have p = 0 in both."""
+    u_dtype + k u_fp32. Masked keys have p = 0 in both. score_roundings: the 3 roundings after
+    the dot product, more where a kernel has more."""
     magnitudes = scale * np.abs(q64) @ np.swapaxes(np.abs(k64), -1, -2) + np.abs(bias64)
-    return (q64.shape[-1] + 3) * float(np.max(magnitudes)) + 2 * k64.shape[-2] + 4
+    return (q64.shape[-1] + score_roundings) * float(np.max(magnitudes)) + 2 * k64.shape[-2] + 4
 
 
 @pytest.mark.parametrize("precision", ["fp16", "bf16"])
-@pytest.mark.parametrize("head_dim, lq, lk, heads", [(16, 33, 45, 2), (52, 17, 70, 2), (64, 65, 31, 1), (128, 9, 37, 1)])
-def test_tensor_core_attention_matches_softmax_attention(precision, head_dim, lq, lk, heads):
-    """fp16 / bf16 attention on tensor cores (attention_tc.cu) against float64 softmax attention.
-
-    Odd lengths (padded query rows and key columns), head dims padded to 16 (52 -> 64), T5's
-    position bias, a partly masked batch row and a fully masked one (every key at finfo.min:
-    the reference and the kernel both average all values).
+@parity_settings(max_examples=4)
+@given(batch=st.integers(1, 2), heads=st.integers(1, 24), lq=st.integers(1, 140), lk=st.integers(1, 140),
+       head_dim=st.sampled_from([52, 64, 16, 128]), with_bias=st.booleans(), mask_kind=st.sampled_from(["none", "part", "all"]),
+       seed=st.integers(0, 2**16))
+@example(batch=2, heads=2, lq=17, lk=70, head_dim=52, with_bias=True, mask_kind="all", seed=52)
+@example(batch=1, heads=24, lq=65, lk=129, head_dim=64, with_bias=False, mask_kind="none", seed=64)
+def test_tensor_core_attention_matches_softmax_attention(precision, batch, heads, lq, lk, head_dim, with_bias,
+                                                         mask_kind, seed):
+    """fp16 / bf16 attention on tensor cores (attention_tc.cu: mma.sync, ldmatrix, cp.async)
+    against float64 softmax attention, over drawn shapes: lengths that are not multiples of the
+    64-row and 32-key tiles (padded query rows, key columns past lk at -inf), 1-24 heads, head
+    dims 52 and 64 (zero-padded to 64), 16 and 128 (the d128 entry point), T5's position bias,
+    a partly masked batch row, and ("all") batch row 0 with every key masked (every key at
+    finfo.min: the reference and the kernel both average all values).
     Bound, relative to max|v| (the output is a convex combination of value rows, so |out| <=
     max|v|; relative to max|out| the bound would depend on how much the weights average out):
     P is rounded to the storage dtype before P V (<= u max|v|, the row sum uses the fp32 values)
     and the store rounds once more (<= u |out|): 2 u_dtype; the scores are exact 16-bit products
-    summed in fp32, and the fp32 work is the fp32 kernel's (`attention_roundings`); doubled.
+    summed in fp32; the fp32 work is the fp32 kernel's (`attention_roundings`) with the scores
+    in log2 units: scale log2(e) and bias log2(e) round twice more (5 score roundings, not 3;
+    an error d in log2 units moves the weights by ln(2) d), exp2f errs by 2 ulp as expf does, and
+    tiles of 32 keys rescale as often as the fp32 kernel's; doubled.
     """
-    dtype, rng = dtype_for(precision), np.random.default_rng(head_dim)
-    batch = 2
+    dtype, rng = dtype_for(precision), np.random.default_rng(seed)
     q, q64 = rounded(rng.standard_normal((batch, heads, lq, head_dim)), dtype)
     k, k64 = rounded(rng.standard_normal((batch, heads, lk, head_dim)), dtype)
     v, v64 = rounded(rng.standard_normal((batch, heads, lk, head_dim)), dtype)
-    bias64 = rng.standard_normal((heads, lq, lk))
+    bias64 = rng.standard_normal((heads, lq, lk)) if with_bias else np.zeros((heads, lq, lk))
     mask = (rng.random((batch, lk)) > 0.4).astype(np.float32)
-    mask[0, 0], mask[1] = 1.0, 0.0  # batch row 1: every key masked
+    mask[:, 0] = 1.0
+    if mask_kind == "all":
+        mask[0] = 0.0
     scale = head_dim**-0.5
     kernels.launch_counts.clear()
     with every_schedule():
-        out = kernels.attention(q, k, v, scale, bias=cp.asarray(bias64, np.float32), key_mask=cp.asarray(mask))
-    assert dict(kernels.launch_counts) == {"flash_attention_tc": 1}
-    expected = ref.merge_heads(ref.attention(q64, k64, v64, scale, bias64[None] + key_mask_bias(mask, np.float64)))
-    bound = kernel_bound(precision, attention_roundings(q64, k64, bias64, scale)) + 2 * UNIT_ROUNDOFF[precision]
+        out = kernels.attention(q, k, v, scale, bias=cp.asarray(bias64, np.float32) if with_bias else None,
+                                key_mask=None if mask_kind == "none" else cp.asarray(mask))
+    assert dict(kernels.launch_counts) == {"flash_attention_tc" if head_dim <= 64 else "flash_attention_tc_d128": 1}
+    key_bias = key_mask_bias(mask, np.float64) if mask_kind != "none" else np.zeros((batch, 1, 1, lk))
+    expected = ref.merge_heads(ref.attention(q64, k64, v64, scale, bias64[None] + key_bias))
+    roundings = attention_roundings(q64, k64, bias64, scale, score_roundings=5)
     assert out.shape == (batch, lq, heads * head_dim)
-    assert within(operand_error(out, expected, np.max(np.abs(v64))), bound)
+    assert within(operand_error(out, expected, np.max(np.abs(v64))), kernel_bound(precision, roundings) + 2 * UNIT_ROUNDOFF[precision])
+
+
+def test_tensor_core_attention_refuses_a_head_dim_it_cannot_copy():
+    """Rows of the 16-bit kernel are copied in 8-byte pieces at least: head_dim % 4 == 0."""
+    q = cp.zeros((1, 1, 4, 18), dtype_for("fp16"))
+    with pytest.raises(MiniT2IError, match="fp16/bf16 attention needs a head_dim that is a multiple of 4, not 18; use fp32"):
+        kernels.attention(q, q, q, 1.0)
 
 
 @pytest.mark.parametrize("precision", PRECISIONS)

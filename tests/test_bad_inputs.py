@@ -12,14 +12,19 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import hashlib
+import importlib.util
 import io
 import json
 import os
 import shutil
+import signal
+import stat
 import struct
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import numpy as np
@@ -36,7 +41,7 @@ from minit2i.core import checkpoint, safetensors_file, weights
 from minit2i.core.checks import Range
 from minit2i.core.config_fields import to_json
 from minit2i.core.errors import MiniT2IError
-from minit2i.core.images import save_png
+from minit2i.core.images import png_bytes, save_png
 from minit2i.core.mmjit_config import MMJIT_TINY, MMJiTConfig, mmjit_expected_shapes
 from minit2i.core.t5_config import T5_TINY, T5Config
 from minit2i.core.tokenizer import PromptTokenizer, make_t5_style_tokenizer
@@ -1706,3 +1711,430 @@ def test_generated_learn_run_folders(learnt_run, data):
         code, out, err = learn_outcome(run)
         if code != 0:
             assert_learn_error((code, out, err))
+
+
+# ---------------------------------------------------------------------------------------------
+# The evaluation path: batch's prompt file and run folder, its exports, score and the Ray engine
+
+
+EVAL_STEPS = ["--steps", "3", "-q"]  # the demo model at 3 steps: a tenth of a second an image
+
+
+def tree(root: Path) -> dict[str, tuple]:
+    """Every entry under `root`, hidden ones included, never followed -> (kind, size, modification
+    time in ns, inode): what a command that must change nothing has to leave equal."""
+    return {str(path.relative_to(root)): (stat.S_IFMT(info.st_mode), info.st_size, info.st_mtime_ns, info.st_ino)
+            for path in sorted(root.rglob("*")) for info in [path.lstat()]}
+
+
+@pytest.fixture(scope="module")
+def scored_run(tmp_path_factory) -> Path:
+    """A finished run of score's demo scenes (2 held-in, 1 held-out), -n 4, each prompt with a
+    plain "id": what the DPG and flat exports and score all read."""
+    from minit2i.training import score
+
+    root = tmp_path_factory.mktemp("scored")
+    lines = [line | {"id": f"item-{i}"} for i, line in enumerate(score.prompt_lines(2))]
+    (root / "scenes.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    code, _, err = run_cli("batch", root / "scenes.jsonl", "--out", root / "run", "-n", "4", *EVAL_STEPS)
+    assert code == 0, err
+    return root / "run"
+
+
+def run_copy(scored_run: Path, root: Path) -> Path:
+    """A copy of the run folder in `root`, with its prompt file beside it."""
+    shutil.copy(scored_run.parent / "scenes.jsonl", root / "scenes.jsonl")
+    shutil.copytree(scored_run, root / "run", symlinks=True)
+    return root / "run"
+
+
+def score_outcome(folder: Path) -> tuple[int, str, str]:
+    """`python -m minit2i.training.score FOLDER` in process -> (exit status, stdout, stderr)."""
+    from minit2i.training import score
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = score.main([str(folder)])
+    return code, out.getvalue(), err.getvalue()
+
+
+def assert_score_error(outcome, *words) -> str:
+    code, out, err = outcome
+    assert "Traceback" not in out + err
+    lines = err.splitlines()
+    assert code == 2 and len(lines) == 1 and lines[0].startswith("score: error: "), (code, err)
+    for word in words:
+        assert word in lines[0], lines[0]
+    return lines[0]
+
+
+def test_a_prompt_file_with_a_byte_order_mark_is_read_as_its_kind(tmp_path):
+    """GenEval's metadata saved with a UTF-8 BOM (Windows editors, PowerShell) was read as one prompt
+    a line: the model drew the JSON text, and the tag and include fields were lost."""
+    lines = [{"prompt": "a red circle", "tag": "colors", "include": [{"class": "circle", "count": 1}]},
+             {"prompt": "a blue square", "tag": "single_object", "include": []}]
+    prompts = tmp_path / "metadata.jsonl"
+    prompts.write_bytes(b"\xef\xbb\xbf" + "".join(json.dumps(line) + "\r\n" for line in lines).encode())
+    code, _, err = run_cli("batch", prompts, "--out", tmp_path / "run", *EVAL_STEPS)
+    assert code == 0, err
+    drawn = [json.loads(line) for line in (tmp_path / "run/manifest.jsonl").read_text().splitlines()]
+    assert sorted(entry["prompt"] for entry in drawn) == ["a blue square", "a red circle"]
+    for index, line in enumerate(lines):
+        assert json.loads((tmp_path / f"run/{index:05d}/metadata.jsonl").read_text()) == line
+
+
+def replaced_by_fifo(path: Path) -> None:
+    path.unlink()
+    os.mkfifo(path)
+
+
+def manifest_linked_outside(run: Path) -> None:
+    """manifest.jsonl a link to a user's file holding the manifest and a cut line (which a rerun
+    used to drop by truncating the file the link points to)."""
+    user_file = run.parent / "notes.txt"
+    user_file.write_bytes((run / "manifest.jsonl").read_bytes() + b'{"index": 0, "k"')
+    (run / "manifest.jsonl").unlink()
+    (run / "manifest.jsonl").symlink_to(user_file)
+
+
+# damage -> (how the run folder is damaged, the command run on it, the words of its one line)
+RUN_DAMAGE = {
+    "a manifest linked to a user's file": (manifest_linked_outside, "rerun", ["manifest.jsonl is a symbolic link"]),
+    "a FIFO manifest": (lambda run: replaced_by_fifo(run / "manifest.jsonl"), "rerun",
+                        ["manifest.jsonl is a FIFO, not the manifest this command writes"]),
+    "a FIFO manifest, exported": (lambda run: replaced_by_fifo(run / "manifest.jsonl"), "dpg",
+                                  ["manifest.jsonl: expected a file, found a FIFO"]),
+    "a FIFO metadata.jsonl": (lambda run: replaced_by_fifo(run / "00001/metadata.jsonl"), "dpg",
+                              ["00001/metadata.jsonl: expected a file, found a FIFO"]),
+    "a PNG declaring 100000 x 100000 pixels": (
+        lambda run: (run / "00000/samples/0002.png").write_bytes(png_declaring(100_000, 100_000)), "dpg",
+        ["0002.png does not hold the image its manifest line records"]),
+    "a PNG of another size, its manifest line to match": (
+        lambda run: swap_image(run, 0, 2, png_declaring(100_000, 100_000)), "dpg",
+        ["0002.png is not an image of this run (Image size (10000000000 pixels) exceeds limit"]),
+    "a PNG of another size, scored": (
+        lambda run: swap_image(run, 1, 3, png_bytes(np.zeros((8, 8, 3), np.uint8))), "score",
+        ["0003.png is 8 x 8 pixels, not an image of this run of 64 x 64"]),
+    "a manifest of over 1 GiB": (lambda run: os.truncate(run / "manifest.jsonl", 2**30 + 1), "flat",
+                                 ["manifest.jsonl is 1.1 GB, more than the"]),
+}
+
+
+def swap_image(run: Path, index: int, k: int, png: bytes) -> None:
+    """Image (index, k) replaced by `png`, its manifest line's sha256 changed to match."""
+    (run / image_path_of(index, k)).write_bytes(png)
+    lines = [json.loads(line) for line in (run / "manifest.jsonl").read_text().splitlines()]
+    for line in lines:
+        if (line["index"], line["k"]) == (index, k):
+            line["sha256"] = hashlib.sha256(png).hexdigest()
+    (run / "manifest.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+
+
+def image_path_of(index: int, k: int) -> str:
+    from minit2i.batch.store import image_path
+
+    return image_path(index, k)
+
+
+def run_folder_outcome(run: Path, command: str) -> tuple[int, str, str]:
+    """`command` on the run folder: "rerun" (the batch command that drew it), an export ("dpg",
+    "flat") or "score"; a command that blocks fails the test (a hang guard: each takes seconds)."""
+    if command == "score":
+        return within(60, lambda: score_outcome(run))
+    if command == "rerun":
+        return within(60, lambda: run_cli("batch", run.parent / "scenes.jsonl", "--out", run, "-n", "4",
+                                           *EVAL_STEPS))
+    return within(60, lambda: run_cli("batch", "--out", run, "--export", command))
+
+
+@pytest.mark.parametrize("damage", list(RUN_DAMAGE))
+def test_the_run_folders_files_are_read_as_files_from_outside(scored_run, tmp_path, damage):
+    """A manifest linked to a user's file had that file truncated and rewritten; a FIFO manifest was
+    "File or stream is not seekable." with no path, a FIFO metadata.jsonl hung the DPG export, a
+    PNG of another size or a decompression bomb was a traceback, and a 3 GB manifest was read
+    whole. Each is one line now, and nothing outside the run folder changes."""
+    run = run_copy(scored_run, tmp_path)
+    make, command, words = RUN_DAMAGE[damage]
+    make(run)
+    before = tree(tmp_path)
+    code, out, err = run_folder_outcome(run, command)
+    if command == "score":
+        assert_score_error((code, out, err), *words)
+    else:
+        assert_one_line_error(code, out, err, *words)
+    assert tree(tmp_path) == before
+
+
+def test_a_folder_with_another_tools_run_json_is_refused_untouched(tmp_path):
+    """Any folder holding a file named run.json was taken for a run folder and cleaned before it
+    was checked: it lost its hidden *.part files (in subfolders too) and gained a manifest, then
+    was refused with a 300-character JSON dump. Now nothing in it is touched, in one short line."""
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("a red circle\n")
+    exp = tmp_path / "exp"
+    (exp / "00001").mkdir(parents=True)
+    (exp / "run.json").write_text(json.dumps({"settings": {"lr": 0.1}, "name": "x" * 300}))
+    (exp / ".checkpoint.part").write_bytes(b"another tool's download")
+    (exp / "00001" / ".weights.part").write_bytes(b"another tool's download")
+    before = tree(exp)
+    for args in ([prompts, "--out", exp, *EVAL_STEPS], ["--out", exp, "--export", "flat"]):
+        line = assert_one_line_error(*run_cli("batch", *args), "is not a run folder of minit2i batch",
+                                     'its run.json does not say "format": "minit2i batch run"')
+        assert len(line) < 250, line
+        assert tree(exp) == before
+
+
+@pytest.mark.parametrize("edit, words", [
+    (lambda record: record.pop("settings"), "run.json is damaged: its settings lack images_per_prompt"),
+    (lambda record: record.update(settings=[]), "run.json is damaged"),
+    (lambda record: record["settings"].update(images_per_prompt="4"), "run.json is damaged"),
+    (lambda record: record.pop("format"), 'does not say "format": "minit2i batch run"'),
+    (lambda record: record.update(version=2), "is of version 2 of the run folder, and this minit2i reads version 1"),
+])
+def test_an_export_of_a_run_json_it_does_not_understand_is_one_line(scored_run, tmp_path, edit, words):
+    """A run.json without settings, or with "settings": [], was a traceback in the DPG export."""
+    run = run_copy(scored_run, tmp_path)
+    record = json.loads((run / "run.json").read_text())
+    edit(record)
+    (run / "run.json").write_text(json.dumps(record))
+    assert_one_line_error(*run_cli("batch", "--out", run, "--export", "dpg"), words)
+    assert not (run / "dpg").exists()
+
+
+def test_dpg_grids_of_prompts_sharing_an_id_are_named_apart(tmp_path):
+    """Two prompts with the same "id", or an id equal to another prompt's index name, wrote one
+    grid over the other ("3 images" reported, 2 files on disk). Ids shared are left for the
+    index, as is an id of digits alone (the index names are), with one warning."""
+    prompts = tmp_path / "dpg.jsonl"
+    ids = ["twin", "TWIN", "00000", "solo"]  # a case-insensitive file system takes TWIN for twin
+    texts = ["a red circle", "a blue square", "a green triangle", "a yellow cross"]
+    prompts.write_text("".join(json.dumps({"prompt": text, "id": name}) + "\n" for text, name in zip(texts, ids)))
+    code, out, err = run_cli("batch", prompts, "--out", tmp_path / "run", "-n", "4", "--export", "dpg", *EVAL_STEPS)
+    assert code == 0, err
+    assert sorted(p.name for p in (tmp_path / "run/dpg").iterdir()) == ["00000.png", "00001.png", "00002.png",
+                                                                        "solo.png"]
+    assert out.splitlines()[-1].endswith("dpg: 4 images")
+    assert err.splitlines() == ["minit2i: warning: DPG grids named by their prompt's index where prompts share an id "
+                                "('twin')"]
+
+
+@pytest.mark.parametrize("folder", ["typo", "typo/deeper"])
+def test_score_of_a_folder_that_is_not_a_run_creates_nothing(tmp_path, folder):
+    """`score /path/typo` created the folder and an empty manifest.jsonl, then said there was no image."""
+    assert_score_error(score_outcome(tmp_path / folder), "is not a run folder (no run.json)")
+    assert list(tmp_path.iterdir()) == []
+
+
+needs_ray = pytest.mark.skipif(importlib.util.find_spec("ray") is None,
+                               reason="needs the ray extra (pip install -e '.[ray]')")
+
+
+@needs_ray
+@pytest.mark.parametrize("address, words", [
+    ("garbage", '--ray-address "garbage" is not a Ray cluster\'s address'),
+    ("", '--ray-address "" is not a Ray cluster\'s address'),
+    ("127.0.0.1:1", "--ray-address 127.0.0.1:1: the Ray cluster does not answer (Connection refused)"),
+    ("nonsense.invalid:99", "cannot find the host nonsense.invalid"),
+    ("ray://127.0.0.1:10001", "is a Ray Client address, and Ray Data, which --engine ray runs on, does not run"),
+])
+def test_ray_addresses_are_checked_before_ray_starts(tmp_path, monkeypatch, address, words):
+    """--ray-address garbage or "" was a 31-line traceback from ray.init; an address that does not
+    answer hung for as long as it was let run, deaf to Ctrl-C. The same checks hold for RAY_ADDRESS."""
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("a red circle\n")
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    args = [prompts, "--out", tmp_path / "run", "--engine", "ray", *EVAL_STEPS]
+    assert_one_line_error(*within(60, lambda: run_cli("batch", *args, "--ray-address", address)), words)
+    if address:  # an empty RAY_ADDRESS is no address, as for Ray
+        monkeypatch.setenv("RAY_ADDRESS", address)
+        from_environment = words.replace("--ray-address", "RAY_ADDRESS")
+        assert_one_line_error(*within(60, lambda: run_cli("batch", *args)), from_environment)
+    assert not (tmp_path / "run").exists()
+
+
+@needs_ray
+def test_actors_are_counted_against_the_nodes_that_must_hold_them():
+    """--threads 4 on a 2-CPU cluster asked every actor for 4 CPUs: nothing was ever scheduled."""
+    from minit2i.batch.ray_engine import actor_count
+
+    two_cpus, four_with_a_gpu = {"CPU": 2.0, "memory": 1e9}, {"CPU": 4.0, "GPU": 1.0}
+    assert actor_count([two_cpus, two_cpus], 1, 0, None) == 4
+    assert actor_count([two_cpus, four_with_a_gpu], 2, 0, 3) == 3
+    assert actor_count([two_cpus, four_with_a_gpu], 1, 1, None) == 1
+    with pytest.raises(MiniT2IError, match=r"^--threads 4: each actor asks for 4 CPUs, and no node of the Ray cluster "
+                                           r"has that many \(the largest has 2\); pass --threads 2 or fewer$"):
+        actor_count([two_cpus, two_cpus], 4, 0, None)
+    with pytest.raises(MiniT2IError, match=r"^--workers 5: the Ray cluster's nodes hold 4 actors of 1 CPUs each"):
+        actor_count([two_cpus, two_cpus], 1, 0, 5)
+    with pytest.raises(MiniT2IError, match="the Ray cluster has no GPU for --backend cupy"):
+        actor_count([two_cpus], 1, 1, None)
+
+
+@contextlib.contextmanager
+def batch_process(tmp_path: Path, address: str):
+    """`minit2i batch` in a process of its own on the Ray engine, at `address`; killed at the end
+    if it is still running (a test that failed on a hang leaves no process behind)."""
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("a red circle\n")
+    environment = {key: value for key, value in os.environ.items() if key != "RAY_ADDRESS"}
+    process = subprocess.Popen([sys.executable, "-m", "minit2i.cli", "batch", str(prompts), "--out",
+                                str(tmp_path / "run"), "--engine", "ray", "--ray-address", address, *EVAL_STEPS],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=environment)
+    try:
+        yield process
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+
+
+@needs_ray
+def test_a_ray_address_that_does_not_answer_is_one_line_within_30_seconds(tmp_path):
+    """Nothing listens at 127.0.0.1:1: Ray's own connection waited for as long as it was let run
+    (580 s seen). 30 s is the bound asked of it, against the 2-3 s the process needs to start."""
+    with batch_process(tmp_path, "127.0.0.1:1") as process:
+        _, err = process.communicate(timeout=30)
+    assert process.returncode == 2
+    assert err.decode().splitlines()[-1] == ("minit2i: error: --ray-address 127.0.0.1:1: the Ray cluster does not "
+                                             "answer (Connection refused); start the cluster (ray start --head) or "
+                                             "correct the address")
+    assert not (tmp_path / "run").exists()
+
+
+@needs_ray
+@pytest.mark.parametrize("signum, status, last", [(signal.SIGINT, 130, "minit2i: interrupted"),
+                                                  (signal.SIGTERM, 143, "minit2i: terminated"),
+                                                  (None, 2, "does not answer as a Ray cluster (no HTTP/2 settings "
+                                                            "within 10 s)")])
+def test_a_silent_ray_address_is_waited_for_a_bounded_time_and_ctrl_c_ends_the_wait(tmp_path, signum, status, last):
+    """Something takes connections and never answers (a listening socket nobody serves): the wait
+    for the cluster's answer ends at Ctrl-C (130) or SIGTERM (143), else after 10 s in one line;
+    Ray's own connection ignored both. The wait is reached when the command's connections are
+    taken (a hang guard of 60 s: the process starts in 2-3 s)."""
+    import socket
+
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(4)
+        silent.settimeout(60)
+        with batch_process(tmp_path, f"127.0.0.1:{silent.getsockname()[1]}") as process:
+            connection, _ = silent.accept()
+            with connection:
+                if signum is not None:
+                    time.sleep(0.5)  # into the wait for an answer, which the connection just taken begins
+                    process.send_signal(signum)
+                _, err = process.communicate(timeout=60)
+    assert process.returncode == status, err
+    assert "Traceback" not in err.decode()
+    assert last in err.decode().splitlines()[-1]
+    assert not (tmp_path / "run").exists()
+
+
+RUN_PARTS = ["run.json", "manifest.jsonl", "00001/metadata.jsonl", "00001/samples/0002.png", "00002", "dpg", "flat"]
+# What each command may write in the run folder (a rerun: anything).
+WRITTEN_BY = {"dpg": ("dpg",), "flat": ("flat",), "score": ("score.md", "score.json", "score-misses.png")}
+
+
+def damaged(path: Path, damage, outside: Path) -> None:
+    """`path` (a file or folder of the run) replaced by `damage`: a kind of FILE_KINDS, a link to
+    the file `outside`, or bytes."""
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    if isinstance(damage, bytes):
+        path.unlink(missing_ok=True)
+        path.write_bytes(damage)
+    elif damage == "a link outside":
+        path.unlink(missing_ok=True)
+        path.symlink_to(outside)
+    else:
+        _make_kind(path, damage)
+
+
+@FEW
+@given(part=st.sampled_from(RUN_PARTS), command=st.sampled_from(["rerun", "dpg", "flat", "score"]),
+       damage=st.one_of(st.sampled_from([*FILE_KINDS, "a link outside"]), st.binary(max_size=64)))
+def test_generated_run_folder_damage(scored_run, part, command, damage):
+    """Any file or folder of a finished run replaced by a FIFO, a folder, a link (broken, to a
+    device, to a file outside), an oversized, empty or arbitrary file, then the run continued,
+    exported or scored: done, or one line; nothing blocks, nothing outside the run folder changes,
+    and an export or score changes nothing in it but what it writes."""
+    with tempfile.TemporaryDirectory() as root:
+        run = run_copy(scored_run, Path(root))
+        outside = Path(root) / "outside.txt"
+        outside.write_bytes(b"a user's file")
+        damaged(run / part, damage, outside)
+        before = tree(run)
+        code, out, err = run_folder_outcome(run, command)
+        if command == "score" and code:
+            assert_score_error((code, out, err))
+        elif code:
+            assert_one_line_error(code, out, err)
+        assert outside.read_bytes() == b"a user's file"
+        if command != "rerun":
+            def kept(entries):
+                return {name: entry for name, entry in entries.items() if name.split("/")[0] not in WRITTEN_BY[command]}
+
+            assert kept(tree(run)) == kept(before)
+
+
+@FEW
+@given(ids=st.lists(st.one_of(json_values, st.sampled_from(["a", "A", "00001", "1", "x.y", "twin", "TWIN"])),
+                    min_size=3, max_size=3))
+def test_generated_dpg_item_ids(scored_run, ids):
+    """Any "id" in each prompt's metadata: one grid per prompt on disk, as many as reported."""
+    with tempfile.TemporaryDirectory() as root:
+        run = run_copy(scored_run, Path(root))
+        for index, name in enumerate(ids):
+            path = run / f"{index:05d}/metadata.jsonl"
+            path.write_text(json.dumps(json.loads(path.read_text()) | {"id": name}) + "\n")
+        code, out, err = run_cli("batch", "--out", run, "--export", "dpg")
+        assert code == 0, err
+        assert out.splitlines()[-1].endswith("dpg: 3 images")
+        assert len(list((run / "dpg").iterdir())) == 3
+
+
+# Addresses refused before Ray starts, on any machine: text, and hosts that do not resolve or are
+# this machine's at a port nothing listens on (1) or none can be. Only these: in a sandbox whose
+# network answers every outside address, Ray itself would be tried on the others.
+ray_addresses = st.one_of(st.text(max_size=24), st.builds(
+    "{}{}:{}".format, st.sampled_from(["", "ray://", "http://"]),
+    st.sampled_from(["127.0.0.1", "localhost", "[::1]", "::1", "nonsense.invalid", "", "-", "a b"]),
+    st.sampled_from(["1", "0", "65536", "99999", "", "x", "-1"])))
+
+
+@needs_ray
+@MANY
+@given(address=ray_addresses, flags=st.lists(st.sampled_from([["--threads", "0"], ["--threads", "4096"],
+                                                                ["--workers", "0"], ["--workers", "1"]]), max_size=2))
+def test_generated_ray_arguments(tmp_path, address, flags):
+    """Any --ray-address (none of Ray's words, which start a cluster), with any --threads and
+    --workers: one line before Ray starts, no run folder, nothing waited for (a hang guard: an
+    address answers or not within 10 s)."""
+    from hypothesis import assume
+
+    assume(address.strip() not in ("auto", "local"))
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("a red circle\n")
+    code, out, err = within(60, lambda: run_cli("batch", prompts, "--out", tmp_path / "run", "--engine", "ray",
+                                                 "--ray-address", address, *EVAL_STEPS,
+                                                 *[flag for pair in flags for flag in pair]))
+    assert_one_line_error(code, out, err)
+    assert not (tmp_path / "run").exists()
+
+
+@needs_ray
+def test_a_cluster_gone_without_ray_stop_is_one_line(tmp_path, monkeypatch):
+    """Without an address Ray joins the cluster `ray start` last started on this machine, from the
+    address it keeps in a file: one stopped without `ray stop` left the run waiting for minutes."""
+    import ray._private.utils
+
+    address_file = tmp_path / "ray_current_cluster"
+    address_file.write_text("127.0.0.1:1")
+    monkeypatch.setattr(ray._private.utils, "get_ray_address_file", lambda temp_dir: str(address_file))
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("a red circle\n")
+    outcome = within(60, lambda: run_cli("batch", prompts, "--out", tmp_path / "run", "--engine", "ray", *EVAL_STEPS))
+    assert_one_line_error(*outcome, f'the Ray cluster last started on this machine ({address_file}: "127.0.0.1:1"): '
+                                    "the Ray cluster does not answer (Connection refused); start it again")
+    assert not (tmp_path / "run").exists()

@@ -301,15 +301,19 @@ def test_score_refuses_a_run_of_other_prompts(reference, capsys):
 
 
 def test_a_second_run_on_the_same_folder_is_refused_while_the_first_holds_it(reference):
-    from minit2i.batch.store import Store
+    """A driver holds an exclusive lock on its folder: a second run and an export are refused."""
+    from minit2i.batch.store import lock_folder
 
     prompts, out = reference
-    first = Store(out)
+    first = lock_folder(out, exclusive=True)
     try:
-        code, stdout, err = batch(prompts, "--out", out, "-n", "2")
+        run = batch(prompts, "--out", out, "-n", "2")
+        exported = batch("--out", out, "--export", "flat")
     finally:
-        first.close()
-    assert_one_line_error(code, stdout, err, "another batch run is writing")
+        os.close(first)
+    assert_one_line_error(*run, "another minit2i batch is writing or reading")
+    assert_one_line_error(*exported, "another minit2i batch is writing")
+    assert not (out / "flat").exists()
 
 
 @pytest.mark.parametrize("line", [b'{"index": "0", "k": 0, "prompt": "p", "seed": 1, "path": "x", "sha256": ""}\n',
@@ -357,3 +361,39 @@ def test_words_the_model_does_not_know_are_one_warning_for_the_whole_file(tmp_pa
     assert code == 0, err
     assert err.splitlines() == ["minit2i: warning: 2 of 3 prompts have words the model does not know "
                                 "(the first, prompt 0: 'zebra')"]
+
+
+def test_a_prompts_folder_is_written_with_its_first_image(tmp_path, monkeypatch):
+    """A 100 MB prompt file wrote all its 1.9 M prompt folders, each metadata.jsonl flushed to disk,
+    before the first image and the progress bar (45 minutes of silence): a run of 300 prompts
+    stopped at its third image holds the folders of its first two prompts only."""
+    from minit2i.batch import engines
+
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("".join(f"a red circle number {i}\n" for i in range(300)))
+    draw, drawn = engines.Painter.draw, []
+
+    def two_then_stop(painter, job):
+        if len(drawn) == 2:
+            raise KeyboardInterrupt
+        drawn.append(job)
+        return draw(painter, job)
+
+    monkeypatch.setattr(engines.Painter, "draw", two_then_stop)
+    code, _, err = batch(prompts, "--out", tmp_path / "run")
+    assert code == 130, err
+    assert sorted(p.name for p in (tmp_path / "run").iterdir()) == ["00000", "00001", MANIFEST, "run.json"]
+    assert len(manifest(tmp_path / "run")) == 2
+
+
+def test_a_full_disk_names_the_file_it_could_not_write(tmp_path, monkeypatch):
+    """A full disk said "No space left on device" without the path."""
+    from minit2i.batch import store
+
+    def full(path, write):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(store, "write_temporary", full)
+    code, stdout, err = batch(prompt_file(tmp_path, PROMPTS[:1]), "--out", tmp_path / "run")
+    assert_one_line_error(code, stdout, err, f"cannot write {tmp_path / 'run' / 'run.json'}: No space left on device; "
+                                             "free some space")

@@ -94,6 +94,15 @@ def test_smoke_run_on_cudasim_runs_every_component(bench, capsys):
     assert bench.main(["--smoke", "--precisions", "bf16"]) == 0
     out = capsys.readouterr().out
     assert "sampler, bf16: 2 steps ran" in out
+    assert "attention, bf16: 3 shapes ran (untimed; SDPA needs a GPU)" in out
+
     for name in ("rms_norm", "add_rms_norm", "swiglu", "geglu", "qkv_heads (img)", "attention", "cfg_euler", "GEMM qkv (cuBLAS)"):
         assert any(line.split()[:len(name.split())] == name.split() and line.rstrip().endswith("-")
                    for line in out.splitlines()), name
+
+
+def test_attention_shapes_are_the_b16_ones(bench):
+    """The shapes timed beside SDPA: the joint attention at 512 and 256 pixels, the text preamble's."""
+    from minit2i.core.mmjit_config import MMJIT_B16
+
+    assert bench.attention_shapes(MMJIT_B16, 512) == [(2, 12, 1280, 64), (2, 12, 512, 64), (2, 12, 256, 64)]

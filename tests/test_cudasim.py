@@ -737,24 +737,32 @@ def test_a_correct_tree_reduction_runs_clean():
     assert list(out) == [x[:256].sum(), x[256:].sum()]
 
 
-def test_planted_missing_syncwarp_after_a_wmma_store():
-    """The tensor-core attention without the __syncwarp between storing the score tile
-    (wmma::store_matrix_sync: each lane writes its fragment's elements) and the softmax lanes
-    reading their rows of it: a race between the store's lanes and the readers."""
-    kernel = planted("attention_tc.cu", "__syncwarp();  // the scores other lanes stored are visible", "").get_function(
+def tensor_core_attention_args(length: int, head_dim: int = 16, seed: int = 0):
+    """Arguments of flash_attention_tc_f16 for q, k, v [1, 1, length, head_dim] (no bias, no mask)."""
+    rng = np.random.default_rng(seed)
+    q, k, v = (device_array(rng.standard_normal((1, 1, length, head_dim)).astype(np.float16)) for _ in range(3))
+    unused = np.zeros(1, np.float32)
+    out = np.zeros((1, length, head_dim), np.float16)
+    return (q, k, v, unused, unused, out, *map(np.int32, (1, length, length, head_dim)), np.float32(0.25),
+            np.int32(0), np.int32(0))
+
+
+def test_planted_missing_barrier_before_a_kv_buffer_is_refilled():
+    """The tensor-core attention without the barrier that ends a key tile: a warp done with tile
+    j issues the cp.async of tile j + 2 into the buffer other warps still read with ldmatrix.
+    Three tiles of keys and more (150 > 2 x 32), so a buffer is refilled; the detectors see the copy's
+    store (cudasim's cp.async marks its destination NaN at the issue) into K's first buffer (after
+    Q's 64 x 64 x 2 = 8192 bytes) and the other warp's ldmatrix read unordered (ptx.cuh is pasted
+    into the source, so both lines are its lines)."""
+    kernel = planted("attention_tc.cu", "__syncthreads();  // tile j's buffers", "// tile j's buffers").get_function(
         "flash_attention_tc_f16")
     code = kernel.module.code
-    store, read = line_of(code, "wmma::store_matrix_sync(s + n, acc"), line_of(code, "s_row[j] = attention_logit(s_row[j]")
-    head_dim, length = 16, 32
-    q = device_array(np.ones((1, 1, length, head_dim), np.float16))
-    unused = np.zeros(1, np.float32)
-    args = (q, q, q, unused, unused, np.zeros((1, length, head_dim), np.float16), *map(np.int32, (1, length, length, head_dim)),
-            np.float32(0.25), np.int32(0), np.int32(0))
-    with pytest.raises(RaceError, match=rf"kernel flash_attention_tc_f16, block \(0,0,0\): shared memory race \(read after "
-                                        rf"write\): thread \(0,0,0\) reads 4 bytes at 0x[0-9a-f]+ \(dynamic shared memory "
-                                        rf"\+ \d+ bytes\) on line {read}; thread \(\d+,0,0\) wrote them on line {store} "
-                                        rf"\(0xffffffff -> 0x[0-9a-f]{{8}}\), no __syncwarp or __syncthreads between them"):
-        kernel((1, 1), (128,), args, shared_mem=attention_shared_bytes(head_dim, np.float16))
+    issue, read = line_of(code, "copy.dst[i] = 0xffffffffu;"), line_of(code, 'warp_collective(TRANS ? "ldmatrix .trans"')
+    with pytest.raises(RaceError, match=r"kernel flash_attention_tc_f16, block \(0,0,0\): shared memory race \(write after "
+                                        r"read\): thread \(\d+,0,0\) writes 4 bytes at 0x[0-9a-f]+ \(dynamic shared memory "
+                                        rf"\+ 8192 bytes\) on line {issue} \(0x[0-9a-f]{{8}} -> 0xffffffff\); thread "
+                                        rf"\(\d+,0,0\) read them on line {read}, no __syncthreads between them"):
+        kernel((1, 1), (128,), tensor_core_attention_args(150), shared_mem=attention_shared_bytes(16, np.float16))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -838,30 +846,17 @@ def test_planted_shared_memory_one_row_too_small():
         kernel((2, 1), (128,), args, shared_mem=shared)
 
 
-def test_planted_fragment_layout_assumption_in_the_tensor_core_attention():
-    """The score tile written from acc.x[i] with the accumulator layout an sm_80 GPU happens to use
-    (lane l, element i at row l / 4 + 8 ((i / 2) % 2), column 2 (l % 4) + i % 2 + 8 (i / 4)),
-    instead of wmma::store_matrix_sync. It could pass on that GPU; here the scores land in the
-    wrong places (the output is far from the reference) and the layout differs per schedule
-    (a race)."""
-    store = "wmma::store_matrix_sync(s + n, acc, SCORE_LD, wmma::mem_row_major);"
-    by_hand = ("for (int i = 0; i < acc.num_elements; ++i) { const int l = threadIdx.x & 31; "
-               "s[(l / 4 + 8 * ((i / 2) % 2)) * SCORE_LD + n + 2 * (l % 4) + i % 2 + 8 * (i / 4)] = acc.x[i]; }")
-    kernel = planted("attention_tc.cu", store, by_hand).get_function("flash_attention_tc_f16")
-    rng = np.random.default_rng(0)
-    head_dim, length = 16, 32
-    q, k, v = (device_array(rng.standard_normal((1, 1, length, head_dim)).astype(np.float16)) for _ in range(3))
-    out = np.zeros((1, length, head_dim), np.float16)
-    unused = np.zeros(1, np.float32)
-    args = (q, k, v, unused, unused, out, *map(np.int32, (1, length, length, head_dim)), np.float32(0.25),
-            np.int32(0), np.int32(0))
-    shared = attention_shared_bytes(head_dim, np.float16)
-    kernel((1, 1), (128,), args, shared_mem=shared)
+def test_planted_untransposed_value_fragments_in_the_tensor_core_attention():
+    """V's B fragments loaded with ldmatrix without .trans: each lane then holds two dims of one
+    key instead of one dim of two keys, a layout slip every schedule agrees on (no race), which
+    the parity check catches: the output is far from the reference."""
+    kernel = planted("attention_tc.cu", "ldmatrix_x4_trans(vb,", "ldmatrix_x4(vb,").get_function("flash_attention_tc_f16")
+    args = tensor_core_attention_args(32)
+    with schedules():
+        kernel((1, 1), (128,), args, shared_mem=attention_shared_bytes(16, np.float16))
+    q, k, v, out = args[0], args[1], args[2], args[5]
     expected = ref.attention(*(a.astype(np.float64) for a in (q, k, v)), 0.25)[0, 0]
     assert np.max(np.abs(out[0] - expected)) > 0.1
-    with pytest.raises(RaceError, match=r"kernel flash_attention_tc_f16: race: __half\* out \(1, 32, 16\) differs between schedules"):
-        with schedules():
-            kernel((1, 1), (128,), args, shared_mem=shared)
 
 
 OUT_OF_BOUNDS = """

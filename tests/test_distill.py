@@ -162,14 +162,10 @@ def test_the_jvp_is_the_derivative_of_u_along_the_flow(teacher):
     context = torch.from_numpy(rng.standard_normal((2, config.prompt_length, config.txt_input_size)))
     mask = torch.tensor([[1.0] * 5 + [0.0] * 11, [1.0] * 16], dtype=torch.float64)
     t, r = torch.tensor([0.7, 0.5], dtype=torch.float64), torch.tensor([0.2, 0.5], dtype=torch.float64)
-    scalars = [torch.tensor(x, dtype=torch.float64) for x in ([3.0, 1.5], [0.1, 0.0], [0.9, 1.0])]
-
-    def u(z, t, r):
-        x0 = torch_mean_flow_forward(student, config, z, t - r, *scalars, context, mask)
-        return (z - x0) / distill.per_sample(t.clamp(0.05, 1.0))
-
-    with torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.MATH):
-        _, du_dt = torch.func.jvp(u, (z, t, r), (v, torch.ones_like(t), torch.zeros_like(r)))
+    batch = {name: torch.tensor(x, dtype=torch.float64) for name, x in (("omega", [3.0, 1.5]), ("t_min", [0.1, 0.0]),
+                                                                         ("t_max", [0.9, 1.0]))} | {"mask": mask}
+    u = distill.average_velocity_of(student, config, batch, context)
+    _, du_dt = distill.along_the_path(u, z, t, r, v)
     eps = 1e-4
     central = (u(z + eps * v, t + eps, r) - u(z - eps * v, t - eps, r)) / (2 * eps)
     np.testing.assert_allclose(du_dt.numpy(), central.numpy(), rtol=1e-6, atol=1e-6 * central.abs().max().item())

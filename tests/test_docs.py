@@ -346,3 +346,99 @@ def load_script(name: str):
         sys.path.remove(str(ROOT / "scripts"))
     return module
 
+
+
+# ---------------------------------------------------------------------------------------------
+# Stated sizes and times, and the concepts page's exercises
+
+NUMBER_WORDS = {"twenty": 20, "thirty": 30, "forty": 40, "fifty": 50, "sixty": 60, "eighty": 80, "hundred": 100}
+# A link to a source file, then "(about N lines)" or "in about N lines": the file's lines, or the
+# function's where the link names one.
+LINE_CLAIM = re.compile(r"\[`([^`\]]+)`\]\(([^)#\s]+\.py)\)[^\[.]{0,60}?\b(?:about|in about)\s+(\d+|[a-z]+)\s+lines",
+                        re.S)
+PROSE = [*DOCS, ROOT / "training" / "README.md"]
+
+
+def stated_line_counts() -> list[tuple[Path, str, Path, int]]:
+    return [(doc, name, (doc.parent / target).resolve(), int(NUMBER_WORDS.get(count, count) if not count.isdigit()
+                                                                else count))
+            for doc in PROSE for name, target, count in LINE_CLAIM.findall(doc.read_text())]
+
+
+def test_stated_line_counts_hold_within_a_tenth():
+    """"(about 100 lines)" after a link to a file is its length, "`training_step` ... in about
+    forty lines" the function's (its def to its last line): each within 10 % (sampler.md once said
+    80 of a 102-line file)."""
+    claims = stated_line_counts()
+    assert len(claims) >= 2, claims
+    for doc, name, path, stated in claims:
+        lines = path.read_text().splitlines()
+        functions = {node.name: node.end_lineno - node.lineno + 1 for node in ast.parse("\n".join(lines)).body
+                     if isinstance(node, ast.FunctionDef)}
+        actual = functions.get(name, len(lines))
+        assert abs(actual - stated) <= 0.1 * stated, f"{doc.name}: {name} is {actual} lines, the page says {stated}"
+    text = (ROOT / "training" / "README.md").read_text()
+    assert "training step in about forty lines" in text  # the same function, told without a link
+    tree = ast.parse((ROOT / "training" / "one_step.py").read_text())
+    functions = {n.name: n.end_lineno - n.lineno + 1 for n in tree.body if isinstance(n, ast.FunctionDef)}
+    assert abs(functions["training_step"] - 40) <= 4
+
+
+def test_every_stated_time_of_the_watch_it_learn_run_is_the_measured_one():
+    """Every "about N minutes" the pages give the watch-it-learn run is benchmarks.md's quiet-machine
+    measurement rounded to whole minutes (3 min 30 s: 4; the README once said five and concepts.md
+    four for the same run)."""
+    measured = re.search(r"the shipped recipe on a quiet machine[^|]*\| (\d+) min (\d+) s \|",
+                         (ROOT / "docs" / "benchmarks.md").read_text())
+    minutes = round(int(measured[1]) + int(measured[2]) / 60)
+    words = {"three": 3, "four": 4, "five": 5, "six": 6}
+    stated = []
+    for doc in PROSE:
+        text = re.sub(r"\s+", " ", doc.read_text())
+        for match in re.finditer(r"(?:about )?(\w+) minutes", text):
+            context = text[max(0, match.start() - 150):match.end() + 100].lower()
+            if "learn" in context and match[1] in words and "student" not in context:
+                stated.append((doc.name, words[match[1]]))
+    assert len(stated) >= 5 and {minutes} == {n for _, n in stated}, (minutes, stated)
+
+
+def test_the_readmes_python_snippet_writes_the_command_lines_picture(tmp_path, monkeypatch):
+    """The README's two ways to draw circle.png, the command and the Python snippet, write the same
+    pixels (they once differed by up to 54 levels: the snippet's seed was 1, the command's default 42)."""
+    from PIL import Image
+
+    from minit2i.cli import main
+
+    text = (ROOT / "README.md").read_text()
+    command = re.search(r"\.venv/bin/minit2i (generate .*--output circle\.png)", text)[1].split()
+    snippet = re.search(r"```python\n(.*?)```", text, re.S)[1]
+    monkeypatch.chdir(tmp_path)
+    assert main([part.strip('"') for part in re.findall(r'"[^"]*"|\S+', " ".join(command))] + ["-q"]) == 0
+    cli = np.asarray(Image.open(tmp_path / "circle.png").convert("RGB"))
+    (tmp_path / "circle.png").unlink()
+    exec(compile(snippet, "README.md", "exec"), {})
+    np.testing.assert_array_equal(np.asarray(Image.open(tmp_path / "circle.png").convert("RGB")), cli)
+
+
+def exercises() -> list[tuple[str, str]]:
+    """(the command, the answer folded under it) of each concepts.md exercise run with `python -c`."""
+    text = (ROOT / "docs" / "concepts.md").read_text()
+    pattern = (r"```\n(\.venv/bin/python -c \"\n.*?\")\n```\s*<details markdown=\"1\">\s*"
+               r"<summary>What it prints.*?</summary>(.*?)</details>")
+    return re.findall(pattern, text, re.S)
+
+
+def test_each_quick_exercise_prints_the_number_its_answer_gives():
+    """The concepts page's predict-then-run exercises that run in seconds (`python -c`) print the
+    number their folded answer gives: the whole line where it is short, else its last number
+    (the long runs' numbers are the recorded runs' of docs/concepts.md)."""
+    import sys
+
+    found = exercises()
+    assert len(found) >= 5
+    for command, answer in found:
+        code = command.split('-c "', 1)[1].rsplit('"', 1)[0]
+        printed = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300,
+                                 check=True).stdout.strip()
+        expected = printed if len(printed) < 60 else printed.split()[-1]
+        assert expected in answer, (printed, answer)

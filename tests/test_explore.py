@@ -30,7 +30,9 @@ from explore_server import (
 
 from minit2i.cli import build_parser, main
 from minit2i.demo_models import demo_model
+from minit2i.core.errors import MiniT2IError
 from minit2i.explore import DEFAULT_HOST, MAP_PATCH_PIXELS, Models, heat_maps, look, model_sources
+from minit2i.explore_tutor import Kept, KeptRuns, look_again
 from minit2i.pipeline import open_model, sampling_defaults
 
 # The page's other inputs, in the order of its generate endpoint; the demo model's guidance.
@@ -45,6 +47,25 @@ def run(capsys, *args):
     return code, capsys.readouterr().err
 
 
+def test_a_server_keeps_its_sessions_runs_within_one_bound():
+    """Each session kept a run of up to 256 MiB for an hour and nothing bounded them together (50
+    sessions could hold over 12 GiB): keeping one more run lets go of the oldest past the bound,
+    and its session is told in one line to generate again."""
+    from types import SimpleNamespace
+
+    def run():  # what a kept run's size is made of: 600 + 400 bytes
+        return SimpleNamespace(states=np.zeros(600, np.uint8), x0s=np.zeros(400, np.uint8))
+
+    runs = KeptRuns(limit=3000)
+    keys = [runs.keep(run()) for _ in range(4)]
+    assert [runs.get(key) is not None for key in keys] == [False, True, True, True]
+    alone = KeptRuns(limit=10)
+    assert alone.get(alone.keep(run())) is not None  # the newest run is kept even when it alone is over
+    with pytest.raises(MiniT2IError, match=r"^there is no finished run to look at \(none yet, or the server let it "
+                                           r"go to make room for other sessions' runs\); press Generate$"):
+        look_again(None, Kept(key=-1), 1, 1)
+
+
 def test_binds_this_machine_only_by_default():
     args = build_parser().parse_args(["explore"])
     assert (args.host, DEFAULT_HOST) == ("127.0.0.1", "127.0.0.1")
@@ -55,6 +76,15 @@ def test_without_gradio_one_line_names_the_extra(capsys, monkeypatch):
     code, err = run(capsys)
     assert code == 2
     assert err == 'minit2i: error: minit2i explore needs Gradio; install the extra: pip install -e ".[explore]"\n'
+
+
+@needs_gradio
+def test_a_host_that_is_no_address_is_one_line_saying_why(capsys):
+    """--host 999.1.1.1 said "Unknown error -2" (os.strerror of the resolver's own error code)."""
+    code, err = run(capsys, "--host", "999.1.1.1")
+    assert code == 2
+    assert err.startswith("minit2i: error: cannot serve on 999.1.1.1:7860 (") and "Unknown error" not in err
+    assert err.endswith("); pass another --host\n")
 
 
 @needs_gradio
@@ -150,11 +180,15 @@ def test_five_requests_at_once_queue_and_all_complete(client, tmp_path):
 
 
 def test_page_shows_every_panel(client):
-    """Steps are numbered from 1, as in the docs: step 3 is the third x0 of the strip."""
-    status, image, timings, x0_steps, attention, cond, uncond, guided, state, x0, velocity, runs = ask(client)
+    """Steps are numbered from 1, as in the docs: step 3 is the third x0 of the strip, marked there
+    with its t (the uniform grid's 2/6), which the line above the panels gives too."""
+    (status, image, timings, x0_steps, attention, cond, uncond, guided, state, x0, velocity, time,
+     runs) = ask(client)
     assert status == f"demo, seed {SEED}: done"
     assert timings.startswith("timings (numpy, fp32, BLAS threads 1):") and f"step {STEPS}" in timings
-    assert [item["caption"] for item in x0_steps] == [f"step {i}" for i in range(1, STEPS + 1)]
+    assert [item["caption"] for item in x0_steps] == [
+        f"\u25b6 {i}: t 0.33" if i == REQUEST["step"] else f"step {i}" for i in range(1, STEPS + 1)]
+    assert time.startswith(f"**step {REQUEST['step']} of {STEPS}: t = 0.33 to 0.50**")
     assert [item["caption"].split(":")[0] for item in attention] == PROMPT.split()
     third = read_pixels(x0_steps[REQUEST["step"] - 1]["image"])
     np.testing.assert_array_equal(read_pixels(guided), third)
@@ -175,6 +209,15 @@ def test_compare_shows_both_settings_of_one_prompt_and_seed(client, tmp_path):
     assert (len(steps_a), len(steps_b)) == (STEPS, 4)
     np.testing.assert_array_equal(read_pixels(image_a), generated_pixels(tmp_path, "demo", STEPS, 2.0))
     np.testing.assert_array_equal(read_pixels(image_b), generated_pixels(tmp_path, "demo-mf", 4, 2.0))
+
+
+def test_compare_checks_the_right_side_before_sampling_the_left(client):
+    """The right side's settings were checked only after the left side had been sampled (one
+    update of the page a step); now a bad right side is the first and only answer."""
+    job = client.submit(*list(REQUEST.values())[:10], "demo-mf", 0, 2.0, api_name="/compare")
+    status = job.result(timeout=REQUEST_LIMIT_S)[0]
+    assert "must be an integer in [1, 10000], found 0" in status
+    assert len(job.outputs()) == 1
 
 
 def test_student_with_its_interval_draws_generates_pixels(client, tmp_path):
@@ -409,21 +452,44 @@ def test_model_flags_are_taken_or_refused_as_generate_takes_them(capsys, flags, 
 
 def test_the_served_concepts_page_carries_its_figures_and_no_dead_links():
     """The explore server shows docs/concepts.md itself: every figure inlined (it has no file route),
-    links within the page pointing at headings as Gradio names them, links to other pages of the
-    docs left as their text (those pages are the docs site's)."""
+    links within the page pointing at headings as Gradio names them, links to source files at the
+    server's own page of the file, at the definition a link names (each answered, its id on the
+    page), links to other pages of the docs left as their text (those pages are the docs site's)."""
     import re
 
+    from minit2i.code_pages import CODE_ROUTE, answer
     from minit2i.explore_tutor import concepts_dir, concepts_markdown, section_anchor
 
     source = (concepts_dir() / "concepts.md").read_text()
     served = concepts_markdown()
     figures = re.findall(r"!\[[^\]]*\]\(figures/", source)
     assert len(figures) >= 6 and served.count("](data:image/png;base64,") == len(figures)
-    assert re.findall(r"(?<!!)\[[^\]]+\]\((?!data:|#)[^)]*\)", served) == []
+    code = re.findall(r"(?<!!)\[[^\]]+\]\(((?!data:|#)[^)]*)\)", served)
+    assert len(code) >= 40 and all(link.startswith(f"{CODE_ROUTE}/") for link in code)
+    for link in set(code):
+        status, _, page = answer("/" + link.split("#")[0])
+        assert status == 200, link
+        if "#" in link:
+            assert f'id="{link.split("#")[1]}"' in page, link
+    assert "[`sample`](code/reference/sampler.py#sample)" in served
+    assert "reading guide" in served and "](reading-guide.md)" not in served
     anchors = {section_anchor(heading) for heading in re.findall(r"^#+ (.*)$", source, re.MULTILINE)}
     within = re.findall(r"\]\(#([^)]*)\)", served)
     assert within and set(within) <= anchors  # "References: below" goes to the references heading
-    assert "[`sample`](" not in served and "`sample`" in served
+
+
+def test_a_code_page_serves_source_files_only():
+    """/code/PATH answers a source file of the repository's package folders (or, in a checkout,
+    scripts/); anything else, a path leaving its folder included, is a 404 of one line."""
+    from minit2i.code_pages import answer
+
+    status, kind, page = answer("/code/reference/sampler.py")
+    assert (status, kind) == (200, "text/html; charset=utf-8") and 'id="time_grid"' in page and 'id="L1"' in page
+    assert answer("/code/scripts/concept_figures.py")[0] == 200  # a checkout
+    for path in ("/code/reference/../pyproject.toml", "/code/../../etc/passwd", "/code/docs/concepts.md",
+                 "/code/reference/no_such.py", "/code/reference", "/code/reference/%2e%2e/core/files.py"):
+        status, _, body = answer(path)
+        assert status == 404 and body.count("\n") == 1, path
 
 
 def test_no_dollar_sign_in_the_served_concepts_pages_code():

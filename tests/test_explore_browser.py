@@ -1,7 +1,7 @@
 """`minit2i explore` in a real browser: headless Chromium (Debian's chromium and chromium-driver),
-driven by Selenium, types a prompt, generates, and reads the files the page shows; then looks at
-other steps and blocks of the finished run, compares two settings and follows the panels' links
-to the concepts page the server serves."""
+driven by Selenium, types a prompt, generates, and reads the files the page shows; then moves the
+time axis and the block over the finished run, compares two settings and follows the panels'
+links to the concepts page the server serves, and its links to the code."""
 
 from __future__ import annotations
 
@@ -111,35 +111,69 @@ def text_of(driver, selector: str) -> str:
     return driver.find_element(By.CSS_SELECTOR, selector).text.strip()
 
 
-def test_moving_the_step_selector_looks_again_without_sampling(shown):
-    """After one Generate, another step and block change the x_t / x0 / velocity panels and the word
-    maps, from the finished run: the page's count of sampling runs stays where it was, the picture
-    too, and the new x0 panel is the strip's x0 of that step (steps numbered from 1)."""
+def status_of(driver) -> str:
+    return text_of(driver, '#status [data-testid="markdown"]')
+
+
+def move_slider(driver, elem_id: str, keys: int) -> None:
+    """Move the range slider `elem_id` by `keys` presses of the arrow key (right if positive)."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.common.keys import Keys
+
+    handle = driver.find_element(By.CSS_SELECTOR, f'#{elem_id} input[type="range"]')
+    handle.send_keys(*[Keys.ARROW_RIGHT if keys > 0 else Keys.ARROW_LEFT] * abs(keys))
+
+
+def marked_step(driver) -> str:
+    """The caption of the x0 strip's marked picture."""
+    from selenium.webdriver.common.by import By
+
+    marked = [img.get_attribute("alt") for img in driver.find_elements(By.CSS_SELECTOR, "#x0-steps img")
+              if img.get_attribute("alt").startswith("\u25b6")]
+    assert len(marked) == 1, marked
+    return marked[0]
+
+
+def test_moving_the_time_control_looks_again_without_sampling(shown):
+    """After one Generate, moving the step slider two steps on changes the x_t / x0 / velocity panels
+    and the word maps, from the finished run: the line above the panels gives the new step's t
+    (steps numbered from 1, t on the uniform grid of STEPS), the x0 strip marks that step and
+    only it, its picture is the new x0 panel, and the page's count of sampling runs stays where it
+    was, the picture too. Clicking a picture of the strip moves the slider to its step."""
+    from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait
 
     driver, _ = shown
     for elem_id, value in {"seed": 1, "steps": STEPS, "step": STEP, "block": BLOCK}.items():
         fill(driver, elem_id, value)  # with a run kept, the selectors show its step at once
     WebDriverWait(driver, REQUEST_LIMIT_S).until(
-        lambda d: text_of(d, '#status [data-testid="markdown"]') == f"step {STEP}, block {BLOCK}: from the finished run")
-    generate(driver, "demo, seed 1: done")
+        lambda d: status_of(d) == f"step {STEP}, block {BLOCK}: from the finished run")
+    driver.find_element(By.ID, "generate").click()  # waited for by its own status: a look may land after the click
+    WebDriverWait(driver, REQUEST_LIMIT_S).until(lambda d: status_of(d) == "demo, seed 1: done")
     runs = text_of(driver, "#runs")
     before = panels(driver)
-    fill(driver, "step", STEP + 2)
+    assert text_of(driver, "#step-time").startswith(f"step {STEP} of {STEPS}: t = {(STEP - 1) / STEPS:.2f}")
+    assert marked_step(driver) == f"\u25b6 {STEP}: t {(STEP - 1) / STEPS:.2f}"
+    move_slider(driver, "step", 2)
     WebDriverWait(driver, REQUEST_LIMIT_S).until(
-        lambda d: text_of(d, '#status [data-testid="markdown"]') == f"step {STEP + 2}, block {BLOCK}: from the finished run")
+        lambda d: status_of(d) == f"step {STEP + 2}, block {BLOCK}: from the finished run")
     after = panels(driver)
     for name in ("state", "x0", "velocity", "red"):
         assert not np.array_equal(before[name], after[name]), name
     np.testing.assert_array_equal(before["image"], after["image"])
     assert text_of(driver, "#runs") == runs
-    strip = shown_pixels(driver, f'#x0-steps img[alt="step {STEP + 2}"]')
-    np.testing.assert_array_equal(after["x0"], strip)
+    t = f"{(STEP + 1) / STEPS:.2f}"
+    assert text_of(driver, "#step-time").startswith(f"step {STEP + 2} of {STEPS}: t = {t}")
+    assert marked_step(driver) == f"\u25b6 {STEP + 2}: t {t}"
+    np.testing.assert_array_equal(after["x0"], shown_pixels(driver, '#x0-steps img[alt^="\u25b6"]'))
     fill(driver, "block", BLOCK + 1)
     WebDriverWait(driver, REQUEST_LIMIT_S).until(
-        lambda d: text_of(d, '#status [data-testid="markdown"]') == f"step {STEP + 2}, block {BLOCK + 1}: from the "
-                                                                       "finished run")
+        lambda d: status_of(d) == f"step {STEP + 2}, block {BLOCK + 1}: from the finished run")
     assert not np.array_equal(panels(driver)["red"], after["red"])
+    driver.find_element(By.CSS_SELECTOR, '#x0-steps img[alt="step 1"]').click()
+    WebDriverWait(driver, REQUEST_LIMIT_S).until(
+        lambda d: status_of(d) == f"step 1, block {BLOCK + 1}: from the finished run")
+    assert marked_step(driver) == "\u25b6 1: t 0.00"
     assert text_of(driver, "#runs") == runs
 
 
@@ -161,9 +195,21 @@ def test_compare_mode_shows_two_settings_side_by_side(shown):
     assert [len(driver.find_elements(By.CSS_SELECTOR, f"#compare-{side}-steps img")) for side in "ab"] == [STEPS, 4]
 
 
+def heading_in_view(driver, anchor: str) -> bool:
+    """Whether the element `anchor` is drawn and its top lies inside the window (to a pixel: a
+    scrolled-to heading's top may sit a fraction of a pixel above it)."""
+    return driver.execute_script(
+        "const e = document.getElementById(arguments[0]); if (!e) return false;"
+        "const top = e.getBoundingClientRect().top; return top > -1 && top < window.innerHeight;", anchor)
+
+
 def test_every_panel_links_its_concepts_section_served_by_the_page(page):
     """The what-to-look-for lines link sections of the concepts page, which the explore server serves
-    itself (its figures inline, its maths rendered): each link's heading exists there."""
+    itself (its figures inline, its maths rendered): each link, opened afresh, shows its section's
+    heading inside the window (Gradio draws the page after the browser's own jump to the #id,
+    which found nothing: the page's script jumps), and stays there once the page is drawn (1 s)."""
+    import time
+
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait
 
@@ -172,13 +218,36 @@ def test_every_panel_links_its_concepts_section_served_by_the_page(page):
     home = page.current_url
     try:
         for link in sorted(links):
+            page.get("about:blank")
             page.get(link)
             anchor = link.split("#")[1]
-            WebDriverWait(page, PAGE_LIMIT_S).until(lambda d, anchor=anchor: d.find_elements(By.ID, anchor))
+            WebDriverWait(page, PAGE_LIMIT_S).until(lambda d, anchor=anchor: heading_in_view(d, anchor))
+            time.sleep(1)
+            assert heading_in_view(page, anchor) and page.execute_script("return window.scrollY") > 0, anchor
         figures = page.find_elements(By.CSS_SELECTOR, "#concepts img")
         assert len(figures) >= 6 and all(page.execute_script("return arguments[0].naturalWidth", f) > 0
                                           for f in figures)
         assert page.find_elements(By.CSS_SELECTOR, "#concepts .katex") and "$$" not in text_of(page, "#concepts")
+    finally:
+        page.get(home)
+        WebDriverWait(page, PAGE_LIMIT_S).until(lambda d: d.find_elements(By.ID, "generate"))
+
+
+def test_a_link_to_code_opens_the_function_it_names(page):
+    """The concepts page's link to `sample` opens the server's page of reference/sampler.py with the
+    line `def sample(` inside the window."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    home = page.current_url
+    try:
+        page.get(home + "concepts")
+        WebDriverWait(page, PAGE_LIMIT_S).until(lambda d: d.find_elements(By.CSS_SELECTOR, "#concepts a"))
+        link = page.find_element(By.CSS_SELECTOR, '#concepts a[href$="code/reference/sampler.py#sample"]')
+        page.get(link.get_attribute("href"))
+        WebDriverWait(page, PAGE_LIMIT_S).until(lambda d: heading_in_view(d, "sample"))
+        line = page.execute_script("return document.getElementById('sample').parentElement.textContent")
+        assert "def sample(" in line
     finally:
         page.get(home)
         WebDriverWait(page, PAGE_LIMIT_S).until(lambda d: d.find_elements(By.ID, "generate"))

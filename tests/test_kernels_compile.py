@@ -38,16 +38,18 @@ EXPECTED_KERNELS = {
     "swiglu.cu": {"swiglu": kernels.THREADS, "geglu": kernels.THREADS},
     "rope.cu": {"qkv_heads": kernels.HEAD_WARPS * 32},
     "attention.cu": {"flash_attention": kernels.ATTENTION_WARPS * 32},
-    "attention_tc.cu": {"flash_attention_tc": kernels.TC_WARPS * 32},
+    "attention_tc.cu": {"flash_attention_tc": kernels.MMA_WARPS * 32, "flash_attention_tc_d128": kernels.MMA_WARPS * 32},
     "sampler.cu": {"cfg_euler": kernels.THREADS, "euler_step": kernels.THREADS},
 }
 # Stems not defined for every dtype: attention runs fp32 on CUDA cores, fp16 / bf16 on tensor cores.
-ONLY_SUFFIXES = {"flash_attention": ("f32",), "flash_attention_tc": ("f16", "bf16")}
+ONLY_SUFFIXES = {"flash_attention": ("f32",), "flash_attention_tc": ("f16", "bf16"), "flash_attention_tc_d128": ("f16", "bf16")}
 
 
-# Dynamic shared memory per block, at head_dim 64 (B/16, T5), for the occupancy column.
+# Dynamic shared memory per block, at head_dim 64 (B/16, T5; 128 for the d128 entry point), for
+# the occupancy column.
 DYNAMIC_SHARED = {"flash_attention": kernels.attention_shared_bytes(64, np.float32),
-                  "flash_attention_tc": kernels.attention_shared_bytes(64, np.float16)}
+                  "flash_attention_tc": kernels.attention_shared_bytes(64, np.float16),
+                  "flash_attention_tc_d128": kernels.attention_shared_bytes(128, np.float16)}
 
 
 def suffixes(stem: str) -> tuple[str, ...]:
@@ -201,3 +203,43 @@ def test_cupy_path_adds_its_own_options(cupy_compiled, arch):
     options, _ = cupy_compiled["attention_tc.cu", arch]
     assert {f"-arch=sm_{arch}", "-ftz=true", "--device-as-default-execution-space",
             f"-I{core._get_header_dir_path()}", *NVRTC_OPTIONS} <= set(options)
+
+
+# ---------------------------------------------------------------------------------------------
+# The tensor-core attention's machine code (SASS), as CuPy compiles it
+
+
+@pytest.fixture(scope="module")
+def attention_sass(cupy_compiled):
+    """{(kernel, arch): instructions} of attention_tc.cu's cubins from CuPy's path."""
+    try:
+        return {(name, arch): code for arch in ARCHS
+                for name, code in nvrtc.sass(cupy_compiled["attention_tc.cu", arch][1]).items()}
+    except nvrtc.NvrtcError as err:
+        pytest.skip(f"reading SASS needs the [compile] extra's cuobjdump and nvdisasm: {err}")
+
+
+def count(instructions, prefix: str) -> int:
+    return sum(i.opcode.startswith(prefix) for i in instructions)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("stem, padded", [("flash_attention_tc", 64), ("flash_attention_tc_d128", 128)])
+@pytest.mark.parametrize("suffix", ["f16", "bf16"])
+def test_tensor_core_attention_machine_code_is_the_design(attention_sass, arch, stem, padded, suffix):
+    """The key-tile loop (the loop holding the most HMMA) has exactly the MMAs the design implies
+    and all of them: per tile of n = MMA_KEY_TILE keys, S = Q K^T is (n / 8) x (Dp / 16)
+    m16n8k16 steps and P V (n / 16) x (Dp / 8), each one HMMA.16816.F32 (.BF16 for bf16); its
+    operands come by LDSM (Q's Dp / 16 fragments once, K's (n / 8) (Dp / 32) x4 loads, V's
+    (n / 16) (Dp / 16) transposed x4 loads), its K/V tiles by LDGSTS (cp.async) waited for with
+    DEPBAR, and nothing anywhere goes through local memory (LDL/STL: spills or indexed arrays)."""
+    code = attention_sass[f"{stem}_{suffix}", arch]
+    n = kernels.MMA_KEY_TILE
+    hmma = "HMMA.16816.F32.BF16" if suffix == "bf16" else "HMMA.16816.F32"
+    loop = max(nvrtc.loop_bodies(code), key=lambda body: count(body, "HMMA"))
+    design = (n // 8) * (padded // 16) + (n // 16) * (padded // 8)
+    assert count(loop, "HMMA") == count(code, "HMMA") == sum(i.opcode == hmma for i in loop) == design
+    assert count(loop, "LDSM.16.M88.4") == padded // 16 + (n // 8) * (padded // 32)
+    assert count(loop, "LDSM.16.MT88.4") == (n // 16) * (padded // 16)
+    assert count(loop, "LDGSTS") > 0 and count(loop, "DEPBAR") > 0
+    assert count(code, "LDL") == count(code, "STL") == 0

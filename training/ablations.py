@@ -17,6 +17,7 @@ has it from the batch, the sampler from its time grid.
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -47,6 +48,46 @@ class Variant:
         return self == Variant()
 
 
+def inverse_square_mean(recipe: Recipe) -> float:
+    """E[1 / max(t, a_min)^2] over the recipe's training times, exactly: t = sigmoid(z) with
+    z ~ N(t_mu, t_sigma), except a share low_noise_fraction with t ~ U(low_noise_t_min, 1).
+
+    With c = logit(a_min), below c the term is 1/a_min^2; above it 1/t^2 = (1 + e^-z)^2, and
+    E[e^{-kz}; z > c] = exp(-k mu + k^2 sigma^2 / 2) Q((c - mu + k sigma^2) / sigma), Q the normal's
+    upper tail. The uniform share gives 1/lo for lo = max(low_noise_t_min, a_min) (a_min < 1).
+    """
+    mu, sigma, a_min = recipe.t_mu, recipe.t_sigma, recipe.a_min
+    cut = math.log(a_min / (1 - a_min))
+
+    def upper_tail(x):
+        return 0.5 * math.erfc(x / math.sqrt(2))
+
+    above = sum(weight * math.exp(-k * mu + (k * sigma) ** 2 / 2) * upper_tail((cut - mu + k * sigma**2) / sigma)
+                for k, weight in ((0, 1), (1, 2), (2, 1)))
+    logit_normal = above + (1 - upper_tail((cut - mu) / sigma)) / a_min**2
+    uniform = 1 / max(recipe.low_noise_t_min, a_min)
+    return (1 - recipe.low_noise_fraction) * logit_normal + recipe.low_noise_fraction * uniform
+
+
+def predicted_floor(prediction: str, patch: int, bottleneck: int, recipe: Recipe, channels: int = 3) -> float | None:
+    """The velocity loss below which a network predicting `prediction` cannot go on average, or None
+    where nothing forces one (x0: the clean image passes the bottleneck; or a bottleneck that hides
+    nothing).
+
+    The network sees each patch of channels * patch^2 numbers through `bottleneck` channels only,
+    so the noise in the other directions never reaches it and its best answer there is 0 (model.md
+    3.3). The velocity x - n holds the whole noise n = 2 eps, variance 4 a number: the hidden share
+    of it stays, 4 * hidden / all. The noise's velocity error is 2 (eps - eps_hat) / t, so the same
+    hidden noise costs E[1/max(t, a_min)^2] times as much (`inverse_square_mean`; the noise reading
+    floors t at a_min, `x0_from`). docs/concepts.md 2 measures both."""
+    numbers = channels * patch**2
+    hidden = max(numbers - bottleneck, 0) / numbers
+    if prediction == "x0" or hidden == 0:
+        return None
+    floor = NOISE_SCALE**2 * hidden
+    return floor if prediction == "velocity" else floor * inverse_square_mean(recipe)
+
+
 def x0_from(prediction: str, output, x_t, t, a_min: float):
     """The network's `output` [B, C, H, W] read as `prediction` -> the x0 it implies at (x_t, t),
     t a [B, 1, 1, 1] tensor or a float; the noise reading floors t at `a_min` as the velocity
@@ -62,6 +103,11 @@ class AblationRun(Run):
     """A train.Run whose network follows `variant`; a variant other than the model's is part of
     the checkpoint's identity, so a run resumes only with the switches that started it."""
 
+    FOLDER_FLAG = "--out"  # learn's
+    SWITCHES = {"recipe.caption_drop": "--caption-drop", "mmjit.patch_size": "--patch",
+                "mmjit.pca_channels": "--bottleneck", "variant.predict": "--predict",
+                "variant.positions": "--positions"}
+
     def __init__(self, folder: Path, recipe: Recipe, mmjit: MMJiTConfig, t5: T5Config, variant: Variant):
         self.variant = variant
         super().__init__(folder, recipe, mmjit, t5)
@@ -69,6 +115,11 @@ class AblationRun(Run):
     def identity(self) -> dict:
         variant = {} if self.variant.is_the_model else {"variant": dataclasses.asdict(self.variant)}
         return super().identity() | variant
+
+    def changed_setting(self, recorded: dict, wanted: dict) -> str:
+        """As Run's, the model's own variant (left out of an identity) filled in on both sides."""
+        model = {"variant": dataclasses.asdict(Variant())}
+        return super().changed_setting(model | recorded, model | wanted)
 
     def predict_x0(self, mmjit_params, x_t, t, context, mask):
         """x0 [B, C, H, W] from the variant's network at (x_t, t); t as in `x0_from`."""

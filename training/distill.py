@@ -169,6 +169,26 @@ def guided_velocity(teacher, teacher_config: MMJiTConfig, z, t, omega, context, 
         return per_sample(omega) * v_c + per_sample(1 - omega) * v_u
 
 
+def average_velocity_of(student, config: MeanFlowConfig, batch: dict, context):
+    """The student's average velocity u(z [B, C, H, W], t [B], r [B]) = (z - x0) / clip(t, 0.05, 1),
+    with the batch's guidance inputs and text (context [B, L, Dc], batch["mask"])."""
+    def average_velocity(z, t, r):
+        x0 = mean_flow_forward(student, config, z, t - r, batch["omega"], batch["t_min"], batch["t_max"],
+                               context, batch["mask"])
+        return (z - x0) / per_sample(t.clamp(MIN_TIME, 1.0))
+
+    return average_velocity
+
+
+def along_the_path(average_velocity, z, t, r, velocity) -> tuple[torch.Tensor, torch.Tensor]:
+    """(u, du/dt) at (z, t, r): du/dt is the total derivative along the path, where z moves with
+    `velocity` as t moves and r stays, dz/dt = v: one Jacobian-vector product with the tangent
+    (v, 1, 0) = du/dz v + du/dt (concepts.md 6)."""
+    # The fused attention kernels have no forward-mode derivative; the plain one (matmul, softmax) has.
+    with sdpa_kernel(SDPBackend.MATH):
+        return torch.func.jvp(average_velocity, (z, t, r), (velocity, torch.ones_like(t), torch.zeros_like(r)))
+
+
 def mean_flow_loss(student, config: MeanFlowConfig, teacher, teacher_config: MMJiTConfig, context, batch: dict,
                    recipe: DistillRecipe) -> tuple[torch.Tensor, torch.Tensor]:
     """(the adaptively weighted Mean Flow loss of the module docstring, scalar; the unweighted
@@ -182,14 +202,7 @@ def mean_flow_loss(student, config: MeanFlowConfig, teacher, teacher_config: MMJ
     v_g = guided_velocity(teacher, teacher_config, z, t,
                           torch.where(inside, batch["omega"], torch.ones_like(t)), context, mask)
 
-    def average_velocity(z, t, r):
-        x0 = mean_flow_forward(student, config, z, t - r, batch["omega"], batch["t_min"], batch["t_max"],
-                               context, mask)
-        return (z - x0) / per_sample(t.clamp(MIN_TIME, 1.0))
-
-    # The fused attention kernels have no forward-mode derivative; the plain one (matmul, softmax) has.
-    with sdpa_kernel(SDPBackend.MATH):
-        u, du_dt = torch.func.jvp(average_velocity, (z, t, r), (v_g, torch.ones_like(t), torch.zeros_like(r)))
+    u, du_dt = along_the_path(average_velocity_of(student, config, batch, context), z, t, r, v_g)
     # The Mean Flow identity: the average velocity over [r, t] is the velocity at t corrected by how
     # it changes along the path, u = v - (t - r) du/dt. Its derivative is held fixed (a target, not
     # a path for gradients), so training needs no second-order derivatives; r = t is plain flow matching.

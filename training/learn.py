@@ -13,7 +13,8 @@ ends up holding
 
     samples.png   columns: the prompts of SHEET_SCENES, each with its own seed; rows: the data set's
                   image of each, then the samples at each snapshot step
-    loss.png      the training loss, 10-step means, log scale, the snapshot steps marked
+    loss.png      the training loss, 10-step means, log scale, the snapshot steps marked, and the
+                  floor the switches predict (--predict velocity or noise: `predicted_floor`)
     samples/      one row per snapshot (the rows of samples.png; a resumed run keeps them)
     export/       the final model (EMA weights) as train.py exports it: `minit2i generate --model
                   OUT/export/transformer --t5 OUT/export/t5 -p ...` draws with it
@@ -37,24 +38,22 @@ from . import require_torch
 
 require_torch("learn")
 import dataclasses
-import io
 import os
 import re
 import sys
-import warnings
 from pathlib import Path
 
 import numpy as np
 import torch
-from PIL import Image, ImageDraw, UnidentifiedImageError
+from PIL import Image, ImageDraw
 
 from minit2i.console import OneLineParser, emit, guarded, printable
 from minit2i.core.checks import Range, file_kind, read_limited, shown, walk, writable_folder
 from minit2i.core.errors import MiniT2IError
-from minit2i.core.images import grid, save_png
+from minit2i.core.images import decode_png, grid, save_png
 
 from . import shapes
-from .ablations import POSITION_CHOICES, PREDICTIONS, AblationRun, Variant
+from .ablations import POSITION_CHOICES, PREDICTIONS, AblationRun, Variant, predicted_floor
 from .charts import font, loss_chart
 from .evaluate import ATTRIBUTES, draw_scenes, evaluation_scenes
 from .train import (CHECKPOINT, DEFAULT_EXPORT, DEMO_MMJIT, DEMO_T5, Recipe, Run, check_export_dir,
@@ -194,20 +193,9 @@ def sample_sheet(rows: list[np.ndarray], labels: list[str]) -> np.ndarray:
 def read_row(path: Path, columns: int, image_size: int) -> np.ndarray:
     """A snapshot row this command wrote, checked to be one before it is decoded (a plain file of
     at most ROW_LIMIT bytes, a PNG of the row's size): uint8 [S, S * columns, 3]."""
-    fix = "delete it and run the same command again"
-    data = read_limited(path, "snapshot row", ROW_LIMIT)
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("error", Image.DecompressionBombWarning)
-            with Image.open(io.BytesIO(data), formats=["PNG"]) as png:
-                if png.size != (image_size * columns, image_size):
-                    raise MiniT2IError(f"{path} is {png.size[0]} x {png.size[1]} pixels, not a row of {columns} "
-                                       f"samples of {image_size} x {image_size}; {fix}")
-                return np.asarray(png.convert("RGB"))
-    except UnidentifiedImageError:
-        raise MiniT2IError(f"{path} is not a PNG image; {fix}") from None
-    except (OSError, SyntaxError, ValueError, Image.DecompressionBombError, Image.DecompressionBombWarning) as err:
-        raise MiniT2IError(f"{path} is not a PNG row this command wrote ({err}); {fix}") from None
+    data = read_limited(path, "snapshot row", ROW_LIMIT, follow_links=False)
+    return decode_png(data, path, "a PNG row this command wrote", (image_size * columns, image_size),
+                      "delete it and run the same command again")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -281,8 +269,10 @@ def write_results(run: Run) -> None:
     sheet = sample_sheet([data_row(run.mmjit.image_size), *rows], ["the data", *(f"step {s}" for s in steps)])
     save_png(sheet, run.folder / "samples.png")
     if curve:
+        floor = predicted_floor(run.variant.predict, run.mmjit.patch_size, run.mmjit.pca_channels, run.recipe)
         chart = loss_chart(np.array([r["step"] for r in curve]), np.array([r["loss"] for r in curve]),
-                           title="loss (10-step means)", x_label="training step (dotted: snapshots)", marks=steps)
+                           title="loss (10-step means)", x_label="training step (dotted: snapshots)", marks=steps,
+                           floor=(floor, f"predicted floor {floor:.2f}") if floor else None)
         save_png(chart, run.folder / "loss.png")
     emit(score_table(evaluations, losses))
     emit(final_line(evaluations[run.step]))

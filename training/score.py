@@ -18,11 +18,10 @@ import sys
 from pathlib import Path
 
 import numpy as np
-from PIL import Image
 
-from minit2i.batch.store import MANIFEST, Store, metadata_path
+from minit2i.batch import store
 from minit2i.console import OneLineParser, emit, guarded, printable
-from minit2i.core.checks import Range, parse_json, read_limited
+from minit2i.core.checks import Range
 from minit2i.core.errors import MiniT2IError
 from minit2i.core.files import check_output_file, write_atomically
 from minit2i.core.images import png_bytes
@@ -31,7 +30,6 @@ from . import evaluate, shapes
 
 GROUPS = ("held_in", "held_out")
 SCORED = "score.md", "score.json", "score-misses.png"
-METADATA_LIMIT = 2**20
 
 
 def prompt_lines(prompts: int, held_out_prompts: int | None = None) -> list[dict]:
@@ -42,33 +40,29 @@ def prompt_lines(prompts: int, held_out_prompts: int | None = None) -> list[dict
 
 def read_run(out: Path) -> tuple[list, list[np.ndarray], list[str]]:
     """([(scene, seed, held_out)], uint8 images at the checker's size, store paths) of every image
-    the run's manifest lists, in manifest order."""
-    store = Store(out)
-    try:
-        entries = sorted(store.done().values(), key=lambda e: (e["index"], e["k"]))
-    finally:
-        store.close()
+    the run's manifest lists, in manifest order; the folder is read as `minit2i batch --export`
+    reads it (store.read_run: nothing in it created or changed, every file checked before it is read)."""
+    run = store.read_run(out, "the run folder")
+    entries = sorted(run.done.values(), key=lambda e: (e["index"], e["k"]))
     if not entries:
-        raise MiniT2IError(f"{out}/{MANIFEST} lists no image; draw the run first (minit2i batch)")
+        raise MiniT2IError(f"{out}/{store.MANIFEST} lists no image; draw the run first (minit2i batch)")
     scenes, pixels = [], []
     for entry in entries:
         scene, held_out = scene_of(out, entry["index"])
         scenes.append((scene, entry["seed"], held_out))
-        pixels.append(evaluate.at_checker_size(np.asarray(Image.open(out / entry["path"]).convert("RGB"))))
+        pixels.append(evaluate.at_checker_size(run.image(entry)[1]))
     return scenes, pixels, [entry["path"] for entry in entries]
 
 
 def scene_of(out: Path, index: int) -> tuple[shapes.Scene, bool]:
     """The scene a prompt's metadata.jsonl names, and whether its colour-shape pair is held out."""
-    path = out / metadata_path(index)
-    entry = parse_json(read_limited(path, "metadata", METADATA_LIMIT), "metadata", path)
-    fields = entry.get("scene") if isinstance(entry, dict) else None
+    fields = store.read_metadata(out, index).get("scene")
     tables = {"size": shapes.SIZES, "colour": shapes.COLOURS, "shape": shapes.SHAPES, "position": shapes.POSITIONS,
               "background": shapes.BACKGROUNDS}
     if not (isinstance(fields, dict) and set(fields) == set(tables)
             and all(isinstance(fields[k], str) and fields[k] in table for k, table in tables.items())):
-        raise MiniT2IError(f"{path} names no demo scene (a \"scene\" with {', '.join(tables)}); score runs drawn "
-                           "from the prompts `score --write-prompts` writes")
+        raise MiniT2IError(f"{out / store.metadata_path(index)} names no demo scene (a \"scene\" with "
+                           f"{', '.join(tables)}); score runs drawn from the prompts `score --write-prompts` writes")
     scene = shapes.Scene(**fields)
     return scene, (scene.colour, scene.shape) in shapes.HELD_OUT
 

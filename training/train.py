@@ -45,8 +45,8 @@ from safetensors import SafetensorError
 from tqdm import tqdm
 
 from minit2i.console import OneLineParser, emit, guarded, printable
-from minit2i.core.checks import (Range, existing_path, file_kind, parse_json, read_limited, short_list, shown,
-                                 writable_folder)
+from minit2i.core.checks import (Range, differences, existing_path, file_kind, parse_json, read_limited, short_list,
+                                 shown, writable_folder)
 from minit2i.core.errors import MiniT2IError
 from minit2i.core.files import write_atomically
 from minit2i.core.mmjit_config import MMJiTConfig, mmjit_expected_shapes
@@ -240,7 +240,7 @@ CHECKPOINT_TENSORS = {"params/{}": True, "ema/{}": True, "adam/{}/exp_avg": True
                       "adam/{}/step": False}
 
 
-def check_values(tensors: dict[str, torch.Tensor], step: int, path: Path) -> None:
+def check_values(tensors: dict[str, torch.Tensor], step: int, path: Path, fix: str) -> None:
     """Every value of a checkpoint in the range training can produce, before any step runs:
     weights, EMA and AdamW's moments finite, its second moments not negative, each step count a
     whole number from 0 to the checkpoint's step (a damaged value would otherwise surface steps
@@ -249,7 +249,7 @@ def check_values(tensors: dict[str, torch.Tensor], step: int, path: Path) -> Non
         problem = _value_problem(name, tensor, step)
         if problem:
             raise MiniT2IError(f"{path}: {name} {problem}; the checkpoint is damaged: resume from a copy of the run "
-                               "or use another --run folder")
+                               f"or {fix}")
 
 
 def _value_problem(name: str, tensor: torch.Tensor, step: int) -> str | None:
@@ -302,6 +302,9 @@ class Run:
     file can at worst be refused (a pickle, as torch.save writes, runs whatever it names).
     """
 
+    FOLDER_FLAG = "--run"  # the command's flag for the run's folder, as its messages name it
+    SWITCHES: dict[str, str] = {}  # an entry of `identity` (a.b) -> the command's switch that sets it
+
     def __init__(self, folder: Path, recipe: Recipe, mmjit: MMJiTConfig, t5: T5Config,
                  init_from: Path | None = None):
         self.folder, self.recipe, self.mmjit, self.t5 = folder, recipe, mmjit, t5
@@ -315,7 +318,7 @@ class Run:
         self.step = 0
         if (folder / "checkpoint.pt").exists():
             raise MiniT2IError(f"{folder / 'checkpoint.pt'} is a pickled checkpoint of an older version, which is "
-                               "never loaded (unpickling can run code); start a new --run folder")
+                               f"never loaded (unpickling can run code); start a new {self.FOLDER_FLAG} folder")
         if self.checkpoint_path.exists():
             self._resume()
 
@@ -327,6 +330,13 @@ class Run:
         """The trained parameters at step 0 (flat names): an exported model's (--init-from), or
         seeded random ones."""
         return self.start if self.start is not None else initial_weights(self.mmjit, self.t5, self.recipe.seed)
+
+    def changed_setting(self, recorded: dict, wanted: dict) -> str:
+        """The first entry of the run's identity where a checkpoint's `recorded` one differs from
+        `wanted`, as a.b recorded -> wanted, named by its switch where SWITCHES has it."""
+        first = differences(recorded, wanted)[0]
+        name = first.split(" ")[0]
+        return f"{self.SWITCHES[name]} ({first})" if name in self.SWITCHES else first
 
     @property
     def checkpoint_path(self) -> Path:
@@ -342,7 +352,7 @@ class Run:
 
     def _resume(self) -> None:
         path = self.checkpoint_path
-        fix = "use another --run folder"
+        fix = f"use another {self.FOLDER_FLAG} folder"
         data = read_limited(path, "checkpoint", CHECKPOINT_LIMIT)
         try:
             tensors = safetensors.torch.load(data)
@@ -350,11 +360,16 @@ class Run:
             raise MiniT2IError(f"{path} is not a readable checkpoint ({err}); {fix}") from None
         header = parse_json(data[8:8 + int.from_bytes(data[:8], "little")], "the header of", path)
         record = parse_json((header.get("__metadata__") or {}).get("run", "").encode(), "the run record in", path)
-        if not isinstance(record, dict) or record.get("identity") != json.loads(json.dumps(self.identity())):
-            raise MiniT2IError(f"{path} was made with other settings (recipe or architecture); {fix}")
+        identity = json.loads(json.dumps(self.identity()))
+        if not isinstance(record, dict) or not isinstance(record.get("identity"), dict):
+            raise MiniT2IError(f"{path} holds no run record of this command; {fix}")
+        if record["identity"] != identity:
+            changed = self.changed_setting(record["identity"], identity)
+            raise MiniT2IError(f"{path} was made with other settings: {changed}; resume with the settings it was made "
+                               f"with, or {fix}")
         step = Range(0, 10**7).check(f"{path}: step", record.get("step"))
         self._check_tensors(tensors, path)
-        check_values(tensors, step, path)
+        check_values(tensors, step, path, fix)
         with torch.no_grad():
             for k in self.params:
                 self.params[k].copy_(tensors[f"params/{k}"])
@@ -380,7 +395,8 @@ class Run:
             if any(held) and not all(held):
                 problems.append(f"the optimiser state of {k} is incomplete")
         if problems:
-            raise MiniT2IError(f"{path} does not match this run: {short_list(problems, 3)}; use another --run folder")
+            raise MiniT2IError(f"{path} does not match this run: {short_list(problems, 3)}; use another "
+                               f"{self.FOLDER_FLAG} folder")
 
     @property
     def log_path(self) -> Path:

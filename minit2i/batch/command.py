@@ -12,7 +12,7 @@ from ..arguments import add_model_arguments, add_sampler_arguments, add_threads_
 from ..console import emit, printable
 from .driver import ENGINES, run_batch
 from .exports import EXPORTS, check_exports, export
-from .store import RUN_FILE, Store
+from .store import read_run
 from .worker import Spec
 
 
@@ -47,8 +47,6 @@ def run_batch_command(args) -> int:
     if args.prompts is None:
         if not args.export:
             raise MiniT2IError("PROMPTS is missing: pass a prompt file to draw, or --export to export a run folder")
-        if not (out / RUN_FILE).is_file():
-            raise MiniT2IError(f"--out {out} is not a run folder (no {RUN_FILE}); pass PROMPTS to draw one")
         check_exports(args.export, None)
     else:
         check_exports(args.export, args.images_per_prompt)
@@ -62,11 +60,8 @@ def run_batch_command(args) -> int:
         emit(f"{printable(str(out), None)}: {summary.done_before + summary.drawn} of {summary.total} images done "
              f"({summary.drawn} drawn now{rate})")
     if args.export:
-        store = Store(out)
-        try:
-            for kind in args.export:
-                folder, written = export(store, kind)
-                emit(f"{printable(str(folder), None)}: {written} images")
-        finally:
-            store.close()
+        run = read_run(out)
+        for kind in args.export:
+            folder, written = export(run, kind)
+            emit(f"{printable(str(folder), None)}: {written} images")
     return 0

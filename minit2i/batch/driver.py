@@ -3,6 +3,7 @@ draws. It alone writes to the run folder; the engine only computes."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import logging
@@ -13,17 +14,16 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timezone
 from pathlib import Path
 
-from minit2i.core.checks import Range, user_path, walk
+from minit2i.core.checks import Range, differences, user_path, walk
 from minit2i.core.errors import MiniT2IError
 from minit2i.core.images import png_bytes
 from minit2i.core.threads import check_threads, current_blas_threads
 
 from .prompts import metadata_line, read_prompts
-from .store import Store, differences
+from .store import IMAGES_PER_PROMPT, Store
 from .worker import Job, Spec, numerical_setup
 
 ENGINES = ("local", "ray")
-IMAGES_PER_PROMPT = Range(1, 10_000)
 WORKERS = Range(1, 4096)
 # run.json's parts that must match for a run to continue an existing folder (the others, such as
 # the paths the model was read from, may change between runs).
@@ -55,52 +55,66 @@ def run_batch(prompt_file, out, spec: Spec, images_per_prompt: int = 1, seed: in
     from minit2i.api import check_call
     from minit2i.pipeline import REQUEST_RANGES, check_backend, check_memory, make_request, run_threads
 
-    check_options(images_per_prompt, engine, workers)
-    check_threads(spec.threads, "--threads")
+    check_options(images_per_prompt, engine, workers, spec.threads)
+    ray_address = check_engine(engine, ray_address)
     check_backend(spec.backend, spec.precision)
     prompt_path = user_path(prompt_file)
     prompts = read_prompts(prompt_path)
     count = len(prompts.prompts) * images_per_prompt
     given = check_call(prompts.prompts[0], generator=seed, **dict(spec.sampler))
     REQUEST_RANGES["seed"][1].check("the last image's seed, --seed + prompts x images per prompt - 1", seed + count - 1)
-    pipe = spec.open_pipeline()
+    # The driver reads configs and headers only: its thread count is the workers' (checked above,
+    # against the cluster's nodes for Ray), not this machine's.
+    pipe = dataclasses.replace(spec, threads=None).open_pipeline()
     request = make_request(pipe.files, prompts.prompts[0], given)
     if spec.backend == "numpy":
         check_memory(request, pipe.files)
     # One count for every worker, recorded: the one `generate` would choose (or the user's).
     spec = dataclasses.replace(spec, threads=run_threads(request, pipe.files, spec.threads)
                                or current_blas_threads() or 1)
-    store = Store(user_path(out))
-    try:
-        record = run_record(spec, pipe.files, request, prompts.sha256, len(prompts.prompts), images_per_prompt,
-                            seed, prompt_path, command)
-        store.check_run(record, COMPARED)
-        done = store.done()
-        jobs = [Job(i * images_per_prompt + k, i, k, text, seed + i * images_per_prompt + k)
-                for i, text in enumerate(prompts.prompts) for k in range(images_per_prompt)
-                if (i, k) not in done]
-        note_unknown_words(pipe.files.tokenizer, prompts.prompts)
-        for index in dict.fromkeys(job.index for job in jobs):
-            store.write_metadata(index, metadata_line(prompts.metadata[index]))
-        start = time.perf_counter()
-        draw(store, jobs, spec, record["numerical"], engine, workers, ray_address, count - len(jobs), count, progress)
-        return Summary(len(jobs), len(done), count, time.perf_counter() - start)
-    finally:
-        store.close()
+    record = run_record(spec, pipe.files, request, prompts.sha256, len(prompts.prompts), images_per_prompt, seed,
+                        prompt_path, command)
+    with started_engine(engine, spec, workers, ray_address) as results_of:
+        store = Store(user_path(out), record, COMPARED)
+        try:
+            done = store.done()
+            jobs = [Job(i * images_per_prompt + k, i, k, text, seed + i * images_per_prompt + k)
+                    for i, text in enumerate(prompts.prompts) for k in range(images_per_prompt)
+                    if (i, k) not in done]
+            note_unknown_words(pipe.files.tokenizer, prompts.prompts)
+            start = time.perf_counter()
+            draw(store, jobs, results_of, record["numerical"], prompts.metadata, count - len(jobs), count, progress)
+            return Summary(len(jobs), len(done), count, time.perf_counter() - start)
+        finally:
+            store.close()
 
 
-def check_options(images_per_prompt: int, engine: str, workers: int | None) -> None:
+def check_options(images_per_prompt: int, engine: str, workers: int | None, threads: int | None) -> None:
     IMAGES_PER_PROMPT.check("-n/--images-per-prompt", images_per_prompt)
     if engine not in ENGINES:
         raise MiniT2IError(f"--engine must be one of {', '.join(ENGINES)}, found {engine!r}")
     if workers is not None:
         WORKERS.check("--workers", workers)
+    # On Ray the count is each actor's, checked against the cluster's nodes (ray_engine.py).
+    check_threads(threads, "--threads", limit_to_cores=engine != "ray")
 
 
-def draw(store: Store, jobs: list[Job], spec: Spec, setup: dict, engine: str, workers: int | None,
-         ray_address: str | None, done: int, total: int, progress: bool) -> None:
-    """Run the engine over `jobs`; each image is encoded and written by the writer threads while
-    the engine draws on. Leaving early (an error, Ctrl-C, SIGTERM) lets the writes under way finish."""
+def check_engine(engine: str, address: str | None) -> str | None:
+    """For --engine ray, the cluster's address (`address`, else RAY_ADDRESS; None: a local
+    cluster), checked and answering (ray_engine.checked_address); None for the local engine."""
+    if engine != "ray":
+        return None
+    from .ray_engine import checked_address
+
+    return checked_address(address)
+
+
+def draw(store: Store, jobs: list[Job], results_of, setup: dict, metadata: list[dict], done: int, total: int,
+         progress: bool) -> None:
+    """Run the engine (`results_of(jobs)`, from `started_engine`) over `jobs`; each image is
+    encoded and written by the writer threads while the engine draws on, a prompt's folder and
+    `metadata` line with its first image (a prompt file of millions of lines starts drawing at
+    once). Leaving early (an error, Ctrl-C, SIGTERM) lets the writes under way finish."""
     from tqdm import tqdm
 
     if not jobs:
@@ -109,12 +123,12 @@ def draw(store: Store, jobs: list[Job], spec: Spec, setup: dict, engine: str, wo
     bar = tqdm(total=total, initial=done, unit="image", desc="images", disable=not progress, file=sys.stderr)
 
     def write(job: Job, pixels) -> None:
-        store.write_image(job.index, job.k, job.prompt, job.seed, png_bytes(pixels))
+        store.write_image(job.index, job.k, job.prompt, job.seed, png_bytes(pixels), metadata_line(metadata[job.index]))
         bar.update(1)
 
     pending: deque = deque()
     writer = ThreadPoolExecutor(WRITER_THREADS, thread_name_prefix="png-writer")
-    results = engine_results(jobs, spec, engine, workers, ray_address)
+    results = results_of(jobs)
     try:
         for number, pixels, worker_setup in results:
             if worker_setup != setup:
@@ -132,15 +146,20 @@ def draw(store: Store, jobs: list[Job], spec: Spec, setup: dict, engine: str, wo
         future.result()
 
 
-def engine_results(jobs: list[Job], spec: Spec, engine: str, workers: int | None, ray_address: str | None):
-    """The engine's (job number, pixels, numerical setup) as jobs finish."""
+@contextlib.contextmanager
+def started_engine(engine: str, spec: Spec, workers: int | None, ray_address: str | None):
+    """The engine, ready -> a function of the jobs to its (job number, pixels, numerical setup)
+    as jobs finish. Ray's cluster is joined (or started) and its nodes checked to hold the actors
+    before the run folder is touched, and left at the end."""
     if engine == "ray":
-        from .ray_engine import on_ray
+        from .ray_engine import joined_cluster
 
-        return on_ray(jobs, spec, workers, ray_address)
+        with joined_cluster(spec, workers, ray_address) as on_cluster:
+            yield on_cluster
+        return
     from .engines import in_process, in_processes
 
-    return in_process(jobs, spec) if workers is None else in_processes(jobs, spec, workers)
+    yield (lambda jobs: in_process(jobs, spec)) if workers is None else (lambda jobs: in_processes(jobs, spec, workers))
 
 
 def run_record(spec: Spec, files, request, prompts_sha256: str, prompt_count: int, images_per_prompt: int,

@@ -1,35 +1,36 @@
-"""Other tools' layouts, made from a finished store: DPG-Bench's (one 2 x 2 grid of a prompt's
-four images per item) and a flat folder of every image (what FID tools read)."""
+"""Other tools' layouts, made from a finished run folder read as it is (`store.read_run`, which
+changes nothing in it): DPG-Bench's (one 2 x 2 grid of a prompt's four images per item) and a flat
+folder of every image (what FID tools read). Every name is chosen before anything is written."""
 
 from __future__ import annotations
 
+import logging
 import os
 import re
+from collections import Counter
 from pathlib import Path
 
-import numpy as np
-from PIL import Image
-
-from minit2i.core.checks import read_json_object
+from minit2i.core.checks import short_list
 from minit2i.core.errors import MiniT2IError
-from minit2i.core.images import grid, png_bytes
+from minit2i.core.images import grid, png_bytes, png_limit
 
-from .store import RUN_FILE, Store, metadata_path, write_durably
+from .store import REDRAW, Run, image_size, is_plain_file, plain_folder, read_metadata, write_durably
 
 EXPORTS = ("dpg", "flat")
 DPG_GRID = 2  # DPG-Bench scores a 2 x 2 grid of four images per prompt
-# An item's own name (a metadata "id") is used as its file name only when it is a plain one.
+# An item's own name (a metadata "id") is used as its file name only when it is a plain one, not
+# all digits (the index names are) and no other prompt's (compared as a case-insensitive file
+# system compares them).
 PLAIN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,200}")
 
 
-def export(store: Store, kind: str) -> tuple[Path, int]:
+def export(run: Run, kind: str) -> tuple[Path, int]:
     """Write the `kind` export (checked by `check_exports`) into DIR/<kind>/ -> (that folder, files written)."""
-    done = store.done()
-    folder = store.root / kind
-    folder.mkdir(exist_ok=True)
+    folder = plain_folder(run.root / kind, create=False)
     if kind == "dpg":
-        return folder, export_dpg(store, done, folder)
-    return folder, export_flat(store, done, folder)
+        check_exports(["dpg"], run.record["settings"]["images_per_prompt"])
+        return folder, export_dpg(run, item_names(run, complete_prompts(run)), folder)
+    return folder, export_flat(run, folder)
 
 
 def check_exports(kinds: list[str], images_per_prompt: int | None) -> None:
@@ -43,36 +44,50 @@ def check_exports(kinds: list[str], images_per_prompt: int | None) -> None:
                            "draw it with -n 4")
 
 
-def export_dpg(store: Store, done: dict, folder: Path) -> int:
-    """One PNG per prompt with all four images done: its images tiled 2 x 2 in k order, named by
-    the prompt's metadata "id" where that is a plain name, else by its index."""
-    per_prompt = read_json_object(store.root / RUN_FILE, RUN_FILE)["settings"]["images_per_prompt"]
-    check_exports(["dpg"], per_prompt)
-    written = 0
-    for index in sorted({index for index, _ in done}):
-        if all((index, k) in done for k in range(per_prompt)):
-            tiles = [np.asarray(Image.open(store.root / done[index, k]["path"]).convert("RGB"))
-                     for k in range(per_prompt)]
-            write_durably(folder / f"{item_name(store, index)}.png", png_bytes(grid(tiles, DPG_GRID)))
-            written += 1
-    return written
+def complete_prompts(run: Run) -> list[int]:
+    """The prompts with all their images done, in order."""
+    per_prompt = run.record["settings"]["images_per_prompt"]
+    return sorted(index for index in {index for index, _ in run.done}
+                  if all((index, k) in run.done for k in range(per_prompt)))
 
 
-def item_name(store: Store, index: int) -> str:
-    """The file name (without .png) of a prompt's DPG grid."""
-    from .prompts import json_line
+def item_names(run: Run, indexes: list[int]) -> dict[int, str]:
+    """{index: file name without .png} of each prompt's DPG grid: its metadata "id" where that is
+    a plain name that no other prompt shares, else its index (`index:05d`). Ids left for their
+    index are one warning."""
+    ids = {index: read_metadata(run.root, index).get("id") for index in indexes}
+    usable = {index: name for index, name in ids.items()
+              if isinstance(name, str) and PLAIN_NAME.fullmatch(name) and not name.isdigit()}
+    counts = Counter(name.casefold() for name in usable.values())
+    shared = sorted({name.casefold() for name in usable.values() if counts[name.casefold()] > 1})
+    if shared:
+        logging.getLogger("minit2i").warning(f"warning: DPG grids named by their prompt's index where prompts share "
+                                             f"an id ({short_list([repr(name) for name in shared])})")
+    return {index: usable[index] if index in usable and counts[usable[index].casefold()] == 1 else f"{index:05d}"
+            for index in indexes}
 
-    line = (store.root / metadata_path(index)).read_text(encoding="utf-8")
-    name = json_line(store.root / metadata_path(index), 1, line).get("id")
-    return name if isinstance(name, str) and PLAIN_NAME.fullmatch(name) else f"{index:05d}"
+
+def export_dpg(run: Run, names: dict[int, str], folder: Path) -> int:
+    """One PNG per prompt with all four images done, named by `names`: its images tiled 2 x 2 in
+    k order, each checked before it is decoded (`Run.image`)."""
+    for index, name in names.items():
+        tiles = [run.image(run.done[index, k])[1] for k in range(DPG_GRID**2)]
+        write_durably(plain_folder(folder) / f"{name}.png", png_bytes(grid(tiles, DPG_GRID)))
+    return len(names)
 
 
-def export_flat(store: Store, done: dict, folder: Path) -> int:
+def export_flat(run: Run, folder: Path) -> int:
     """Every image done as <index:05d>_<k:04d>.png in one folder: a hard link to the store's file
-    where the file system allows, else a copy."""
-    for (index, k), entry in sorted(done.items()):
-        source, target = store.root / entry["path"], folder / f"{index:05d}_{k:04d}.png"
-        if target.exists() and os.path.samefile(source, target):
+    where the file system allows, else a copy. The store's files are plain files (`read_run` lists
+    no other), each checked for its size first."""
+    limit = png_limit(*image_size(run.record))
+    for (index, k), entry in sorted(run.done.items()):
+        source, target = run.root / entry["path"], folder / f"{index:05d}_{k:04d}.png"
+        size = os.lstat(source).st_size
+        if size > limit:
+            raise MiniT2IError(f"{source} is {size:,} bytes, more than an image of this run can be; {REDRAW}")
+        plain_folder(folder)
+        if is_plain_file(target) and os.path.samefile(source, target):
             continue
         try:
             temporary = folder / f".{target.name}.link"
@@ -80,5 +95,5 @@ def export_flat(store: Store, done: dict, folder: Path) -> int:
             os.link(source, temporary)
             os.replace(temporary, target)
         except OSError:
-            write_durably(target, source.read_bytes())
-    return len(done)
+            write_durably(target, run.image(entry)[0])
+    return len(run.done)

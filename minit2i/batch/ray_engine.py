@@ -4,23 +4,49 @@
 The dataset comes from the planned jobs, not from a read step: a read task waiting for a CPU
 that the actor pool holds would deadlock. Ray's own checkpointing is not used: the driver's
 manifest (store.py) is what a resumed run starts from. The cluster is the one RAY_ADDRESS or
-`address` names, else a local one started here (and stopped at the end).
+`address` names, checked before Ray is started (Ray's own connection to an address that does not
+answer waits for minutes and ignores Ctrl-C), else the one started on this machine, else a local
+one started here (and stopped at the end); its nodes are checked to hold the actors asked for.
 """
 
 from __future__ import annotations
 
+import contextlib
+import importlib.util
 import json
 import logging
 import os
+import re
+import signal
+import socket
+import threading
+import warnings
 from collections.abc import Iterator
+from pathlib import Path
 
 import numpy as np
 
+from minit2i.core.checks import read_limited
 from minit2i.core.errors import MiniT2IError
 
 from .worker import Job, Painter, Spec
 
 GPU_BACKENDS = ("cupy",)
+# A cluster's address: its head's GCS, host:port as `ray start --head` prints it; "auto" the
+# cluster started on this machine, "local" a new one.
+ADDRESS = re.compile(r"(?P<host>\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.-]{1,253}):(?P<port>[0-9]{1,5})")
+RAY_WORDS = ("auto", "local")
+# The opening of an HTTP/2 connection (RFC 9113 3.4): the client's preface and an empty SETTINGS
+# frame, to which a gRPC server answers with a SETTINGS frame (9-byte header, type 4).
+HTTP2_OPENING = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes([0, 0, 0, 4, 0, 0, 0, 0, 0])
+HTTP2_FRAME_HEADER = 9
+HTTP2_SETTINGS = 4
+ADDRESS_FILE_LIMIT = 4096  # Ray's file of the last cluster's address: one HOST:PORT
+LAST_CLUSTER_FIX = ("start it again (ray start --head), or stop what is left of it (ray stop) to have a local cluster "
+                    "started for the run, or pass --ray-address")
+# How long a cluster's address is given to answer (a TCP connection, then a gRPC handshake, each):
+# a head on the same network answers in milliseconds; Ray itself would wait for minutes.
+ANSWER_SECONDS = 10
 
 
 class RayPainter:
@@ -37,50 +63,158 @@ class RayPainter:
                 "setup": np.array([self.setup] * len(jobs))}
 
 
-def on_ray(jobs: list[Job], spec: Spec, workers: int | None, address: str | None) -> Iterator[tuple]:
-    """Each job drawn on the cluster by `workers` actors (default: as many as its CPUs hold at
-    `spec.threads` each, or one per GPU for a GPU backend)."""
+def checked_address(address: str | None) -> str | None:
+    """The cluster's address (`address`, else RAY_ADDRESS; None where neither is set: Ray joins
+    the cluster started on this machine, else starts a local one), checked before Ray is
+    started: Ray installed, the address a head's HOST:PORT (or "auto", "local") and answering
+    within ANSWER_SECONDS (`check_answers`). A Ray Client address (ray://) is refused: Ray Data,
+    which this engine runs on, does not run over Ray Client."""
+    if importlib.util.find_spec("ray") is None:
+        raise MiniT2IError("--engine ray needs Ray: pip install 'minit2i[ray]'")
+    name = "--ray-address"
+    if address is None:
+        name, address = "RAY_ADDRESS", os.environ.get("RAY_ADDRESS") or None
+    if address in (None, "auto"):
+        check_last_cluster()
+    if address is None or address in RAY_WORDS:
+        return address
+    if address.startswith("ray://"):
+        raise MiniT2IError(f"{name} {json.dumps(address)} is a Ray Client address, and Ray Data, which --engine ray "
+                           "runs on, does not run over Ray Client; run minit2i on a node of the cluster, with the "
+                           "head's HOST:PORT (as ray start --head prints it)")
+    form = ADDRESS.fullmatch(address)
+    if not form or not 1 <= int(form["port"]) <= 65535:
+        raise MiniT2IError(f"{name} {json.dumps(address)} is not a Ray cluster's address; pass the head's HOST:PORT "
+                           f"(as ray start --head prints it), or {' or '.join(RAY_WORDS)}")
+    check_answers(form["host"].strip("[]"), int(form["port"]), f"{name} {address}")
+    return address
+
+
+def check_last_cluster() -> None:
+    """Without an address (or with "auto") Ray joins the cluster `ray start` last started on this
+    machine, whose address it keeps in a file (Ray 2.60's, found with its own function), and
+    waits for minutes if that cluster is gone without `ray stop`: it must answer as an address
+    given does."""
+    from ray._private.utils import get_ray_address_file
+
+    path = Path(get_ray_address_file(None))
+    if not path.exists():
+        return
+    address = read_limited(path, "Ray's address file", ADDRESS_FILE_LIMIT).decode("utf-8", "replace").strip()
+    form = ADDRESS.fullmatch(address)
+    named = f"the Ray cluster last started on this machine ({path}: {json.dumps(address)})"
+    if not form:
+        raise MiniT2IError(f"{named} is not an address; {LAST_CLUSTER_FIX}")
+    check_answers(form["host"].strip("[]"), int(form["port"]), named, LAST_CLUSTER_FIX)
+
+
+def check_answers(host: str, port: int, named: str,
+                  fix: str = "start the cluster (ray start --head) or correct the address") -> None:
+    """The Ray head at `host`:`port` resolves, takes a TCP connection and answers the opening of
+    an HTTP/2 connection with its settings, as the gRPC server of its GCS does, each within
+    ANSWER_SECONDS, and Ctrl-C or SIGTERM ends the wait: otherwise one line. Ray's own
+    connection, tried on an address that does not answer, waits for minutes and ignores Ctrl-C."""
     try:
-        import ray
-        import ray.data
-    except ImportError:
-        raise MiniT2IError("--engine ray needs Ray: pip install 'minit2i[ray]'") from None
+        connection = socket.create_connection((host, port), timeout=ANSWER_SECONDS)
+    except socket.gaierror as err:
+        raise MiniT2IError(f"{named}: cannot find the host {host} ({err.strerror}); {fix}") from None
+    except TimeoutError:
+        raise MiniT2IError(f"{named}: the Ray cluster does not answer (no connection within {ANSWER_SECONDS} s); "
+                           f"{fix}") from None
+    except OSError as err:
+        raise MiniT2IError(f"{named}: the Ray cluster does not answer ({err.strerror or err}); {fix}") from None
+    with connection:
+        try:
+            connection.sendall(HTTP2_OPENING)
+            reply = connection.recv(HTTP2_FRAME_HEADER, socket.MSG_WAITALL)
+        except OSError:  # a timeout, or the connection reset
+            reply = b""
+    if len(reply) < HTTP2_FRAME_HEADER or reply[3] != HTTP2_SETTINGS:
+        raise MiniT2IError(f"{named}: something takes connections there but does not answer as a Ray cluster "
+                           f"(no HTTP/2 settings within {ANSWER_SECONDS} s); {fix}")
+
+
+@contextlib.contextmanager
+def joined_cluster(spec: Spec, workers: int | None, address: str | None):
+    """The Ray cluster at `address` (checked by `checked_address`; None: the one started on this
+    machine, else a local one started here and stopped at the end) joined, and the actors it can
+    hold counted (`actor_count`), before the run folder is touched -> a function of the jobs to
+    their (number, pixels, numerical setup) as the actors draw them (`on_ray`)."""
+    import ray
+    import ray.data  # before the loggers' levels are set: importing it sets its own
+
     for name in ("ray", "ray.data"):  # its notes would break the driver's progress bar
         logging.getLogger(name).setLevel(logging.ERROR)
     started = not ray.is_initialized()
     if started:
-        # "local": with no address, ray.init would join the cluster the machine started last (its
-        # /tmp/ray/ray_current_cluster), whoever started it and even while it stops.
-        ray.init(address=address or os.environ.get("RAY_ADDRESS") or "local", include_dashboard=False,
-                 log_to_driver=False, logging_level=logging.ERROR)
-    try:
-        context = ray.data.DataContext.get_current()
-        context.enable_progress_bars = False  # the driver's bar counts the images
-        gpus = 1 if spec.backend in GPU_BACKENDS else 0
-        actors = workers or actor_count(ray.cluster_resources(), spec.threads, gpus)
-        rows = [{"number": j.number, "index": j.index, "k": j.k, "prompt": j.prompt, "seed": j.seed} for j in jobs]
-        drawn = ray.data.from_items(rows, override_num_blocks=len(rows)).map_batches(
-            RayPainter, fn_constructor_kwargs={"spec": spec}, batch_size=1,
-            compute=ray.data.ActorPoolStrategy(size=actors), num_cpus=spec.threads, num_gpus=gpus)
+        # ray.init makes SIGTERM a bare sys.exit (a traceback from Ray's threads, no clean-up): the
+        # handler it found (the CLI's, which ends the run as Ctrl-C does) is put back.
+        terminate = signal.getsignal(signal.SIGTERM)
         try:
-            for batch in drawn.iter_batches(batch_size=None, batch_format="numpy"):
-                for number, pixels, setup in zip(batch["number"], batch["pixels"], batch["setup"]):
-                    yield int(number), pixels, json.loads(str(setup))
-        except Exception as err:  # noqa: BLE001 - raised again, unwrapped where Ray wrapped ours
-            raise actor_error(err) from None
+            ray.init(address=address, include_dashboard=False, log_to_driver=False, logging_level=logging.ERROR)
+            if threading.current_thread() is threading.main_thread():
+                signal.signal(signal.SIGTERM, terminate)
+        except (ConnectionError, ValueError, RuntimeError, TimeoutError) as err:
+            reason = " ".join(str(err).split())
+            raise MiniT2IError(f"cannot join the Ray cluster at {address or 'this machine'}: {reason[:300]}; check "
+                               "that it runs (ray status), and for a cluster with token authentication (Ray's "
+                               "default) set RAY_AUTH_MODE=token") from None
+    try:
+        gpus = 1 if spec.backend in GPU_BACKENDS else 0
+        nodes = [node["Resources"] for node in ray.nodes() if node.get("Alive")]
+        actors = actor_count(nodes, spec.threads, gpus, workers)
+        yield lambda jobs: on_ray(jobs, spec, actors, gpus)
     finally:
         if started:
             ray.shutdown()
 
 
-def actor_count(resources: dict, threads: int, gpus: int) -> int:
-    """As many actors as the cluster holds: one per GPU for a GPU backend, else CPUs // threads."""
-    if gpus:
-        count = int(resources.get("GPU", 0))
-        if not count:
-            raise MiniT2IError("the Ray cluster has no GPU for --backend cupy; add a GPU node or use --backend numpy")
-        return count
-    return max(1, int(resources.get("CPU", 1) // threads))
+def on_ray(jobs: list[Job], spec: Spec, actors: int, gpus: int) -> Iterator[tuple]:
+    """Each job drawn on the joined cluster by a pool of `actors` actors of `spec.threads` CPUs
+    and `gpus` GPUs each."""
+    import ray.data
+
+    context = ray.data.DataContext.get_current()
+    context.enable_progress_bars = False  # the driver's bar counts the images
+    rows = [{"number": j.number, "index": j.index, "k": j.k, "prompt": j.prompt, "seed": j.seed} for j in jobs]
+    # max_restarts=0: an actor that dies stops the run, which its rerun continues (store.py). Ray
+    # Data restarts actors by default, and Ray then logs an error line on every run (their
+    # constructor's arguments in the object store could be lost); 2.60 takes the setting only as
+    # a keyword it deprecates.
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="`ray_remote_args` is deprecated")
+        drawn = ray.data.from_items(rows, override_num_blocks=len(rows)).map_batches(
+            RayPainter, fn_constructor_kwargs={"spec": spec}, batch_size=1,
+            compute=ray.data.ActorPoolStrategy(size=actors), num_cpus=spec.threads, num_gpus=gpus, max_restarts=0)
+    try:
+        for batch in drawn.iter_batches(batch_size=None, batch_format="numpy"):
+            for number, pixels, setup in zip(batch["number"], batch["pixels"], batch["setup"]):
+                yield int(number), pixels, json.loads(str(setup))
+    except Exception as err:  # noqa: BLE001 - raised again, unwrapped where Ray wrapped ours
+        raise actor_error(err) from None
+
+
+def actor_count(nodes: list[dict], threads: int, gpus: int, workers: int | None) -> int:
+    """The actors to start on a cluster whose live nodes have the resources `nodes` ({"CPU": 2.0,
+    "GPU": 1.0, ...} each), each actor asking for `threads` CPUs and `gpus` GPUs: `workers`, or
+    as many as the nodes hold. An actor no node can hold would wait for ever: refused in one
+    line, as are more `workers` than the nodes hold."""
+    def held(node: dict) -> int:
+        cpu_slots = int(node.get("CPU", 0) // threads)
+        return min(cpu_slots, int(node.get("GPU", 0) // gpus)) if gpus else cpu_slots
+
+    room = sum(held(node) for node in nodes)
+    if not room:
+        most = max((int(node.get("CPU", 0)) for node in nodes), default=0)
+        if gpus and not any(node.get("GPU", 0) for node in nodes):
+            raise MiniT2IError(f"the Ray cluster has no GPU for --backend {', '.join(GPU_BACKENDS)}; add a GPU node "
+                               "or use --backend numpy")
+        raise MiniT2IError(f"--threads {threads}: each actor asks for {threads} CPUs, and no node of the Ray cluster "
+                           f"has that many (the largest has {most}); pass --threads {max(most, 1)} or fewer")
+    if workers is not None and workers > room:
+        raise MiniT2IError(f"--workers {workers}: the Ray cluster's nodes hold {room} actors of {threads} CPUs"
+                           f"{' and 1 GPU' if gpus else ''} each; pass --workers {room} or fewer, or fewer --threads")
+    return workers or room
 
 
 def actor_error(err: BaseException) -> BaseException:
