@@ -63,7 +63,9 @@ def aux_tokens(params, config: MeanFlowConfig, pooled, h, omega, t_min, t_max):
 
     $$\mathrm{aux} = [A_{ctx} \;|\; A_\omega \;|\; A_{min} \;|\; A_{max} \;|\; A_{time}]$$
 
-    $$A_{ctx} = T_{ctx} + \bar c\,W_{pool}^\top, \qquad A_\omega = T_\omega + \mathrm{emb}_\omega(1 - 1/\omega)$$
+    $$A_{ctx} = T_{ctx} + \bar c\,W_{pool}^\top$$
+
+    $$A_\omega = T_\omega + \mathrm{emb}_\omega(1 - 1/\omega)$$
 
     $$A_{min} = T_{min} + \mathrm{emb}_{min}(t_{min})$$
 
@@ -84,8 +86,9 @@ def unrotated_prefix(rope, count: int):
     r"""(cos, sin) [L, Dh/2] -> the same tables with the first `count` rows at angle 0, so those
     rows leave RoPE exactly as they came (model.md 9.2):
 
-    $$\cos\theta_l = 1,\ \sin\theta_l = 0 \quad (l < \mathrm{count}) \qquad\Rightarrow\qquad
-    x \cdot 1 - y \cdot 0 = x$$
+    $$\cos\theta_l = 1,\ \sin\theta_l = 0 \quad (l < \mathrm{count})$$
+
+    $$\Rightarrow\quad x \cdot 1 - y \cdot 0 = x$$
     """
     cos, sin = (table.copy() for table in rope)
     cos[:count], sin[:count] = 1, 0

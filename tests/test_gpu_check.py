@@ -253,6 +253,9 @@ def test_the_default_budget_fits_one_short_gpu_window(gpu_check):
     assert gpu_check.DEFAULT_BUDGET <= 8 * 60
     assert sum(gpu_check.SHARES.values()) <= 0.75
     assert list(gpu_check.SHARES) == list(PARTS[:-2])
+    for name, seconds in gpu_check.GPU_SECONDS.items():  # each part's estimate within its time
+        if name in gpu_check.SHARES:
+            assert seconds <= gpu_check.SHARES[name] * gpu_check.DEFAULT_BUDGET, name
 
 
 def test_started_outside_any_venv_it_runs_under_the_checkouts_venv(tmp_path, hub_1x):
