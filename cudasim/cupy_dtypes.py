@@ -102,7 +102,7 @@ def operand(value) -> Operand:
         return Operand(np.dtype(np.uint64 if value >= 2**63 else np.int64), int)
     if isinstance(value, (float, complex)):
         return Operand(np.dtype(type(value)), type(value))
-    return Operand(np.asarray(value).dtype if not hasattr(value, "dtype") else np.dtype(value.dtype), None)
+    return Operand(np.asarray(value).dtype, None)
 
 
 def _kind_score(kind: type) -> int:
