@@ -118,6 +118,12 @@ def _to_host(array):
     return np.array(array.view(np.ndarray))
 
 
+def _refuse_out(out, name: str) -> None:
+    """The reductions take CuPy's signature; their `out=` is not modelled, so it is refused, not ignored."""
+    if out is not None:
+        raise TypeError(f"cudasim's stand-in does not model ndarray.{name}(out=...); use its return value")
+
+
 class ndarray(np.ndarray):
     """Device memory (NumPy's, here); arithmetic on it is recorded while a graph is captured."""
 
@@ -173,11 +179,13 @@ class ndarray(np.ndarray):
 
     def mean(self, axis=None, dtype=None, out=None, keepdims=False):
         """CuPy's mean: 16-bit floats summed in float32 and returned in their own dtype (cupy_dtypes.mean_dtypes)."""
+        _refuse_out(out, "mean")
         base = self.view(np.ndarray)
         total, result = cupy_dtypes.mean_dtypes(base.dtype) if dtype is None else (np.dtype(dtype),) * 2
         return _fresh(lambda: np.mean(base, axis=axis, dtype=total, keepdims=keepdims).astype(result))
 
     def all(self, axis=None, out=None, keepdims=False):
+        _refuse_out(out, "all")
         base = self.view(np.ndarray)
         return _fresh(lambda: np.all(base, axis=axis, keepdims=keepdims))
 
