@@ -1,8 +1,9 @@
 """Weights by Hugging Face Hub repo id (`MiniT2I/MiniT2I`, `google/flan-t5-large`).
 
 `--model` and `--t5` take a path or a repo id (`minit2i.repo_ids` tells them apart and imports this
-module for a repo id only: it needs huggingface_hub 2.x). A repo id becomes a snapshot folder of the Hugging Face cache (wherever
-`HF_HUB_CACHE` / `HF_HOME` put it), which `minit2i.model_files` then reads like any folder:
+module for a repo id only: it needs huggingface_hub 2.x). A repo id becomes a snapshot folder of
+the Hugging Face cache (wherever `HF_HUB_CACHE` / `HF_HOME` put it), which `minit2i.model_files`
+then reads like any folder:
 
 * cached: if the snapshot `refs/main` names holds every file the model needs, it is used and the
   network is not touched;

@@ -36,7 +36,7 @@ def hub(repo_id: str):
     except metadata.PackageNotFoundError:
         raise MiniT2IError(f"{repo_id} is a Hub repo id, which needs huggingface_hub 2.x, and it is not "
                            f"installed; {fix}") from None
-    if not version.split(".")[0].isdigit() or int(version.split(".")[0]) != 2:
+    if version.split(".")[0] != "2":
         raise MiniT2IError(f"{repo_id} is a Hub repo id, which needs huggingface_hub 2.x, and {version} is "
                            f"installed; {fix}")
     try:
