@@ -664,12 +664,12 @@ bool permitted_elsewhere(const unsigned char* p, size_t size, bool write) {
     return false;
 }
 
-// "float* out + 400 bytes, outside its 400 bytes" for bytes [p, p + size) that leave shared
-// memory or the argument buffers (naming the nearest buffer, however far away) and lie in no
-// other memory the kernel may touch (permitted_elsewhere); "" for bytes in bounds. `region` is the
-// one p lies in (region_of); an access inside it is the common, quick case.
-std::string outside(const unsigned char* p, size_t size, bool write, const Region* region) {
-    char text[200];
+// "float* out + 400 bytes, outside its 400 bytes" (written to `text`) for bytes [p, p + size) that
+// leave shared memory or the argument buffers (naming the nearest buffer, however far away) and
+// lie in no other memory the kernel may touch (permitted_elsewhere); nullptr for bytes in bounds.
+// `region` is the one p lies in (region_of); an access inside it is the common, quick case, which
+// builds no text: every load and store of a kernel comes here.
+const char* outside(const unsigned char* p, size_t size, bool write, const Region* region, char (&text)[200]) {
     if (region && region->shared) {
         const unsigned char *front = shared_region.base, *back = shared_back;
         if (p < front + SHARED_GUARD_BYTES || p + size > back) {
@@ -687,9 +687,9 @@ std::string outside(const unsigned char* p, size_t size, bool write, const Regio
                 return text;
             }
         }
-        return "";
+        return nullptr;
     }
-    if (region ? p + size <= region->base + region->size : permitted_elsewhere(p, size, write)) return "";
+    if (region ? p + size <= region->base + region->size : permitted_elsewhere(p, size, write)) return nullptr;
     const Region* nearest = nullptr;
     long long nearest_distance = std::numeric_limits<long long>::max();
     for (const Region& a : arguments) {
@@ -717,25 +717,28 @@ struct CollectiveStopped {};
     __builtin_unreachable();
 }
 
-void check_bounds(const unsigned char* p, size_t size, bool write, const void* pc, bool aligned, const Region* r) {
-    const std::string where = outside(p, size, write, r);
-    const bool misaligned = aligned && r && (reinterpret_cast<uintptr_t>(p) & (size - 1));  // sizes 1 to 16, powers of 2
-    if (where.empty() && !misaligned) return;
+[[noreturn, gnu::cold, gnu::noinline]] void stop_out_of_bounds(const unsigned char* p, size_t size, bool write, const void* pc,
+                                                              const Region* r, const char* where) {
     const Access access = now(shared_region, pc);
     const char* kind = r && r->shared ? "shared" : "global";
     char text[512];
-    if (!where.empty()) {
+    if (where) {
         snprintf(text, sizeof text, "out-of-bounds %s memory %s: %s %s %zu bytes at %p (%s) on <pc 0x%x>", kind,
                  write ? "write" : "read", thread_name(access).c_str(), write ? "writes" : "reads", size, (const void*)p,
-                 where.c_str(), access.pc);
-        stop_at(text);
-    }
-    if (misaligned) {
+                 where, access.pc);
+    } else {
         snprintf(text, sizeof text, "misaligned %s memory %s: %s %s %zu bytes at %s on <pc 0x%x>, which a GPU requires to be "
                  "%zu-byte aligned", kind, write ? "write" : "read", thread_name(access).c_str(), write ? "writes" : "reads",
                  size, place(*r, p).c_str(), access.pc, size);
-        stop_at(text);
     }
+    stop_at(text);
+}
+
+void check_bounds(const unsigned char* p, size_t size, bool write, const void* pc, bool aligned, const Region* r) {
+    char text[200];
+    const char* where = outside(p, size, write, r, text);
+    const bool misaligned = aligned && r && (reinterpret_cast<uintptr_t>(p) & (size - 1));  // sizes 1 to 16, powers of 2
+    if (where || misaligned) stop_out_of_bounds(p, size, write, pc, r, where);
 }
 
 // Check one access for bounds and alignment and against the shadow of its bytes, then record it there.
@@ -743,6 +746,9 @@ void on_access(const void* address, size_t size, bool write, const void* pc, boo
     settle_write();
     if (!detecting || !running || !launch.error.empty()) return;
     const auto* bytes = static_cast<const unsigned char*>(address);
+    // The running thread's own locals, first: most accesses of a kernel whose registers a warp
+    // collective reads (mma, ldmatrix) are these, always in bounds and never shadowed.
+    if (!collective_frames && on_stack_of(*running, bytes, size)) return;
     Region* region = region_of(address);
     check_bounds(bytes, size, write, pc, aligned, region);
     if (!region) return;  // the stack, the runtime's own data
