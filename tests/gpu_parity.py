@@ -25,7 +25,8 @@ the stage and sampler tests run on fixed, seeded inputs, so no draw can move the
 
 Hypothesis draws stay random everywhere (`parity_settings`), and a failing draw is printed with
 its `@reproduce_failure` line. MINIT2I_PARITY_EXAMPLES_FACTOR=20 multiplies every parity test's
-number of examples (docs/testing.md).
+number of examples (docs/testing.md); 0 draws one example a test, its `@example` cases beside it
+(what `scripts/gpu-check --cudasim` runs, a check of the check).
 
 A test module imports the two autouse fixtures, `device` and `report_worst_error`, by name.
 """
@@ -91,11 +92,11 @@ EXAMPLES_FACTOR = int(os.environ.get("MINIT2I_PARITY_EXAMPLES_FACTOR", "1"))
 
 
 def parity_settings(max_examples: int = 12) -> settings:
-    """Hypothesis settings of a parity test: `max_examples` times EXAMPLES_FACTOR draws, no
+    """Hypothesis settings of a parity test: `max_examples` times EXAMPLES_FACTOR draws (one at least), no
     deadline (cudasim compiles on first use), random draws even where Hypothesis would load its
     derandomising "ci" profile (a fixed draw would hide a bound that some input breaks), and a
     failure printed with the `@reproduce_failure` line that replays it."""
-    return settings(max_examples=max_examples * EXAMPLES_FACTOR, deadline=None, derandomize=False, print_blob=True)
+    return settings(max_examples=max(1, max_examples * EXAMPLES_FACTOR), deadline=None, derandomize=False, print_blob=True)
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -113,6 +113,7 @@ def test_report_names_every_kernel_and_dtype(report):
     for dtype in ("bf16", "fp16", "fp32"):
         parity_line = next(line for line in summary.splitlines() if line.startswith(f"* parity-{dtype}"))
         assert "passed" in parity_line.split(": ", 2)[2] and "failed" not in parity_line  # counts of 0 are left out
+        assert "one drawn example a test beside its @example cases" in parity_line  # the suite draws them all
     assert "test_tensor_core_attention_matches_softmax_attention[bf16]:" in summary
     for kernel in ("rms_norm", "add_rms_norm", "swiglu", "geglu", "qkv_heads", "cfg_euler", "euler_step"):
         for suffix in ("f32", "f16", "bf16"):
