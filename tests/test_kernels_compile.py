@@ -206,15 +206,15 @@ def test_cupy_path_adds_its_own_options(cupy_compiled, arch):
 
 
 # ---------------------------------------------------------------------------------------------
-# The tensor-core attention's machine code (SASS), as CuPy compiles it
+# Machine code (SASS), as CuPy compiles it
 
 
 @pytest.fixture(scope="module")
-def attention_sass(cupy_compiled):
-    """{(kernel, arch): instructions} of attention_tc.cu's cubins from CuPy's path."""
+def cupy_sass(cupy_compiled):
+    """{(kernel, arch): instructions} of every source's cubins from CuPy's path."""
     try:
-        return {(name, arch): code for arch in ARCHS
-                for name, code in nvrtc.sass(cupy_compiled["attention_tc.cu", arch][1]).items()}
+        return {(name, arch): code for (source, arch), (_, cubin) in cupy_compiled.items()
+                for name, code in nvrtc.sass(cubin).items()}
     except nvrtc.NvrtcError as err:
         pytest.skip(f"reading SASS needs the [compile] extra's cuobjdump and nvdisasm: {err}")
 
@@ -226,14 +226,14 @@ def count(instructions, prefix: str) -> int:
 @pytest.mark.parametrize("arch", ARCHS)
 @pytest.mark.parametrize("stem, padded", [("flash_attention_tc", 64), ("flash_attention_tc_d128", 128)])
 @pytest.mark.parametrize("suffix", ["f16", "bf16"])
-def test_tensor_core_attention_machine_code_is_the_design(attention_sass, arch, stem, padded, suffix):
+def test_tensor_core_attention_machine_code_is_the_design(cupy_sass, arch, stem, padded, suffix):
     """The key-tile loop (the loop holding the most HMMA) has exactly the MMAs the design implies
     and all of them: per tile of n = MMA_KEY_TILE keys, S = Q K^T is (n / 8) x (Dp / 16)
     m16n8k16 steps and P V (n / 16) x (Dp / 8), each one HMMA.16816.F32 (.BF16 for bf16); its
     operands come by LDSM (Q's Dp / 16 fragments once, K's (n / 8) (Dp / 32) x4 loads, V's
     (n / 16) (Dp / 16) transposed x4 loads), its K/V tiles by LDGSTS (cp.async) waited for with
     DEPBAR, and nothing anywhere goes through local memory (LDL/STL: spills or indexed arrays)."""
-    code = attention_sass[f"{stem}_{suffix}", arch]
+    code = cupy_sass[f"{stem}_{suffix}", arch]
     n = kernels.MMA_KEY_TILE
     hmma = "HMMA.16816.F32.BF16" if suffix == "bf16" else "HMMA.16816.F32"
     loop = max(nvrtc.loop_bodies(code), key=lambda body: count(body, "HMMA"))
@@ -243,3 +243,35 @@ def test_tensor_core_attention_machine_code_is_the_design(attention_sass, arch, 
     assert count(loop, "LDSM.16.MT88.4") == (n // 16) * (padded // 16)
     assert count(loop, "LDGSTS") > 0 and count(loop, "DEPBAR") > 0
     assert count(code, "LDL") == count(code, "STL") == 0
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("suffix", DTYPE_SUFFIXES.values())
+def test_memory_bound_kernels_move_16_byte_packs(cupy_sass, arch, suffix):
+    """The kernels bound by DRAM (docs/performance-model.md) load and store 16 bytes an access
+    (LDG.E.128 / STG.E.128) on their vector paths, and nothing goes through local memory.
+    swiglu / geglu: a thread's gate, up and out packs, 2 loads and 1 store, and no integer
+    division (I2F.U64.RP / I2F.U32.RP start the 64- and 32-bit division sequences; the old
+    kernel divided a 64-bit index per element). rms_norm / add_rms_norm: at least the
+    NORM_PACKS_PER_LANE packs a lane keeps (per tensor read in the first pass). qkv_heads: per
+    pair slot of a lane (MAX_PAIRS_PER_LANE), the lo and hi packs of qkv, bias and the norm
+    weight, and of the cos and sin tables (fp32, N values: N / 4 loads each), and 2 stores."""
+    def count_exact(code, opcode):
+        return sum(i.opcode == opcode for i in code)
+
+    constants = kernels.KERNEL_CONSTANTS
+    n = 16 // (4 if suffix == "f32" else 2)  # values in a pack
+    for stem in ("rms_norm", "add_rms_norm", "swiglu", "geglu", "qkv_heads"):
+        code = cupy_sass[f"{stem}_{suffix}", arch]
+        assert count(code, "LDL") == count(code, "STL") == 0, stem
+    for stem in ("swiglu", "geglu"):
+        code = cupy_sass[f"{stem}_{suffix}", arch]
+        assert count_exact(code, "LDG.E.128") == 2 and count_exact(code, "STG.E.128") == 1, stem
+        assert count(code, "I2F.U64") == count(code, "I2F.U32.RP") == 0, stem
+    for stem, tensors in (("rms_norm", 1), ("add_rms_norm", 3)):
+        code = cupy_sass[f"{stem}_{suffix}", arch]
+        assert count_exact(code, "LDG.E.128") >= tensors * constants["NORM_PACKS_PER_LANE"], stem
+        assert count_exact(code, "STG.E.128") >= constants["NORM_PACKS_PER_LANE"], stem
+    code, pairs = cupy_sass[f"qkv_heads_{suffix}", arch], constants["MAX_PAIRS_PER_LANE"]
+    assert count_exact(code, "LDG.E.128") == pairs * (6 + 2 * n // 4)
+    assert count_exact(code, "STG.E.128") == 2 * pairs
