@@ -77,10 +77,13 @@ def resources(ptx_by_source):
 
 
 def test_every_source_is_listed_and_self_contained():
+    """Headers pasted in, and of CUDA's only the two that CuPy's [ctk] (the gpu extras) ships: no
+    <mma.h>, whose crt/mma.h only the nvcc wheel has."""
     assert sorted(p.name for p in KERNEL_DIR.glob("*.cu")) == sorted(SOURCES) == sorted(EXPECTED_KERNELS)
     for source in SOURCES:
         text = kernel_source(source)
         assert '#include "' not in text and "FOR_EACH_DTYPE" in text
+        assert set(re.findall(r"#include <([^>]+)>", text)) == {"cuda_fp16.h", "cuda_bf16.h"}, source
 
 
 @pytest.mark.parametrize("arch", ARCHS)
