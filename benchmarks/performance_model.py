@@ -486,14 +486,25 @@ def qkv_heads_now(tokens: int, heads: int, head_dim: int, item: int = 2) -> Memo
 EVENT_HOST_US = 5.0
 
 
-def measured_cases(config: MMJiTConfig = MMJIT_B16, size: int = 512) -> dict[str, tuple[MemoryLaunch, MemoryLaunch, float]]:
-    """{kernel: (before, now, host µs inside the timing)} at benchmarks/gpu.py's shapes: the
-    image stream of one batched CFG forward."""
+def fused_kernel_launches(config: MMJiTConfig = MMJIT_B16, size: int = 512, item: int = 2) -> dict[str, MemoryLaunch]:
+    """The fused kernels now at benchmarks/gpu.py's shapes (the image stream of one batched CFG
+    forward), by the name of its case (geglu as swiglu: the same loads, tanh-GELU for SiLU); the
+    blocks resident per SM are the bf16 entry points'."""
     tokens = 2 * (size // config.patch_size) ** 2
     d, hidden, heads, dh = config.hidden_size, config.mlp_hidden, config.num_heads, config.head_dim
-    return {"rms_norm": (rms_norm_before(tokens, d), rms_norm_now(tokens, d), EVENT_HOST_US),
-            "swiglu": (swiglu_before(tokens, hidden), swiglu_now(tokens, hidden), EVENT_HOST_US),
-            "qkv_heads": (qkv_heads_before(tokens, heads, dh), qkv_heads_now(tokens, heads, dh), 2 * EVENT_HOST_US)}
+    return {"rms_norm": rms_norm_now(tokens, d, item), "add_rms_norm": add_rms_norm_now(tokens, d, item),
+            "swiglu": swiglu_now(tokens, hidden, item), "geglu": replace(swiglu_now(tokens, hidden, item), name="geglu (now)"),
+            "qkv_heads": qkv_heads_now(tokens, heads, dh, item)}
+
+
+def measured_cases(config: MMJiTConfig = MMJIT_B16, size: int = 512) -> dict[str, tuple[MemoryLaunch, MemoryLaunch, float]]:
+    """{kernel: (before, now, host µs inside the timing)} at the shapes H200_MEASURED was timed at."""
+    tokens = 2 * (size // config.patch_size) ** 2
+    d, hidden, heads, dh = config.hidden_size, config.mlp_hidden, config.num_heads, config.head_dim
+    now = fused_kernel_launches(config, size)
+    return {"rms_norm": (rms_norm_before(tokens, d), now["rms_norm"], EVENT_HOST_US),
+            "swiglu": (swiglu_before(tokens, hidden), now["swiglu"], EVENT_HOST_US),
+            "qkv_heads": (qkv_heads_before(tokens, heads, dh), now["qkv_heads"], 2 * EVENT_HOST_US)}
 
 
 def small_kernel_launches(config: MMJiTConfig = MMJIT_B16, size: int = 512) -> list[tuple[MemoryLaunch, MemoryLaunch, int]]:
