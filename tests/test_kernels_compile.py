@@ -13,7 +13,9 @@ What is compiled is `kernel_source(...)`, the exact text CuPy hands to NVRTC (he
 
 from __future__ import annotations
 
+import importlib.util
 import re
+import sys
 from concurrent.futures import ThreadPoolExecutor
 from types import SimpleNamespace
 
@@ -122,6 +124,20 @@ def test_resource_table_in_the_docs_is_current(resources):
                              f"{blocks} ({100 * blocks * threads // 2048} %)")
             row = f"| `{stem}` | {threads} | {cells[0]} | {cells[1]} | {max(u.shared for u in usage)} |"
             assert row in docs, row
+
+
+def test_the_performance_model_runs_the_fused_kernels_at_their_occupancy(resources):
+    """benchmarks/performance_model.py's round-trip model launches the fused kernels with the
+    block size of their wrappers and the blocks per SM ptxas's registers give the bf16 entry
+    points on sm_90 (the H200 and H100)."""
+    spec = importlib.util.spec_from_file_location("performance_model", KERNEL_DIR.parents[1] / "benchmarks" / "performance_model.py")
+    model = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = model  # dataclasses look their module up there
+    spec.loader.exec_module(model)
+    blocks = {stem: threads for stems in EXPECTED_KERNELS.values() for stem, threads in stems.items()}
+    for stem, launch in model.fused_kernel_launches().items():
+        assert launch.threads == blocks[stem], stem
+        assert launch.resident == nvrtc.blocks_per_sm(resources[f"{stem}_bf16", "90"], launch.threads), stem
 
 
 def test_occupancy_follows_the_limits():
