@@ -1026,6 +1026,31 @@ def test_planted_misaligned_vector_load(bounds):
         bounds.get_function("copy_vectors")((1,), (8,), (np.ones(33, np.float32), np.zeros(32, np.float32)))
 
 
+PACK_COPY = """
+extern "C" __global__ void pack_copy(const __half* x, __half* out, int from, int to) {
+    store_pack<__half, 8>(out + to, load_pack<__half, 8>(x + from));
+}
+"""
+
+
+@pytest.mark.parametrize("from_, to, kind, buffer", [(1, 0, "read", "const __half* x"), (0, 3, "write", "__half* out")])
+def test_planted_misaligned_pack_load_and_store(from_, to, kind, buffer):
+    """common.cuh's 16-byte packs move as float4 accesses, which a GPU requires 16-byte aligned
+    (an n-byte access must be n-byte aligned: CUDA C++ Programming Guide, "Device Memory
+    Accesses"): a pack one value or three off is reported with its buffer and offset, before it
+    happens; at aligned addresses the 8 values are copied bit for bit."""
+    code = (KERNEL_DIR / COMMON_HEADER).read_text() + textwrap.dedent(PACK_COPY)
+    kernel = Module(code, name="pack_copy.cu").get_function("pack_copy")
+    x, out = np.arange(32, dtype=np.float16), np.zeros(32, np.float16)
+    kernel((1,), (1,), (x, out, np.int32(8), np.int32(16)))
+    assert out[16:24].tobytes() == x[8:16].tobytes() and not out[:16].any() and not out[24:].any()
+    verb = {"read": "reads", "write": "writes"}[kind]
+    with pytest.raises(KernelError, match=rf"kernel pack_copy, block \(0,0,0\): misaligned global memory {kind}: thread "
+                                          rf"\(0,0,0\) {verb} 16 bytes at 0x[0-9a-f]+ \({re.escape(buffer)} \+ "
+                                          rf"{2 * (from_ or to)} bytes\) on line \d+, which a GPU requires to be 16-byte aligned"):
+        kernel((1,), (1,), (x, out, np.int32(from_), np.int32(to)))
+
+
 def test_planted_store_a_mebibyte_past_the_output_leaves_the_host_intact(bounds):
     """Far past every guard a memcheck-less run would write host memory it does not own; the
     store is stopped before it happens, with the offset from the buffer, and the host's arrays

@@ -59,10 +59,36 @@ struct alignas(N * sizeof(T) < 16 ? N * sizeof(T) : 16) Pack {
 template <typename T>
 __device__ constexpr int vector_width() { return 16 / sizeof(T); }
 
+// A pack of 16-byte multiples moves as whole float4 accesses, copied bit for bit to and from the
+// pack (the compiler may split a copy of a struct with an array inside, and the GPU requires,
+// as cudasim checks, each 16-byte access to be 16-byte aligned).
 template <typename T, int N>
-__device__ __forceinline__ Pack<T, N> load_pack(const T* at) { return *reinterpret_cast<const Pack<T, N>*>(at); }
+__device__ __forceinline__ Pack<T, N> load_pack(const T* at) {
+    Pack<T, N> pack;
+    if constexpr (N * sizeof(T) % 16 == 0) {
+#pragma unroll
+        for (int i = 0; i < N * (int)sizeof(T) / 16; ++i) {
+            const float4 piece = reinterpret_cast<const float4*>(at)[i];
+            memcpy(reinterpret_cast<char*>(&pack) + 16 * i, &piece, 16);
+        }
+    } else {
+        pack = *reinterpret_cast<const Pack<T, N>*>(at);
+    }
+    return pack;
+}
 
 template <typename T, int N>
-__device__ __forceinline__ void store_pack(T* at, const Pack<T, N>& pack) { *reinterpret_cast<Pack<T, N>*>(at) = pack; }
+__device__ __forceinline__ void store_pack(T* at, const Pack<T, N>& pack) {
+    if constexpr (N * sizeof(T) % 16 == 0) {
+#pragma unroll
+        for (int i = 0; i < N * (int)sizeof(T) / 16; ++i) {
+            float4 piece;
+            memcpy(&piece, reinterpret_cast<const char*>(&pack) + 16 * i, 16);
+            reinterpret_cast<float4*>(at)[i] = piece;
+        }
+    } else {
+        *reinterpret_cast<Pack<T, N>*>(at) = pack;
+    }
+}
 
 __device__ __forceinline__ bool aligned_16(const void* at) { return ((unsigned long long)at & 15) == 0; }
