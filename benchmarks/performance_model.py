@@ -445,7 +445,7 @@ def qkv_heads_before(tokens: int, heads: int, head_dim: int, item: int = 2) -> M
                         2 * tokens * 3 * heads * head_dim * item)
 
 
-# Now: a warp per row, 8 a block (94 registers on sm_90: 2 blocks per SM); each lane issues its
+# Now: a warp per row, 8 a block (96 registers on sm_90: 2 blocks per SM); each lane issues its
 # up-to-8 16-byte loads at once (one trip), warp_sum (5 shuffles), then the weight (an L2 trip)
 # and the stores; ~60 instructions per pack a lane holds, ~100 around them (the SASS's pass loops
 # of 221 and 258 instructions hold 8 pack slots).
@@ -454,7 +454,7 @@ def rms_norm_now(rows: int, width: int, item: int = 2) -> MemoryLaunch:
     return MemoryLaunch("rms_norm (now)", -(-rows // 8), 256, 2, 1, 1, 5, 60 * per_lane + 100, 2 * rows * width * item)
 
 
-# Now: residual, delta and bias packs at once (one trip), the sum stored and kept (127 registers:
+# Now: residual, delta and bias packs at once (one trip), the sum stored and kept (123 registers:
 # 2 blocks per SM); the pass loop of 750 instructions holds 8 slots: ~126 per pack.
 def add_rms_norm_now(rows: int, width: int, item: int = 2) -> MemoryLaunch:
     per_lane = -(-width * item // (16 * 32))
@@ -464,7 +464,7 @@ def add_rms_norm_now(rows: int, width: int, item: int = 2) -> MemoryLaunch:
 
 # Now: a thread per 16-byte pack of a row (grid x) and a block row per row (grid y, no division);
 # gate and up packs at once (one trip), 8 SiLUs, one 16-byte store: the 247-instruction loop
-# once, ~290 a warp (37 registers on sm_90: 6 blocks per SM).
+# once, ~290 a warp (38 registers on sm_90: 6 blocks per SM).
 def swiglu_now(rows: int, hidden: int, item: int = 2) -> MemoryLaunch:
     packs = -(-hidden * item // 16)
     return MemoryLaunch("swiglu (now)", -(-packs // 256) * rows, 256, 6, 1, 0, 0, 290, 3 * rows * hidden * item)
