@@ -41,6 +41,9 @@ import numpy as np
 PACKAGE = Path(__file__).parent
 INCLUDE = PACKAGE / "include"
 RUNTIME = PACKAGE / "runtime.cpp"
+# The header folder's name in a library's debug info, the same for every checkout: race reports
+# skip the runtime's frames by it, and a library built elsewhere names its frames alike.
+DEBUG_INCLUDE = "/cudasim/include"
 DYNAMIC_SHARED_CAPACITY = 227 * 1024  # the most dynamic shared memory an sm_90 block can opt into
 # -fno-extern-tls-init: `extern __shared__` arrays are extern thread_locals defined (without a
 # dynamic initializer) after the source, so no TLS init hook is to be called.
@@ -130,17 +133,21 @@ def compiler_version() -> str:
         raise BuildError(f"g++ does not run ({err}); reinstall it (Debian/Ubuntu: apt install --reinstall g++)") from None
 
 
+def _include_flags() -> list[str]:
+    """The header folder, which the debug info records as DEBUG_INCLUDE wherever it is."""
+    return [f"-ffile-prefix-map={INCLUDE}={DEBUG_INCLUDE}", f"-I{INCLUDE}"]
+
+
 def _prelude_text() -> str:
     return "".join(p.read_text() for p in sorted(INCLUDE.iterdir())) + RUNTIME.read_text()
 
 
 def cache_key(source: str, name: str, flags) -> str:
-    """The cache folder's name: everything the library is built from. The header folder's path is
-    part of it because the debug info records it and `_frame_name` tells the runtime's frames
-    from the kernel's by it: a library built by a checkout elsewhere (a shared CUDASIM_CACHE)
-    would blame its race reports on cudasim.h instead of the kernel's line. This file's own text is
-    part of it too: it generates the launch glue and the guard unit compiled beside the kernel."""
-    parts = [_prelude_text(), Path(__file__).read_text(), str(INCLUDE), name, source, *flags, compiler_version()]
+    """The cache folder's name: everything the library is built from, but not where the checkout
+    is (the debug info names the header folder DEBUG_INCLUDE), so every checkout sharing a cache
+    shares its builds: the suite's and gpu-check's copy of the checkout. This file's own text is
+    part of it: it generates the launch glue and the guard unit compiled beside the kernel."""
+    parts = [_prelude_text(), Path(__file__).read_text(), name, source, *flags, compiler_version()]
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:20]
 
 
@@ -225,7 +232,7 @@ def _runtime_object(flags, link_flags) -> Path:
     library built with them: a cached object beside the libraries, keyed as they are."""
     folder = cache_dir() / f"runtime-{cache_key('', RUNTIME.name, [*flags, *link_flags])}"
     _cached(folder, "runtime.o", lambda work: _gxx(RUNTIME.name, [
-        "g++", *flags, *link_flags, f"-I{INCLUDE}", "-c", "-o", str(work / "runtime.o"), str(RUNTIME)]))
+        "g++", *flags, *link_flags, *_include_flags(), "-c", "-o", str(work / "runtime.o"), str(RUNTIME)]))
     return folder / "runtime.o"
 
 
@@ -235,7 +242,7 @@ def _compile_in(source: str, name: str, flags, unit_flags, work: Path, folder: P
     (work / "unit.cpp").write_text(translation_unit(name, kernels, shared))
     (work / "back_guard.cpp").write_text(BACK_GUARD_UNIT)
     # the debug info names the final folder, so gdb finds the source after the rename
-    common = ["g++", *flags, f"-fdebug-prefix-map={work}={folder}", f"-I{INCLUDE}"]
+    common = ["g++", *flags, f"-fdebug-prefix-map={work}={folder}", *_include_flags()]
     unit, link_flags = work / "unit.cpp", ()
     if unit_flags:
         unit, link_flags = work / "unit.o", DETECTOR_LINK_FLAGS
@@ -273,7 +280,7 @@ def source_lines(library: Library, message: str) -> str:
 
 
 def _frame_name(library: Library, frames: list[str]) -> str:
-    outside = [f for f in frames if not f.startswith(str(INCLUDE)) and not f.startswith("??")]
+    outside = [f for f in frames if not f.startswith(f"{DEBUG_INCLUDE}/") and not f.startswith("??")]
     if not outside:
         return "an unknown line"
     path, _, line = outside[0].rpartition(":")

@@ -151,17 +151,30 @@ def race_report() -> str:
     return str(info.value)
 
 
-def test_a_cache_shared_with_a_checkout_elsewhere_still_blames_the_kernel_line(cache, tmp_path, monkeypatch):
-    """The debug info of a library names the header folder it was built with, and race reports
-    skip the runtime's frames by that folder: a library another checkout left in a shared cache
-    must not be reused, or the report blames cudasim.h instead of the kernel's line 4."""
+def test_a_checkout_elsewhere_reuses_the_library_and_still_blames_the_kernel_line(cache, tmp_path, monkeypatch):
+    """A library's debug info names the header folder by a fixed name, whatever checkout built it,
+    and race reports skip the runtime's frames by that name: a checkout elsewhere sharing the
+    cache (gpu-check's copy of the checkout) reuses the library built here, and its report still
+    blames the kernel's line 4, not cudasim.h."""
+    assert "on line 4;" in race_report()
+    elsewhere = tmp_path / "elsewhere" / "include"
+    shutil.copytree(build.INCLUDE, elsewhere)
+    with monkeypatch.context() as patch:
+        patch.setattr(build, "INCLUDE", elsewhere)
+        assert "on line 4;" in race_report()
+    assert len(list(cache.glob("*/kernels.so"))) == 1
+
+
+def test_a_library_built_from_a_checkout_elsewhere_blames_the_kernel_line(cache, tmp_path, monkeypatch):
+    """The other way round: a library first built from a header folder elsewhere, then reported
+    on from here."""
     elsewhere = tmp_path / "elsewhere" / "include"
     shutil.copytree(build.INCLUDE, elsewhere)
     with monkeypatch.context() as patch:
         patch.setattr(build, "INCLUDE", elsewhere)
         assert "on line 4;" in race_report()
     assert "on line 4;" in race_report()
-    assert len(list(cache.glob("*/kernels.so"))) == 2
+    assert len(list(cache.glob("*/kernels.so"))) == 1
 
 
 def test_a_change_to_the_generated_glue_builds_a_new_library(tmp_path, monkeypatch):

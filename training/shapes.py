@@ -77,6 +77,15 @@ def all_scenes(held_out: bool = False) -> tuple[Scene, ...]:
     return tuple(s for s in scenes if is_valid(s) and ((s.colour, s.shape) in HELD_OUT) == held_out)
 
 
+@lru_cache(maxsize=4)
+def pixel_centres(image_size: int) -> np.ndarray:
+    """float [2, H, W]: each pixel's centre (y + 0.5, x + 0.5), made once per size (the checker
+    renders a hundred candidate masks per image it reads)."""
+    centres = np.mgrid[0:image_size, 0:image_size] + 0.5
+    centres.flags.writeable = False
+    return centres
+
+
 def render_mask(shape: str, size: float, centre: tuple[float, float], image_size: int = IMAGE_SIZE) -> np.ndarray:
     """bool [H, W]: pixels whose centre lies inside `shape` with a `size`-pixel bounding box
     centred at `centre` = (x, y).
@@ -86,7 +95,7 @@ def render_mask(shape: str, size: float, centre: tuple[float, float], image_size
     arms are `size` / 3 wide.
     """
     cx, cy = centre
-    y, x = np.mgrid[0:image_size, 0:image_size] + 0.5
+    y, x = pixel_centres(image_size)
     dx, dy, half = x - cx, y - cy, size / 2
     if shape == "circle":
         return dx * dx + dy * dy <= half * half
