@@ -493,11 +493,13 @@ def fused_kernel_launches(config: MMJiTConfig = MMJIT_B16, size: int = 512, item
     tokens = 2 * (size // config.patch_size) ** 2
     d, hidden, heads, dh = config.hidden_size, config.mlp_hidden, config.num_heads, config.head_dim
     return {"rms_norm": rms_norm_now(tokens, d, item), "add_rms_norm": add_rms_norm_now(tokens, d, item),
-            "swiglu": swiglu_now(tokens, hidden, item), "geglu": replace(swiglu_now(tokens, hidden, item), name="geglu (now)", resident=8),  # 32 registers
+            "swiglu": swiglu_now(tokens, hidden, item),
+            "geglu": replace(swiglu_now(tokens, hidden, item), name="geglu (now)", resident=8),  # 32 registers
             "qkv_heads": qkv_heads_now(tokens, heads, dh, item)}
 
 
-def measured_cases(config: MMJiTConfig = MMJIT_B16, size: int = 512) -> dict[str, tuple[MemoryLaunch, MemoryLaunch, float]]:
+def measured_cases(config: MMJiTConfig = MMJIT_B16,
+                   size: int = 512) -> dict[str, tuple[MemoryLaunch, MemoryLaunch, float]]:
     """{kernel: (before, now, host µs inside the timing)} at the shapes H200_MEASURED was timed at."""
     tokens = 2 * (size // config.patch_size) ** 2
     d, hidden, heads, dh = config.hidden_size, config.mlp_hidden, config.num_heads, config.head_dim
@@ -507,7 +509,8 @@ def measured_cases(config: MMJiTConfig = MMJIT_B16, size: int = 512) -> dict[str
             "qkv_heads": (qkv_heads_before(tokens, heads, dh), now["qkv_heads"], 2 * EVENT_HOST_US)}
 
 
-def small_kernel_launches(config: MMJiTConfig = MMJIT_B16, size: int = 512) -> list[tuple[MemoryLaunch, MemoryLaunch, int]]:
+def small_kernel_launches(config: MMJiTConfig = MMJIT_B16,
+                          size: int = 512) -> list[tuple[MemoryLaunch, MemoryLaunch, int]]:
     """(before, now, launches per forward) of the four fused kernels in one batched CFG forward:
     per block of each stream rms_norm, qkv_heads, add_rms_norm and swiglu, and the final norm."""
     d, hidden, heads, dh = config.hidden_size, config.mlp_hidden, config.num_heads, config.head_dim
@@ -531,7 +534,8 @@ def sampler_ms(config: MMJiTConfig = MMJIT_B16, steps: int = 10, new_attention: 
     takes that much longer."""
     per_step = 0.0
     if new_attention:
-        per_step += config.depth_double * (attention_kernel_us(MMA_ATTENTION, 2, 12, 1280) - H200_MEASURED["attention_us"])
+        new_us = attention_kernel_us(MMA_ATTENTION, 2, 12, 1280)
+        per_step += config.depth_double * (new_us - H200_MEASURED["attention_us"])
     if new_small_kernels:
         per_step += sum(count * (memory_launch_us(now) - memory_launch_us(before))
                         for before, now, count in small_kernel_launches(config))
@@ -551,16 +555,18 @@ def attention_model_table() -> list[str]:
 
 
 def memory_model_table() -> list[str]:
-    rows = ["| kernel | blocks (resident / SM) | DRAM + L2 trips, shuffles / warp | instructions / warp | chain cycles | "
-            "predicted GPU µs | + host µs | measured µs | predicted / measured | DRAM time µs | GPU / DRAM time |",
+    rows = ["| kernel | blocks (resident / SM) | DRAM + L2 trips, shuffles / warp | instructions / warp | "
+            "chain cycles | predicted GPU µs | + host µs | measured µs | predicted / measured | DRAM time µs | "
+            "GPU / DRAM time |",
             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for name, (before, now, host) in measured_cases().items():
         for launch, measured in ((before, H200_MEASURED[f"{name}_us"]), (now, None)):
             gpu = memory_launch_us(launch)
             timed = f"{gpu + host:.1f}" if measured else "-"
             ratio = f"{(gpu + host) / measured:.2f}" if measured else "-"
-            rows.append(f"| {launch.name} | {launch.blocks} ({launch.resident}) | {launch.dram_trips} + {launch.l2_trips}, "
-                        f"{launch.shuffles} | {launch.instructions} | {launch.chain_cycles(H200_CHIP)} | {gpu:.1f} | "
+            rows.append(f"| {launch.name} | {launch.blocks} ({launch.resident}) | "
+                        f"{launch.dram_trips} + {launch.l2_trips}, {launch.shuffles} | {launch.instructions} | "
+                        f"{launch.chain_cycles(H200_CHIP)} | {gpu:.1f} | "
                         f"{timed} | {measured if measured else 'not yet'} | {ratio} | {dram_us(launch):.1f} | "
                         f"{gpu / dram_us(launch):.2f} |")
     return rows

@@ -130,7 +130,8 @@ def test_the_performance_model_runs_the_fused_kernels_at_their_occupancy(resourc
     """benchmarks/performance_model.py's round-trip model launches the fused kernels with the
     block size of their wrappers and the blocks per SM ptxas's registers give the bf16 entry
     points on sm_90 (the H200 and H100)."""
-    spec = importlib.util.spec_from_file_location("performance_model", KERNEL_DIR.parents[1] / "benchmarks" / "performance_model.py")
+    path = KERNEL_DIR.parents[1] / "benchmarks" / "performance_model.py"
+    spec = importlib.util.spec_from_file_location("performance_model", path)
     model = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = model  # dataclasses look their module up there
     spec.loader.exec_module(model)

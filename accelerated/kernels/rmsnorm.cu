@@ -71,7 +71,9 @@ __device__ void norm_row(const Source& source, const T* row, const T* __restrict
 }
 
 // This warp's row (warps past the last row return: no other warp waits for them).
-__device__ __forceinline__ long long warp_row() { return (long long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5); }
+__device__ __forceinline__ long long warp_row() {
+    return (long long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+}
 
 template <typename T>
 __device__ void rms_norm_impl(const T* x, const T* weight, T* out, int width, float eps, int rows) {

@@ -52,7 +52,8 @@ __device__ void qkv_packs(const T* __restrict__ qkv, const T* __restrict__ bias,
         const float inv_rms = 1.0f / sqrtf(group_sum(sum_sq, lanes) / head_dim + eps);
         const T* weight = part == 0 ? q_norm : k_norm;
         const int table_row = (offset + l) * half;
-        T* dst = (part == 0 ? q : part == 1 ? k : v) + (((long long)b * heads + h) * total_length + offset + l) * head_dim;
+        const long long row = ((long long)b * heads + h) * total_length + offset + l;
+        T* dst = (part == 0 ? q : part == 1 ? k : v) + row * head_dim;
 #pragma unroll
         for (int c = 0; c < MAX_PAIRS_PER_LANE; ++c) {
             const int j = (member + lanes * c) * N;
@@ -66,7 +67,8 @@ __device__ void qkv_packs(const T* __restrict__ qkv, const T* __restrict__ bias,
                 }
             }
             if (rope) {
-                const Pack<float, N> cs = load_pack<float, N>(cos + table_row + j), sn = load_pack<float, N>(sin + table_row + j);
+                const Pack<float, N> cs = load_pack<float, N>(cos + table_row + j);
+                const Pack<float, N> sn = load_pack<float, N>(sin + table_row + j);
 #pragma unroll
                 for (int e = 0; e < N; ++e) {
                     const float rotated = lo[c][e] * cs.v[e] - hi[c][e] * sn.v[e];
