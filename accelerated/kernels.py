@@ -45,8 +45,9 @@ DTYPE_SUFFIXES = {"float32": "f32", "float16": "f16", "bfloat16": "bf16"}
 COMMON_HEADER = "common.cuh"
 PTX_HEADER = "ptx.cuh"  # mma.sync, ldmatrix, cp.async: the instruction on a GPU, its semantics on cudasim
 NVRTC_OPTIONS = ("-std=c++17",)
-THREADS = 256  # rmsnorm, swiglu, sampler: any multiple of 32 up to 1024 works (blockDim-strided loops)
-HEAD_WARPS = 4  # qkv_heads: one warp per head vector, 4 per block
+THREADS = 256  # rmsnorm (a warp per row), swiglu, sampler: any multiple of 32 up to 1024 works
+HEAD_WARPS = 4  # qkv_heads: warps per block (each takes 32 / its group size head vectors at a time)
+MAX_GRID_Y = 65535  # the most blocks a grid's y dimension may have
 
 # Tile sizes the CUDA sources and these wrappers share. `kernel_source` writes each entry of
 # KERNEL_CONSTANTS as a #define at the top of every source, so each exists once: the .cu files
@@ -76,6 +77,9 @@ KERNEL_CONSTANTS = {
     "MMA_MIN_BLOCKS_D64": 4,
     "MMA_MIN_BLOCKS_D128": 2,
     "MAX_PAIRS_PER_LANE": MAX_HEAD_DIM // 64,  # rope.cu: 32 lanes x 2 pairs x 2 values
+    # rmsnorm.cu: 16-byte packs a lane keeps in registers, so rows up to 32 x 8 packs (2048 fp16 / bf16
+    # values, 1024 fp32: B/16, L/16 and T5-large) are read once
+    "NORM_PACKS_PER_LANE": 8,
 }
 TENSOR_CORE_DTYPES = ("float16", "bfloat16")  # attention on tensor cores; fp32 stays on CUDA cores
 MMA_HEAD_DIMS = (64, 128)  # the padded head dims attention_tc.cu is compiled for (entry points _tc_, _tc_d128_)
@@ -207,8 +211,13 @@ def _blocks(total: int, per_block: int = THREADS) -> int:
 # Wrappers
 
 
+def _norm_blocks(rows: int) -> int:
+    """rmsnorm.cu's grid: one warp per row."""
+    return -(-rows // (THREADS // 32))
+
+
 def rms_norm(x, weight, eps: float = NORM_EPS, out=None):
-    """[..., D], [D] -> [..., D]; one block per row."""
+    """[..., D], [D] -> [..., D]; one warp per row."""
     width = x.shape[-1]
     _check("x", x, x.dtype)
     _check("weight", weight, x.dtype, (width,))
@@ -216,7 +225,8 @@ def rms_norm(x, weight, eps: float = NORM_EPS, out=None):
     _check("out", out, x.dtype, x.shape)
     rows = x.size // max(width, 1)
     if rows and width:  # an empty input has nothing to do (a (0, 1, 1) grid is an invalid launch)
-        _kernel("rmsnorm.cu", "rms_norm", x.dtype)((rows,), (THREADS,), (x, weight, out, np.int32(width), np.float32(eps)))
+        _kernel("rmsnorm.cu", "rms_norm", x.dtype)((_norm_blocks(rows),), (THREADS,),
+                                                   (x, weight, out, np.int32(width), np.float32(eps), np.int32(rows)))
     return out
 
 
@@ -232,7 +242,8 @@ def add_rms_norm(residual, delta, bias, weight, eps: float = NORM_EPS, out=None)
     rows = residual.size // max(width, 1)
     if rows and width:
         _kernel("rmsnorm.cu", "add_rms_norm", residual.dtype)(
-            (rows,), (THREADS,), (residual, delta, bias, weight, out, np.int32(width), np.float32(eps)))
+            (_norm_blocks(rows),), (THREADS,),
+            (residual, delta, bias, weight, out, np.int32(width), np.float32(eps), np.int32(rows)))
     return out
 
 
@@ -245,8 +256,12 @@ def gated_activation(packed, activation: str):
         raise MiniT2IError(f"packed gate|up width {packed.shape[-1]} is odd; concatenate W_gate and W_up")
     hidden = packed.shape[-1] // 2
     out = cp.empty((*packed.shape[:-1], hidden), dtype=packed.dtype)
-    _kernel("swiglu.cu", activation, packed.dtype)(
-        (_blocks(out.size),), (THREADS,), (packed, out, np.int32(hidden), np.int64(out.size)))
+    rows = out.size // max(hidden, 1)
+    if rows and hidden:
+        # x: enough threads for a row's 16-byte packs (the by-value path strides over the rest); y: rows
+        packs = -(-hidden // (16 // packed.dtype.itemsize))
+        _kernel("swiglu.cu", activation, packed.dtype)(
+            (_blocks(packs), min(rows, MAX_GRID_Y)), (THREADS,), (packed, out, np.int32(hidden), np.int32(rows)))
     return out
 
 
@@ -276,11 +291,15 @@ def qkv_heads(qkv, bias, heads: int, q, k, v, offset: int = 0, norms=None, rope=
     if rope is not None:
         _check("cos", cos, np.float32, (total_length, head_dim // 2))
         _check("sin", sin, np.float32, (total_length, head_dim // 2))
-    warps = batch * length * heads
-    if warps == 0:
+    vectors = batch * length * 3 * heads
+    if vectors == 0:
         return
+    if vectors >= 2**31:
+        raise MiniT2IError(f"qkv_heads takes at most 2^31 - 1 head vectors, not {vectors}: split the batch")
+    # A lane per 16-byte pack pair of a head vector (the by-value path and the grid stride cover any grid).
+    lanes = -(-head_dim // (2 * 16 // np.dtype(dtype).itemsize))
     _kernel("rope.cu", "qkv_heads", dtype)(
-        ((warps + HEAD_WARPS - 1) // HEAD_WARPS,), (HEAD_WARPS * 32,),
+        (_blocks(vectors * lanes, HEAD_WARPS * 32),), (HEAD_WARPS * 32,),
         (qkv, bias, q_norm, k_norm, cos, sin, q, k, v, np.int32(batch), np.int32(length), np.int32(heads),
          np.int32(head_dim), np.int32(total_length), np.int32(offset), np.int32(norms is not None),
          np.int32(rope is not None), np.float32(eps)))

@@ -13,8 +13,10 @@ Reported: wall time per run (CUDA events), ms per step, achieved TFLOP/s of the 
 attention work against the device's peak for that precision (torch.compile of the same torch
 model beside PyTorch eager), our attention kernel beside torch SDPA at the model's attention
 shapes (ratio printed), and per-kernel timings of the
-fused kernels at B/16 shapes, each beside the prediction of benchmarks/performance_model.py
-(docs/performance-model.md) on an H200, H100 or A100. Needs CuPy and an NVIDIA GPU (and torch with
+fused kernels at B/16 shapes (one call between CUDA events, host time included, and 20 calls
+replayed from a CUDA graph: GPU time only), each beside the prediction of
+benchmarks/performance_model.py (docs/performance-model.md: the round-trip model for the fused
+memory-bound kernels, the roofline for the rest) on an H200, H100 or A100. Needs CuPy and an NVIDIA GPU (and torch with
 CUDA for the baseline).
 
     python benchmarks/gpu.py --smoke               # no GPU: every component once on cudasim, untimed
@@ -114,6 +116,29 @@ def time_cupy(cp, fn, repeats: int) -> float:
     return best
 
 
+def replayed(fn, launches: int):
+    """`launches` calls of fn() captured in one CUDA graph on a stream of its own: (graph, stream).
+    fn runs once before, eagerly (it compiles)."""
+    from minit2i.accelerated.sampler import capture, capture_stream
+
+    fn()
+    stream = capture_stream()
+    return capture(lambda: [fn() for _ in range(launches)], stream), stream
+
+
+def time_replayed(cp, fn, launches: int = 20) -> float:
+    """GPU time of one fn() in ms: `launches` calls replayed from a CUDA graph between two CUDA
+    events, no Python between them (time_cupy's events also hold the call's host time)."""
+    graph, stream = replayed(fn, launches)
+    graph.launch(stream)
+    start, end = cp.cuda.Event(), cp.cuda.Event()
+    start.record(stream)
+    graph.launch(stream)
+    end.record(stream)
+    end.synchronize()
+    return cp.cuda.get_elapsed_time(start, end) / launches
+
+
 def cupy_sampler(cp, params, config, size, steps, precision, cfg_scale, use_graph):
     from minit2i.accelerated.mmjit import mmjit_forward, upload_mmjit
     from minit2i.accelerated.pipeline import precision_dtype
@@ -186,23 +211,37 @@ def model_device(device_name: str):
                  if device.name.split()[0] in device_name), None)
 
 
-def print_components(cp, config: MMJiTConfig, size: int, precision: str, device_name: str, timed: bool) -> None:
-    """Each component's measured time (CUDA events; '-' when untimed) beside the model's prediction."""
+def predicted_us(name: str, component, device, item: int, config: MMJiTConfig, size: int) -> float:
+    """The model's prediction for one case of kernel_cases on `device`: GPU time by the round-trip
+    model for the fused memory-bound kernels on an H200 or H100 (their SMs), the roofline's
+    otherwise."""
     import performance_model
 
+    launch = performance_model.fused_kernel_launches(config, size, item).get(name.split()[0])
+    if launch is not None and device in (performance_model.H200, performance_model.H100):
+        return performance_model.memory_launch_us(launch, device=device)
+    return 1e3 * performance_model.gpu_ms(component, device, item, performance_model.Assumptions())
+
+
+def print_components(cp, config: MMJiTConfig, size: int, precision: str, device_name: str, timed: bool) -> None:
+    """Each component's measured time beside the model's prediction: one call between CUDA events
+    (its host time included) and 20 calls replayed from a CUDA graph (GPU time only; '-' when
+    untimed, and then the graph is still captured and launched once)."""
     device = model_device(device_name)
     item = 2 if precision != "fp32" else 4
     print(f"\n{precision}, shapes of one batched CFG forward ({size}x{size}):")
-    print(f"  {'component':<20}{'measured us':>12}{'predicted us':>14}{'achieved':>16}")
+    print(f"  {'component':<20}{'measured us':>12}{'replayed us':>13}{'predicted us':>14}{'achieved':>16}")
     for name, (run, component) in kernel_cases(cp, config, size, precision).items():
-        predicted = f"{1e3 * performance_model.gpu_ms(component, device, item, performance_model.Assumptions()):.2f}" if device else "?"
+        predicted = f"{predicted_us(name, component, device, item, config, size):.2f}" if device else "?"
         if timed:
-            ms = time_cupy(cp, run, 20)
-            rate = (f"{component.flops / ms / 1e9:.1f} TFLOP/s" if component.flops else f"{component.bytes / ms / 1e6:.0f} GB/s")
-            print(f"  {name:<20}{1000 * ms:>12.1f}{predicted:>14}{rate:>16}")
+            ms, replay_ms = time_cupy(cp, run, 20), time_replayed(cp, run)
+            rate = (f"{component.flops / replay_ms / 1e9:.1f} TFLOP/s" if component.flops
+                    else f"{component.bytes / replay_ms / 1e6:.0f} GB/s")
+            print(f"  {name:<20}{1000 * ms:>12.1f}{1000 * replay_ms:>13.1f}{predicted:>14}{rate:>16}")
         else:
-            run()
-            print(f"  {name:<20}{'-':>12}{predicted:>14}{'-':>16}")
+            graph, stream = replayed(run, 1)
+            graph.launch(stream)
+            print(f"  {name:<20}{'-':>12}{'-':>13}{predicted:>14}{'-':>16}")
 
 
 # ---------------------------------------------------------------------------------------------

@@ -45,13 +45,97 @@ H200 = Device("H200", 989.0, 67.0, 4.8)  # the H100's SMs (132) and clocks with 
 A100 = Device("A100 SXM", 312.0, 19.5, 2.0)
 
 
+# ---------------------------------------------------------------------------------------------
+# The attention kernels, instruction by instruction (an H200: the GPU they were measured on)
+
+
+@dataclass(frozen=True)
+class Chip:
+    """What an issue model needs of a GPU: SMs, warp schedulers per SM, the sustained clock, the
+    latency of a global load that hits L2 (K and V of a head are re-read from L2 by every query
+    block) and of one that goes to DRAM, and of a dependent warp shuffle."""
+
+    name: str
+    sms: int
+    schedulers: int
+    clock_ghz: float
+    l2_latency_cycles: int
+    dram_latency_cycles: int
+    shuffle_cycles: int
+
+
+# The H100 SXM has the same SMs and clock, so the same issue-model prediction. DRAM latency: a
+# loaded round trip of ~500 ns, an assumption (pointer-chasing microbenchmarks put A100 and H100
+# HBM at roughly 450-600 ns); a dependent shuffle ~30 cycles (SHFL's latency, like the ~25-33 of
+# the microbenchmark literature); neither is measured here.
+H200_CHIP = Chip("H200 SXM", 132, 4, 1.98, 270, dram_latency_cycles=1000, shuffle_cycles=30)
+
+
+@dataclass(frozen=True)
+class AttentionKernel:
+    """One attention kernel as its SASS shows it (tests/test_kernels_compile.py reads the SASS).
+
+    instructions: warp instructions one warp executes per key tile (the key-tile loop's body,
+    its inner loops at their trip counts, the branches B/16 does not take left out);
+    exposed_cycles: cycles per key tile in which a warp waits on a dependent long-latency result
+    that no other warp of its scheduler covers (every warp of a block reaches the same phase
+    between two barriers, and ~1 block per scheduler is resident)."""
+
+    name: str
+    rows_per_block: int
+    key_tile: int
+    warps: int
+    blocks_per_sm: int
+    instructions: int
+    exposed_cycles: int
+
+
+# attention_tc.cu before FlashAttention-2 (WMMA): a 1,780-instruction key-tile loop whose K/V
+# staging loop (36 instructions: a 16-bit LDG, its STS, an integer division by Dp) runs 16 times
+# for K and 16 for V, the score loop (2 x 4 x ~70, fragments through generic LD: 32 per 16 MMAs),
+# the rescale of O in shared memory (16 rows x ~70) and P V (4 x 210): ~4,800 per tile. Its
+# staging is synchronous: 32 dependent L2 round trips per thread per tile, plus ~1,500 cycles of
+# shared-memory round trips (O's rescale, the score store and reload, generic loads before MMAs).
+WMMA_ATTENTION = AttentionKernel("WMMA (before)", 64, 32, 4, 4, 4800, 32 * H200_CHIP.l2_latency_cycles + 1500)
+# attention_tc.cu now: a 1,057-instruction loop of which B/16's whole tiles skip the 538 of the
+# bias/mask logits, run the two cp.async loops (70 instructions, the 16- or 8-byte branch taken)
+# twice each, and skip Q's loads after the first tile: ~530. Copies are asynchronous and a tile
+# ahead; what stays exposed: S's 4 chains of 4 HMMA (~130 cycles), the softmax's MUFU.EX2 and 4
+# shuffles (~150), P V's chains of 2 (~65), LDSM waits (~60) and 2 barriers (~200).
+MMA_ATTENTION = AttentionKernel("mma.sync (FlashAttention-2)", 64, 32, 4, 4, 530, 600)
+
+
+def attention_kernel_us(kernel: AttentionKernel, batch: int, heads: int, length: int, chip: Chip = H200_CHIP) -> float:
+    """Issue model of one launch at [batch, heads, length, Dh <= 64]: per key tile an SM issues
+    the instructions of its resident warps (one per scheduler per cycle) and, on top, a warp's
+    exposed latency (not overlapped: barriers keep a block's warps in the same phase); the grid
+    runs in ceil(blocks / resident slots) waves. SM time = waves x tiles x (issue + exposed)."""
+    blocks = -(-length // kernel.rows_per_block) * batch * heads
+    slots = chip.sms * kernel.blocks_per_sm
+    waves = -(-blocks // slots)
+    warps_per_sm = kernel.warps * min(kernel.blocks_per_sm, blocks / chip.sms)
+    tiles = -(-length // kernel.key_tile)
+    issue = warps_per_sm * kernel.instructions / chip.schedulers
+    return waves * tiles * (issue + kernel.exposed_cycles) / (chip.clock_ghz * 1e3)
+
+
+
+
+def attention_tc_efficiency(kernel: AttentionKernel = MMA_ATTENTION, device: Device = H200) -> float:
+    """The tensor-core share the issue model predicts for `kernel` at B/16's joint attention
+    [2, 12, 1280, 64] (4 B H L^2 Dh FLOPs): what the roofline tables assume for the tensor-core
+    attention (`Assumptions.attention_tc`)."""
+    flops = 4.0 * 2 * 12 * 1280**2 * 64
+    return flops / (device.tensor_tflops * 1e6 * attention_kernel_us(kernel, 2, 12, 1280))
+
+
 @dataclass(frozen=True)
 class Assumptions:
     """Achieved fractions of the roofline and per-launch costs (to be checked on a GPU)."""
 
     gemm: float = 0.70  # cuBLAS on these mid-size shapes (M = 512..2048, K, N = 768..4096)
     gemm_fp32: float = 0.80  # SGEMM without TF32 is compute-bound and well tuned
-    attention_tc: float = 0.30  # the tensor-core kernel (the issue model below gives ~20 % at B/16's shape)
+    attention_tc: float = attention_tc_efficiency()  # the tensor-core kernel, as the issue model above has it
     attention_fp32: float = 0.40  # the CUDA-core kernel
     sdpa: float = 0.45  # PyTorch SDPA (FlashAttention-2 kernels)
     memory: float = 0.70  # bandwidth-bound elementwise / norm kernels
@@ -267,94 +351,198 @@ def torch_run_ms(config, size, steps, device, item, a: Assumptions) -> float:
     return steps * step_ms(components, device, item, a, a.torch_launch_us, replayed=False)
 
 
-# ---------------------------------------------------------------------------------------------
-# The attention kernels, instruction by instruction (an H200: the GPU they were measured on)
-
-
-@dataclass(frozen=True)
-class Chip:
-    """What an issue model needs of a GPU: SMs, warp schedulers per SM, the sustained clock, and
-    the latency of a global load that hits L2 (K and V of a head are re-read from L2 by every
-    query block)."""
-
-    name: str
-    sms: int
-    schedulers: int
-    clock_ghz: float
-    l2_latency_cycles: int
-
-
-H200_CHIP = Chip("H200 SXM", 132, 4, 1.98, 270)  # the H100 SXM has the same SMs and clock: the same prediction
-
-
-@dataclass(frozen=True)
-class AttentionKernel:
-    """One attention kernel as its SASS shows it (tests/test_kernels_compile.py reads the SASS).
-
-    instructions: warp instructions one warp executes per key tile (the key-tile loop's body,
-    its inner loops at their trip counts, the branches B/16 does not take left out);
-    exposed_cycles: cycles per key tile in which a warp waits on a dependent long-latency result
-    that no other warp of its scheduler covers (every warp of a block reaches the same phase
-    between two barriers, and ~1 block per scheduler is resident)."""
-
-    name: str
-    rows_per_block: int
-    key_tile: int
-    warps: int
-    blocks_per_sm: int
-    instructions: int
-    exposed_cycles: int
-
-
-# attention_tc.cu before FlashAttention-2 (WMMA): a 1,780-instruction key-tile loop whose K/V
-# staging loop (36 instructions: a 16-bit LDG, its STS, an integer division by Dp) runs 16 times
-# for K and 16 for V, the score loop (2 x 4 x ~70, fragments through generic LD: 32 per 16 MMAs),
-# the rescale of O in shared memory (16 rows x ~70) and P V (4 x 210): ~4,800 per tile. Its
-# staging is synchronous: 32 dependent L2 round trips per thread per tile, plus ~1,500 cycles of
-# shared-memory round trips (O's rescale, the score store and reload, generic loads before MMAs).
-WMMA_ATTENTION = AttentionKernel("WMMA (before)", 64, 32, 4, 4, 4800, 32 * H200_CHIP.l2_latency_cycles + 1500)
-# attention_tc.cu now: a 1,057-instruction loop of which B/16's whole tiles skip the 538 of the
-# bias/mask logits, run the two cp.async loops (70 instructions, the 16- or 8-byte branch taken)
-# twice each, and skip Q's loads after the first tile: ~530. Copies are asynchronous and a tile
-# ahead; what stays exposed: S's 4 chains of 4 HMMA (~130 cycles), the softmax's MUFU.EX2 and 4
-# shuffles (~150), P V's chains of 2 (~65), LDSM waits (~60) and 2 barriers (~200).
-MMA_ATTENTION = AttentionKernel("mma.sync (FlashAttention-2)", 64, 32, 4, 4, 530, 600)
-
-
-def attention_kernel_us(kernel: AttentionKernel, batch: int, heads: int, length: int, chip: Chip = H200_CHIP) -> float:
-    """Issue model of one launch at [batch, heads, length, Dh <= 64]: per key tile an SM issues
-    the instructions of its resident warps (one per scheduler per cycle) and, on top, a warp's
-    exposed latency (not overlapped: barriers keep a block's warps in the same phase); the grid
-    runs in ceil(blocks / resident slots) waves. SM time = waves x tiles x (issue + exposed)."""
-    blocks = -(-length // kernel.rows_per_block) * batch * heads
-    slots = chip.sms * kernel.blocks_per_sm
-    waves = -(-blocks // slots)
-    warps_per_sm = kernel.warps * min(kernel.blocks_per_sm, blocks / chip.sms)
-    tiles = -(-length // kernel.key_tile)
-    issue = warps_per_sm * kernel.instructions / chip.schedulers
-    return waves * tiles * (issue + kernel.exposed_cycles) / (chip.clock_ghz * 1e3)
-
-
-# Measured on one H200 with the WMMA kernel (CUDA events, each row side by side in one call,
-# random B/16 weights, 10 steps at 512 x 512, CFG 6, bf16): the sampler, one attention launch at
-# [2, 12, 1280, 64], and the fused kernels the model predicted 2-3.5x too fast.
+# Measured on one H200 with the WMMA attention and the fused kernels before 16-byte packs (CUDA
+# events, each row side by side in one call, random B/16 weights, 10 steps at 512 x 512, CFG 6,
+# bf16): the sampler, one attention launch at [2, 12, 1280, 64], and three fused kernels at the
+# image stream's shapes (benchmarks/gpu.py's kernel_cases), 2-3.5x the roofline's prediction.
 H200_MEASURED = {"sampler_ms": 151.7, "attention_us": 623.0, "rms_norm_us": 9.2, "swiglu_us": 26.3, "qkv_heads_us": 20.9}
 
 
-def sampler_with_attention_ms(attention_us: float, config: MMJiTConfig = MMJIT_B16, steps: int = 10,
-                              small_kernels_at: float | None = None) -> float:
-    """The measured H200 sampler with each joint attention (depth_double per forward) at
-    `attention_us` instead of the measured one; with `small_kernels_at`, rms_norm, swiglu and
-    qkv_heads also at that multiple of this model's DRAM-time prediction (H100 bandwidth, which
-    the H200's 4.8 TB/s only improves) instead of their measured times."""
-    per_step = config.depth_double * (attention_us - H200_MEASURED["attention_us"]) / 1e3
-    if small_kernels_at is not None:
-        components = {c.name: c for c in forward_components(config, 512, 2)}
-        for name in ("rms_norm", "swiglu", "qkv_heads"):
-            c = components[name]
-            predicted_us = 1e3 * roofline_ms(c, H100, 2) / c.launches
-            per_step += c.launches * (small_kernels_at * predicted_us - H200_MEASURED[f"{name}_us"]) / 1e3
-    return H200_MEASURED["sampler_ms"] + steps * per_step
+# ---------------------------------------------------------------------------------------------
+# The memory-bound kernels, round trip by round trip (an H200)
+
+
+@dataclass(frozen=True)
+class MemoryLaunch:
+    """One launch of a memory-bound kernel as its code and SASS show it.
+
+    blocks of `threads`, `resident` of them per SM (ptxas's registers: docs/kernels.md); one warp
+    waits, in order, through `dram_trips` DRAM and `l2_trips` L2 round trips (loads issued
+    together are one trip; a load whose value the next step needs before the next load issues is
+    one trip each) and `shuffles` dependent shuffles or barriers, and issues `instructions`;
+    `bytes` cross DRAM."""
+
+    name: str
+    blocks: int
+    threads: int
+    resident: int
+    dram_trips: int
+    l2_trips: int
+    shuffles: int
+    instructions: int
+    bytes: float
+
+    def chain_cycles(self, chip: Chip) -> int:
+        """A warp's latency chain: its round trips and shuffles, plus one cycle per instruction."""
+        return (self.dram_trips * chip.dram_latency_cycles + self.l2_trips * chip.l2_latency_cycles
+                + self.shuffles * chip.shuffle_cycles + self.instructions)
+
+
+def memory_launch_us(launch: MemoryLaunch, chip: Chip = H200_CHIP, device: Device = H200) -> float:
+    """GPU time of one launch: the longest of three limits. Latency: the grid's waves of resident
+    blocks (at least one), each as long as a warp's chain. Bandwidth: one chain (the first loads
+    wait a DRAM latency before bytes stream, the last stores follow the math) plus the bytes at
+    DRAM bandwidth. Issue: all warps' instructions on the SMs' schedulers. Little's law says which
+    wins: bytes in flight per SM (resident warps x bytes each loads per trip) against latency x
+    bandwidth per SM (4.8 TB/s x 505 ns / 132 SMs = 18 KB)."""
+    waves = max(1.0, launch.blocks / (chip.sms * launch.resident))
+    warps = launch.blocks * launch.threads // 32
+    cycles = max(waves * launch.chain_cycles(chip),
+                 launch.chain_cycles(chip) + launch.bytes / (device.bandwidth_tbs * 1e12) * chip.clock_ghz * 1e9,
+                 warps * launch.instructions / (chip.sms * chip.schedulers))
+    return cycles / (chip.clock_ghz * 1e3)
+
+
+def dram_us(launch: MemoryLaunch, device: Device = H200) -> float:
+    return launch.bytes / (device.bandwidth_tbs * 1e6)
+
+
+# Before: one block of 256 threads per row (16 registers: 8 blocks per SM); each thread walks the
+# row 2 bytes at a time in a loop that is not unrolled (one LDG.E.U16 per trip, its FFMA right
+# after: a DRAM round trip per 256 values), block_sum (10 shuffles, 2 barriers), then a second
+# loop re-reading x and weight (L2). ~190 instructions a warp at 768 (loops of 10 and 20
+# instructions run 3 times each, ~100 around them).
+def rms_norm_before(rows: int, width: int, item: int = 2) -> MemoryLaunch:
+    trips = -(-width // 256)
+    return MemoryLaunch("rms_norm (before)", rows, 256, 8, trips, trips, 12, 30 * trips + 100, 2 * rows * width * item)
+
+
+# Before: the same, with a first loop adding delta and bias into the residual (3 loads issued
+# together, a store: 22 instructions) and both norm passes re-reading the residual from L2.
+def add_rms_norm_before(rows: int, width: int, item: int = 2) -> MemoryLaunch:
+    trips = -(-width // 256)
+    return MemoryLaunch("add_rms_norm (before)", rows, 256, 8, trips, 2 * trips, 12, 52 * trips + 100,
+                        4 * rows * width * item)
+
+
+# Before: one thread per output value over min(total / 256, 65535) blocks (38 registers: 6 per
+# SM); per value a 64-bit i / hidden and i % hidden (I2F.U64.RP's fast 32-bit path), the gate's
+# 2-byte load, SiLU, then the up value's load (issued after the SiLU: a second trip) and the
+# store: a 79-instruction loop, ~110 instructions a warp.
+def swiglu_before(rows: int, hidden: int, item: int = 2) -> MemoryLaunch:
+    total = rows * hidden
+    blocks = min(-(-total // 256), 65535)
+    per_thread = -(-total // (blocks * 256))
+    return MemoryLaunch("swiglu (before)", blocks, 256, 6, 2 * per_thread, 0, 0, 80 * per_thread + 30, 3 * total * item)
+
+
+# Before: one warp per (token, head), 4 a block (40 registers: 12 blocks per SM), q, k and v one
+# after another: per head its 2-byte loads (lo, hi, their biases: one trip), for q and k 5
+# shuffles and the norm weight and cos/sin (an L2 trip after the sum); 64-bit divisions for the
+# token and batch; ~600 straight-line instructions to the exit, ~500 on B/16's path.
+def qkv_heads_before(tokens: int, heads: int, head_dim: int, item: int = 2) -> MemoryLaunch:
+    return MemoryLaunch("qkv_heads (before)", -(-tokens * heads // 4), 128, 12, 3, 2, 10, 500,
+                        2 * tokens * 3 * heads * head_dim * item)
+
+
+# Now: a warp per row, 8 a block (96 registers on sm_90: 2 blocks per SM); each lane issues its
+# up-to-8 16-byte loads at once (one trip), warp_sum (5 shuffles), then the weight (an L2 trip)
+# and the stores; ~60 instructions per pack a lane holds, ~100 around them (the SASS's pass loops
+# of 221 and 258 instructions hold 8 pack slots).
+def rms_norm_now(rows: int, width: int, item: int = 2) -> MemoryLaunch:
+    per_lane = -(-width * item // (16 * 32))
+    return MemoryLaunch("rms_norm (now)", -(-rows // 8), 256, 2, 1, 1, 5, 60 * per_lane + 100, 2 * rows * width * item)
+
+
+# Now: residual, delta and bias packs at once (one trip), the sum stored and kept (123 registers:
+# 2 blocks per SM); the pass loop of 750 instructions holds 8 slots: ~126 per pack.
+def add_rms_norm_now(rows: int, width: int, item: int = 2) -> MemoryLaunch:
+    per_lane = -(-width * item // (16 * 32))
+    return MemoryLaunch("add_rms_norm (now)", -(-rows // 8), 256, 2, 1, 1, 5, 126 * per_lane + 100,
+                        4 * rows * width * item)
+
+
+# Now: a thread per 16-byte pack of a row (grid x) and a block row per row (grid y, no division);
+# gate and up packs at once (one trip), 8 SiLUs, one 16-byte store: the 247-instruction loop
+# once, ~290 a warp (38 registers on sm_90: 6 blocks per SM).
+def swiglu_now(rows: int, hidden: int, item: int = 2) -> MemoryLaunch:
+    packs = -(-hidden * item // 16)
+    return MemoryLaunch("swiglu (now)", -(-packs // 256) * rows, 256, 6, 1, 0, 0, 290, 3 * rows * hidden * item)
+
+
+# Now: a group of 4 lanes per head vector at Dh 64 (one 16-byte pack pair each: 8 vectors a warp,
+# 4 warps a block, 72 registers: 7 blocks per SM); qkv and bias packs at once (one trip), 2
+# shuffles, norm weight and cos/sin (one L2 trip); the 679-instruction loop with its second pair
+# slot skipped: ~440 a warp.
+def qkv_heads_now(tokens: int, heads: int, head_dim: int, item: int = 2) -> MemoryLaunch:
+    lanes = -(-head_dim * item // 32)
+    return MemoryLaunch("qkv_heads (now)", -(-tokens * 3 * heads * lanes // 128), 128, 7, 1, 1, 2, 440,
+                        2 * tokens * 3 * heads * head_dim * item)
+
+
+# The Python wrapper's time between the two events benchmarks/gpu.py records around one call
+# (checks, the output's allocation, the RawKernel launch): assumed; qkv_heads's timed call also
+# allocates and fills its zero bias (cp.zeros: a second launch).
+EVENT_HOST_US = 5.0
+
+
+def fused_kernel_launches(config: MMJiTConfig = MMJIT_B16, size: int = 512, item: int = 2) -> dict[str, MemoryLaunch]:
+    """The fused kernels now at benchmarks/gpu.py's shapes (the image stream of one batched CFG
+    forward), by the name of its case (geglu as swiglu: the same loads, tanh-GELU for SiLU); the
+    blocks resident per SM are the bf16 entry points' on sm_90 (tests/test_kernels_compile.py)."""
+    tokens = 2 * (size // config.patch_size) ** 2
+    d, hidden, heads, dh = config.hidden_size, config.mlp_hidden, config.num_heads, config.head_dim
+    return {"rms_norm": rms_norm_now(tokens, d, item), "add_rms_norm": add_rms_norm_now(tokens, d, item),
+            "swiglu": swiglu_now(tokens, hidden, item),
+            "geglu": replace(swiglu_now(tokens, hidden, item), name="geglu (now)", resident=8),  # 32 registers
+            "qkv_heads": qkv_heads_now(tokens, heads, dh, item)}
+
+
+def measured_cases(config: MMJiTConfig = MMJIT_B16,
+                   size: int = 512) -> dict[str, tuple[MemoryLaunch, MemoryLaunch, float]]:
+    """{kernel: (before, now, host µs inside the timing)} at the shapes H200_MEASURED was timed at."""
+    tokens = 2 * (size // config.patch_size) ** 2
+    d, hidden, heads, dh = config.hidden_size, config.mlp_hidden, config.num_heads, config.head_dim
+    now = fused_kernel_launches(config, size)
+    return {"rms_norm": (rms_norm_before(tokens, d), now["rms_norm"], EVENT_HOST_US),
+            "swiglu": (swiglu_before(tokens, hidden), now["swiglu"], EVENT_HOST_US),
+            "qkv_heads": (qkv_heads_before(tokens, heads, dh), now["qkv_heads"], 2 * EVENT_HOST_US)}
+
+
+def small_kernel_launches(config: MMJiTConfig = MMJIT_B16,
+                          size: int = 512) -> list[tuple[MemoryLaunch, MemoryLaunch, int]]:
+    """(before, now, launches per forward) of the four fused kernels in one batched CFG forward:
+    per block of each stream rms_norm, qkv_heads, add_rms_norm and swiglu, and the final norm."""
+    d, hidden, heads, dh = config.hidden_size, config.mlp_hidden, config.num_heads, config.head_dim
+    text, image = 2 * config.prompt_length, 2 * (size // config.patch_size) ** 2
+    found = [(rms_norm_before(image, d), rms_norm_now(image, d), 1)]
+    for rows, blocks in ((text, config.txt_preamble_depth + config.depth_double), (image, config.depth_double)):
+        found += [(rms_norm_before(rows, d), rms_norm_now(rows, d), blocks),
+                  (qkv_heads_before(rows, heads, dh), qkv_heads_now(rows, heads, dh), blocks),
+                  (add_rms_norm_before(rows, d), add_rms_norm_now(rows, d), blocks),
+                  (swiglu_before(rows, hidden), swiglu_now(rows, hidden), blocks)]
+    return found
+
+
+def sampler_ms(config: MMJiTConfig = MMJIT_B16, steps: int = 10, new_attention: bool = True,
+               new_small_kernels: bool = True, device: Device = H200) -> float:
+    """The measured H200 sampler (graph replay: GPU time only) with each joint attention at the
+    issue model's prediction for the FlashAttention-2 kernel instead of the measured 623 µs, and
+    each launch of the four fused kernels at this model's time for the kernels now instead of
+    before (both modelled, at each launch's own shape). On an H100 (the same SMs and clock, 3.35
+    instead of 4.8 TB/s) every byte the memory-bound launches of a step move (forward_components)
+    takes that much longer."""
+    per_step = 0.0
+    if new_attention:
+        new_us = attention_kernel_us(MMA_ATTENTION, 2, 12, 1280)
+        per_step += config.depth_double * (new_us - H200_MEASURED["attention_us"])
+    if new_small_kernels:
+        per_step += sum(count * (memory_launch_us(now) - memory_launch_us(before))
+                        for before, now, count in small_kernel_launches(config))
+    if device is not H200:
+        memory_bytes = sum(c.bytes for c in forward_components(config, 512, 2) if c.kind == "memory")
+        per_step += memory_bytes * (1 / device.bandwidth_tbs - 1 / H200.bandwidth_tbs) / 1e6
+    return H200_MEASURED["sampler_ms"] + steps * per_step / 1e3
 
 
 def attention_model_table() -> list[str]:
@@ -366,13 +554,30 @@ def attention_model_table() -> list[str]:
     return rows
 
 
-def sampler_model_table() -> list[str]:
-    new = attention_kernel_us(MMA_ATTENTION, 2, 12, 1280)
-    rows = ["| 10-step B/16 sampler on the H200, bf16 | ms |", "|---|---|",
-            f"| measured (WMMA attention) | {H200_MEASURED['sampler_ms']:.1f} |",
-            f"| with the FlashAttention-2 kernel | {sampler_with_attention_ms(new):.1f} |",
-            f"| and rms_norm, swiglu, qkv_heads at 1.5x their DRAM time | {sampler_with_attention_ms(new, small_kernels_at=1.5):.1f} |"]
+def memory_model_table() -> list[str]:
+    rows = ["| kernel | blocks (resident / SM) | DRAM + L2 trips, shuffles / warp | instructions / warp | "
+            "chain cycles | predicted GPU µs | + host µs | measured µs | predicted / measured | DRAM time µs | "
+            "GPU / DRAM time |",
+            "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for name, (before, now, host) in measured_cases().items():
+        for launch, measured in ((before, H200_MEASURED[f"{name}_us"]), (now, None)):
+            gpu = memory_launch_us(launch)
+            timed = f"{gpu + host:.1f}" if measured else "-"
+            ratio = f"{(gpu + host) / measured:.2f}" if measured else "-"
+            rows.append(f"| {launch.name} | {launch.blocks} ({launch.resident}) | "
+                        f"{launch.dram_trips} + {launch.l2_trips}, {launch.shuffles} | {launch.instructions} | "
+                        f"{launch.chain_cycles(H200_CHIP)} | {gpu:.1f} | "
+                        f"{timed} | {measured if measured else 'not yet'} | {ratio} | {dram_us(launch):.1f} | "
+                        f"{gpu / dram_us(launch):.2f} |")
     return rows
+
+
+def sampler_model_table() -> list[str]:
+    return ["| 10-step B/16 sampler, bf16 | H200 ms | H100 ms |", "|---|---|---|",
+            f"| measured on the H200 (WMMA attention, fused kernels before) | {H200_MEASURED['sampler_ms']:.1f} | |",
+            f"| with the FlashAttention-2 kernel | {sampler_ms(new_small_kernels=False):.1f} | "
+            f"{sampler_ms(new_small_kernels=False, device=H100):.1f} |",
+            f"| and the fused kernels in 16-byte packs | {sampler_ms():.1f} | {sampler_ms(device=H100):.1f} |"]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -409,7 +614,7 @@ def sensitivity_table(a: Assumptions = Assumptions(), steps: int = 10) -> list[s
     for name, value in vars(a).items():
         worse = value * 1.5 if name.endswith("_us") else value / 1.5
         ms = cupy_run_ms(MMJIT_B16, 512, steps, H100, 2, replace(a, **{name: worse}))
-        rows.append(f"| `{name}` | {value:g} | {worse:.3g} | {ms:.1f} | {ms - base:+.1f} |")
+        rows.append(f"| `{name}` | {value:.3g} | {worse:.3g} | {ms:.1f} | {ms - base:+.1f} |")
     return rows
 
 
@@ -446,7 +651,8 @@ def tables() -> dict[str, list[str]]:
         "One 512x512 image with the default steps on an H100 SXM, T5 included, predicted": image_table(),
         "Sensitivity of the B/16 bf16 H100 prediction": sensitivity_table(),
         "Attention at [2, 12, 1280, 64] bf16 on the H200, issue model": attention_model_table(),
-        "The 10-step sampler on the H200 with the new attention": sampler_model_table(),
+        "The fused memory-bound kernels on the H200, round trip by round trip": memory_model_table(),
+        "The 10-step sampler on the H200 and the H100 with the new kernels": sampler_model_table(),
     }
 
 

@@ -94,12 +94,18 @@ def norm_bound(precision: str, width: int) -> float:
 
 @pytest.mark.parametrize("precision", PRECISIONS)
 @PARITY
-@given(rows=st.integers(1, 5), width=st.integers(1, 1100), seed=st.integers(0, 2**16))
+@given(rows=st.integers(1, 5), width=st.integers(1, 2100), seed=st.integers(0, 2**16))
+@example(rows=3, width=768, seed=1)  # 16-byte packs, the row kept in registers (B/16)
+@example(rows=2, width=2056, seed=2)  # 16-byte packs, wider than the registers keep: read twice
+@example(rows=2, width=301, seed=3)  # value by value, kept
+@example(rows=1, width=1001, seed=4)  # value by value, read twice
 def test_rms_norm_any_width(precision, rows, width, seed):
     """Each element against its own |ref| (a product: nothing cancels). The n squares and their
     fp32 sum, in any order, err by n u relative (positive terms); / n, + eps (eps itself rounded
     to fp32) add 3 u: (n + 3) u, which the square root halves; it, the reciprocal and the two
-    multiplies round once each: (n/2 + 5.5) u, plus the store's u_dtype. Bound: k = n/2 + 6."""
+    multiplies round once each: (n/2 + 5.5) u, plus the store's u_dtype. Bound: k = n/2 + 6.
+    The examples take each of rmsnorm.cu's four paths (16-byte packs or single values, the row
+    kept in registers or read twice)."""
     dtype, rng = dtype_for(precision), np.random.default_rng(seed)
     x, x64 = rounded(rng.standard_normal((rows, width)), dtype)
     w, w64 = rounded(rng.standard_normal(width), dtype)
@@ -110,7 +116,11 @@ def test_rms_norm_any_width(precision, rows, width, seed):
 
 @pytest.mark.parametrize("precision", PRECISIONS)
 @PARITY
-@given(rows=st.integers(1, 4), width=st.integers(1, 800), seed=st.integers(0, 2**16))
+@given(rows=st.integers(1, 4), width=st.integers(1, 2100), seed=st.integers(0, 2**16))
+@example(rows=4, width=768, seed=1)
+@example(rows=2, width=2056, seed=2)
+@example(rows=2, width=77, seed=3)
+@example(rows=1, width=1001, seed=4)
 def test_add_rms_norm_updates_residual_and_normalises(precision, rows, width, seed):
     """The residual r + (d + b): two fp32 roundings, each at most u (|r| + |d| + |b|), then the
     store's u_dtype of the same scale, measured against max (|r| + |d| + |b|): the sum can
@@ -133,6 +143,9 @@ def test_add_rms_norm_updates_residual_and_normalises(precision, rows, width, se
 @pytest.mark.parametrize("activation, reference", [("swiglu", ref.silu), ("geglu", ref.gelu_tanh)])
 @PARITY
 @given(rows=st.integers(1, 7), hidden=st.integers(1, 600), seed=st.integers(0, 2**16))
+@example(rows=3, hidden=512, seed=1)  # 16-byte packs in every dtype
+@example(rows=2, hidden=100, seed=2)  # packs of 4 fp32; 16-bit values one by one
+@example(rows=5, hidden=101, seed=3)  # value by value
 def test_gated_activation(precision, activation, reference, rows, hidden, seed):
     """Error against max |gate * up|, not max |ref|: for gate << 0, tanh-GELU's 1 + tanh(z)
     cancels in fp32 (absolute error ~u_fp32 |gate * up|), and a one-element draw with gate < -3
@@ -152,9 +165,34 @@ def test_gated_activation(precision, activation, reference, rows, hidden, seed):
 
 
 @pytest.mark.parametrize("precision", PRECISIONS)
+def test_rows_one_value_off_16_bytes_take_the_value_by_value_path(precision):
+    """Rows of 768 and a hidden of 512 would move in 16-byte packs, but a C-contiguous view that
+    starts one value into its buffer is not 16-byte aligned (a GPU faults on such a vector
+    access, and the detectors report it): rms_norm and swiglu go value by value there and keep
+    the bounds of test_rms_norm_any_width and test_gated_activation."""
+    dtype, rng = dtype_for(precision), np.random.default_rng(5)
+    rows, width, hidden = 3, 768, 512
+    buffer, buffer64 = rounded(rng.standard_normal(1 + rows * 2 * hidden), dtype)
+    x, x64 = buffer[1:1 + rows * width].reshape(rows, width), buffer64[1:1 + rows * width].reshape(rows, width)
+    address = x.ctypes.data if isinstance(x, np.ndarray) else x.data.ptr  # cudasim, CuPy
+    assert x.flags.c_contiguous and address % 16
+    w, w64 = rounded(rng.standard_normal(width), dtype)
+    with every_schedule():
+        out = kernels.rms_norm(x, w)
+    assert within(relative_error(out, ref.rms_norm(x64, w64)), norm_bound(precision, width))
+    packed, p64 = buffer[1:].reshape(rows, 2 * hidden), buffer64[1:].reshape(rows, 2 * hidden)
+    gate, up = p64[:, :hidden], p64[:, hidden:]
+    with every_schedule():
+        out = kernels.gated_activation(packed, "swiglu")
+    assert within(operand_error(out, ref.silu(gate) * up, np.max(np.abs(gate * up))), kernel_bound(precision, 8))
+
+
+@pytest.mark.parametrize("precision", PRECISIONS)
 @PARITY
 @given(batch=st.integers(1, 2), length=st.integers(1, 9), extra=st.integers(0, 5), heads=st.integers(1, 3),
        head_dim=st.sampled_from([8, 52, 64, 128]), norm=st.booleans(), rope=st.booleans(), seed=st.integers(0, 2**16))
+@example(batch=2, length=9, extra=3, heads=3, head_dim=64, norm=True, rope=True, seed=1)  # 16-byte packs (B/16)
+@example(batch=1, length=5, extra=2, heads=2, head_dim=52, norm=True, rope=True, seed=2)  # value by value (L/16)
 def test_qkv_heads_writes_normed_rotated_rows(precision, batch, length, extra, heads, head_dim, norm, rope, seed):
     """Against max |ref| of each buffer. a = qkv + bias: one rounding of exact operands, u of
     itself. The per-head RMSNorm of a (test_rms_norm_any_width's count, with a's own error twice

@@ -48,7 +48,7 @@ def module(code: str) -> Module:
 
 def rms_norm_args(rows=3, width=300, seed=0):
     x = np.random.default_rng(seed).standard_normal((rows, width)).astype(np.float32)
-    return x, np.ones(width, np.float32), np.empty_like(x), np.int32(width), np.float32(1e-6)
+    return x, np.ones(width, np.float32), np.empty_like(x), np.int32(width), np.float32(1e-6), np.int32(rows)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -550,13 +550,13 @@ def test_launch_bounds_and_shared_memory_limits():
 
 
 def test_argument_types_are_checked_against_the_c_signature(rms):
-    x, w, out, width, eps = rms_norm_args()
+    x, w, out, width, eps, rows = rms_norm_args()
     with pytest.raises(KernelError, match=r"argument 1 \(const float\* weight\) points to float32 but gets an array of float64"):
-        rms((3,), (256,), (x, w.astype(np.float64), out, width, eps))
+        rms((1,), (256,), (x, w.astype(np.float64), out, width, eps, rows))
     with pytest.raises(KernelError, match=r"argument 3 \(int width\) gets a Python int, which CuPy passes as a long long"):
-        rms((3,), (256,), (x, w, out, 300, eps))
+        rms((1,), (256,), (x, w, out, 300, eps, rows))
     with pytest.raises(KernelError, match=r"argument 2 \(float\* out\) gets a non-contiguous array"):
-        rms((3,), (256,), (x, w, np.empty((300, 3), np.float32).T, width, eps))
+        rms((1,), (256,), (x, w, np.empty((300, 3), np.float32).T, width, eps, rows))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -564,12 +564,35 @@ def test_argument_types_are_checked_against_the_c_signature(rms):
 # kernels written to have them. Messages come from the first schedule (in order).
 
 
+# A sum over the whole block (blockDim.x a multiple of 32), every thread getting it: the detectors'
+# subject below.
+BLOCK_SUM = """
+__device__ __forceinline__ float block_sum(float v) {
+    __shared__ float partial[32];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+    v = warp_sum(v);
+    __syncthreads();  // `partial` may still be read by a previous call
+    if (lane == 0) partial[warp] = v;
+    __syncthreads();
+    v = lane < warps ? partial[lane] : 0.0f;
+    return warp_sum(v);
+}
+"""
+
+
 def block_sum_source(kernel: str, old: str = "", new: str = "") -> str:
-    """common.cuh (with `old` replaced by `new`) followed by `kernel`."""
-    common = (KERNEL_DIR / COMMON_HEADER).read_text()
+    """common.cuh and BLOCK_SUM (with `old` replaced by `new`), followed by `kernel`."""
+    common = (KERNEL_DIR / COMMON_HEADER).read_text() + BLOCK_SUM
     assert old in common
     return common.replace(old, new) + textwrap.dedent(kernel)
 
+
+SCALE_BY_SUM = """
+extern "C" __global__ void scale_by_sum(const float* x, float* out) {
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    out[i] = x[i] * block_sum(x[i]);
+}
+"""
 
 SUM_TWICE = """
 extern "C" __global__ void sum_twice(const float* x, float* out) {
@@ -784,36 +807,42 @@ def test_planted_missing_syncthreads_is_a_race():
     not written yet: the detectors report the first such read (in order, lane 1 reads before
     warp 1 has written anything); without them, it is poisoned NaN under one schedule and a
     number under another."""
-    kernel = planted("rmsnorm.cu", "if (lane == 0) partial[warp] = v;\n    __syncthreads();",
-                     "if (lane == 0) partial[warp] = v;").get_function("rms_norm_f32")
-    read = line_of(kernel.module.code, "? partial[lane] :")
-    with pytest.raises(KernelError, match=rf"kernel rms_norm_f32, block \(0,0,0\): uninitialised shared memory read: "
+    code = block_sum_source(SCALE_BY_SUM, "if (lane == 0) partial[warp] = v;\n    __syncthreads();",
+                            "if (lane == 0) partial[warp] = v;")
+    kernel = Module(code, name="scale_by_sum.cu").get_function("scale_by_sum")
+    read = line_of(code, "? partial[lane] :")
+    x = np.random.default_rng(0).standard_normal((3, 256)).astype(np.float32)
+    with pytest.raises(KernelError, match=rf"kernel scale_by_sum, block \(0,0,0\): uninitialised shared memory read: "
                                           rf"thread \(1,0,0\) reads 4 bytes at 0x[0-9a-f]+ \(static shared memory \+ 4 bytes\) "
                                           rf"on line {read}, which no thread of this block has written"):
-        kernel((3,), (256,), rms_norm_args())
-    with pytest.raises(RaceError, match=r"kernel rms_norm_f32: race: float\* out \(3, 300\) differs between schedules"):
+        kernel((3,), (256,), (x, np.empty_like(x)))
+    with pytest.raises(RaceError, match=r"kernel scale_by_sum: race: float\* out \(3, 256\) differs between schedules"):
         with schedules(), detectors(False):
-            kernel((3,), (256,), rms_norm_args())
+            kernel((3,), (256,), (x, np.empty_like(x)))
 
 
 def test_planted_wrong_shuffle_offset_breaks_the_reduction():
-    """warp_sum starting at offset 8 adds only 16 lanes: every schedule agrees (it is not a race)
-    but the norm is wrong, and the parity check names the kernel and the error."""
-    kernel = planted("rmsnorm.cu", "for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync",
-                     "for (int offset = 8; offset > 0; offset >>= 1) v += __shfl_xor_sync").get_function("rms_norm_f32")
-    x, w, out, width, eps = args = rms_norm_args()
+    """warp_sum (group_sum over 32 lanes) starting at offset 8 adds only 16 lanes: every schedule
+    agrees (it is not a race) but the norm is wrong, and the parity check names the kernel and
+    the error."""
+    kernel = planted("rmsnorm.cu", "for (int offset = lanes >> 1; offset > 0; offset >>= 1) v += __shfl_xor_sync",
+                     "for (int offset = lanes >> 2; offset > 0; offset >>= 1) v += __shfl_xor_sync").get_function("rms_norm_f32")
+    x, w, out, width, eps, rows = args = rms_norm_args()
     with schedules():
-        kernel((3,), (256,), args)
+        kernel((1,), (256,), args)
     error = np.max(np.abs(out - ref.rms_norm(x.astype(np.float64), w))) / np.max(np.abs(x))
     with pytest.raises(AssertionError, match=r"rms_norm_f32: max relative error [\d.]+ > 1e-04"):
         assert error < 1e-4, f"rms_norm_f32: max relative error {error:.3f} > 1e-04"
 
 
 def test_planted_shuffle_in_divergent_code():
-    """The per-head norm's warp_sum moved inside `if (j < half)`: lanes past half never call it."""
-    kernel = planted("rope.cu", "sum_sq += lo[p] * lo[p] + hi[p] * hi[p];",
-                     "sum_sq = warp_sum(sum_sq + lo[p] * lo[p] + hi[p] * hi[p]);").get_function("qkv_heads_f32")
-    heads, head_dim = 1, 8
+    """The per-head norm's group_sum moved inside the loop over a lane's pairs, past the `continue`
+    of lanes without a head vector: one token's 3 head vectors of Dh 64 (fp32: 8 packs of 4, 8 lanes
+    each) leave lanes 24-31 idle, and they never call it."""
+    kernel = planted("rope.cu", "sum_sq += lo[c][e] * lo[c][e] + hi[c][e] * hi[c][e];",
+                     "sum_sq = group_sum(sum_sq + lo[c][e] * lo[c][e] + hi[c][e] * hi[c][e], lanes);"
+                     ).get_function("qkv_heads_f32")
+    heads, head_dim = 1, 64
     qkv = np.ones((1, 1, 3 * heads * head_dim), np.float32)
     bias = np.zeros(3 * heads * head_dim, np.float32)
     norm = np.ones(head_dim, np.float32)
@@ -821,8 +850,8 @@ def test_planted_shuffle_in_divergent_code():
     q, k, v = (np.zeros((1, heads, 1, head_dim), np.float32) for _ in range(3))
     ints = [np.int32(n) for n in (1, 1, heads, head_dim, 1, 0, 1, 0)]
     with pytest.raises(KernelError, match=r"kernel qkv_heads_f32, block \(0,0,0\): divergent shuffle: thread \(0,0,0\) waits at "
-                                          r"__shfl_xor_sync on line \d+ with mask 0xffffffff, but lane 4 "
-                                          r"\(thread \(4,0,0\)\) (has exited|waits at __shfl_xor_sync on line \d+)"):
+                                          r"__shfl_xor_sync on line \d+ with mask 0xffffffff, but lane 24 "
+                                          r"\(thread \(24,0,0\)\) (has exited|waits at __shfl_xor_sync on line \d+)"):
         kernel((1,), (128,), (qkv, bias, norm, norm, table, table, q, k, v, *ints, np.float32(1e-6)))
 
 
@@ -995,6 +1024,31 @@ def test_planted_misaligned_vector_load(bounds):
                                           rf"{line_of(code, 'reinterpret_cast<float4*>(out)')}, which a GPU requires to be "
                                           r"16-byte aligned"):
         bounds.get_function("copy_vectors")((1,), (8,), (np.ones(33, np.float32), np.zeros(32, np.float32)))
+
+
+PACK_COPY = """
+extern "C" __global__ void pack_copy(const __half* x, __half* out, int from, int to) {
+    store_pack<__half, 8>(out + to, load_pack<__half, 8>(x + from));
+}
+"""
+
+
+@pytest.mark.parametrize("from_, to, kind, buffer", [(1, 0, "read", "const __half* x"), (0, 3, "write", "__half* out")])
+def test_planted_misaligned_pack_load_and_store(from_, to, kind, buffer):
+    """common.cuh's 16-byte packs move as float4 accesses, which a GPU requires 16-byte aligned
+    (an n-byte access must be n-byte aligned: CUDA C++ Programming Guide, "Device Memory
+    Accesses"): a pack one value or three off is reported with its buffer and offset, before it
+    happens; at aligned addresses the 8 values are copied bit for bit."""
+    code = (KERNEL_DIR / COMMON_HEADER).read_text() + textwrap.dedent(PACK_COPY)
+    kernel = Module(code, name="pack_copy.cu").get_function("pack_copy")
+    x, out = np.arange(32, dtype=np.float16), np.zeros(32, np.float16)
+    kernel((1,), (1,), (x, out, np.int32(8), np.int32(16)))
+    assert out[16:24].tobytes() == x[8:16].tobytes() and not out[:16].any() and not out[24:].any()
+    verb = {"read": "reads", "write": "writes"}[kind]
+    with pytest.raises(KernelError, match=rf"kernel pack_copy, block \(0,0,0\): misaligned global memory {kind}: thread "
+                                          rf"\(0,0,0\) {verb} 16 bytes at 0x[0-9a-f]+ \({re.escape(buffer)} \+ "
+                                          rf"{2 * (from_ or to)} bytes\) on line \d+, which a GPU requires to be 16-byte aligned"):
+        kernel((1,), (1,), (x, out, np.int32(from_), np.int32(to)))
 
 
 def test_planted_store_a_mebibyte_past_the_output_leaves_the_host_intact(bounds):

@@ -13,7 +13,9 @@ What is compiled is `kernel_source(...)`, the exact text CuPy hands to NVRTC (he
 
 from __future__ import annotations
 
+import importlib.util
 import re
+import sys
 from concurrent.futures import ThreadPoolExecutor
 from types import SimpleNamespace
 
@@ -77,10 +79,13 @@ def resources(ptx_by_source):
 
 
 def test_every_source_is_listed_and_self_contained():
+    """Headers pasted in, and of CUDA's only the two that CuPy's [ctk] (the gpu extras) ships: no
+    <mma.h>, whose crt/mma.h only the nvcc wheel has."""
     assert sorted(p.name for p in KERNEL_DIR.glob("*.cu")) == sorted(SOURCES) == sorted(EXPECTED_KERNELS)
     for source in SOURCES:
         text = kernel_source(source)
         assert '#include "' not in text and "FOR_EACH_DTYPE" in text
+        assert set(re.findall(r"#include <([^>]+)>", text)) == {"cuda_fp16.h", "cuda_bf16.h"}, source
 
 
 @pytest.mark.parametrize("arch", ARCHS)
@@ -119,6 +124,21 @@ def test_resource_table_in_the_docs_is_current(resources):
                              f"{blocks} ({100 * blocks * threads // 2048} %)")
             row = f"| `{stem}` | {threads} | {cells[0]} | {cells[1]} | {max(u.shared for u in usage)} |"
             assert row in docs, row
+
+
+def test_the_performance_model_runs_the_fused_kernels_at_their_occupancy(resources):
+    """benchmarks/performance_model.py's round-trip model launches the fused kernels with the
+    block size of their wrappers and the blocks per SM ptxas's registers give the bf16 entry
+    points on sm_90 (the H200 and H100)."""
+    path = KERNEL_DIR.parents[1] / "benchmarks" / "performance_model.py"
+    spec = importlib.util.spec_from_file_location("performance_model", path)
+    model = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = model  # dataclasses look their module up there
+    spec.loader.exec_module(model)
+    blocks = {stem: threads for stems in EXPECTED_KERNELS.values() for stem, threads in stems.items()}
+    for stem, launch in model.fused_kernel_launches().items():
+        assert launch.threads == blocks[stem], stem
+        assert launch.resident == nvrtc.blocks_per_sm(resources[f"{stem}_bf16", "90"], launch.threads), stem
 
 
 def test_occupancy_follows_the_limits():
@@ -206,15 +226,15 @@ def test_cupy_path_adds_its_own_options(cupy_compiled, arch):
 
 
 # ---------------------------------------------------------------------------------------------
-# The tensor-core attention's machine code (SASS), as CuPy compiles it
+# Machine code (SASS), as CuPy compiles it
 
 
 @pytest.fixture(scope="module")
-def attention_sass(cupy_compiled):
-    """{(kernel, arch): instructions} of attention_tc.cu's cubins from CuPy's path."""
+def cupy_sass(cupy_compiled):
+    """{(kernel, arch): instructions} of every source's cubins from CuPy's path."""
     try:
-        return {(name, arch): code for arch in ARCHS
-                for name, code in nvrtc.sass(cupy_compiled["attention_tc.cu", arch][1]).items()}
+        return {(name, arch): code for (source, arch), (_, cubin) in cupy_compiled.items()
+                for name, code in nvrtc.sass(cubin).items()}
     except nvrtc.NvrtcError as err:
         pytest.skip(f"reading SASS needs the [compile] extra's cuobjdump and nvdisasm: {err}")
 
@@ -226,14 +246,14 @@ def count(instructions, prefix: str) -> int:
 @pytest.mark.parametrize("arch", ARCHS)
 @pytest.mark.parametrize("stem, padded", [("flash_attention_tc", 64), ("flash_attention_tc_d128", 128)])
 @pytest.mark.parametrize("suffix", ["f16", "bf16"])
-def test_tensor_core_attention_machine_code_is_the_design(attention_sass, arch, stem, padded, suffix):
+def test_tensor_core_attention_machine_code_is_the_design(cupy_sass, arch, stem, padded, suffix):
     """The key-tile loop (the loop holding the most HMMA) has exactly the MMAs the design implies
     and all of them: per tile of n = MMA_KEY_TILE keys, S = Q K^T is (n / 8) x (Dp / 16)
     m16n8k16 steps and P V (n / 16) x (Dp / 8), each one HMMA.16816.F32 (.BF16 for bf16); its
     operands come by LDSM (Q's Dp / 16 fragments once, K's (n / 8) (Dp / 32) x4 loads, V's
     (n / 16) (Dp / 16) transposed x4 loads), its K/V tiles by LDGSTS (cp.async) waited for with
     DEPBAR, and nothing anywhere goes through local memory (LDL/STL: spills or indexed arrays)."""
-    code = attention_sass[f"{stem}_{suffix}", arch]
+    code = cupy_sass[f"{stem}_{suffix}", arch]
     n = kernels.MMA_KEY_TILE
     hmma = "HMMA.16816.F32.BF16" if suffix == "bf16" else "HMMA.16816.F32"
     loop = max(nvrtc.loop_bodies(code), key=lambda body: count(body, "HMMA"))
@@ -243,3 +263,35 @@ def test_tensor_core_attention_machine_code_is_the_design(attention_sass, arch, 
     assert count(loop, "LDSM.16.MT88.4") == (n // 16) * (padded // 16)
     assert count(loop, "LDGSTS") > 0 and count(loop, "DEPBAR") > 0
     assert count(code, "LDL") == count(code, "STL") == 0
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("suffix", DTYPE_SUFFIXES.values())
+def test_memory_bound_kernels_move_16_byte_packs(cupy_sass, arch, suffix):
+    """The kernels bound by DRAM (docs/performance-model.md) load and store 16 bytes an access
+    (LDG.E.128 / STG.E.128) on their vector paths, and nothing goes through local memory.
+    swiglu / geglu: a thread's gate, up and out packs, 2 loads and 1 store, and no integer
+    division (I2F.U64.RP / I2F.U32.RP start the 64- and 32-bit division sequences; the old
+    kernel divided a 64-bit index per element). rms_norm / add_rms_norm: at least the
+    NORM_PACKS_PER_LANE packs a lane keeps (per tensor read in the first pass). qkv_heads: per
+    pair slot of a lane (MAX_PAIRS_PER_LANE), the lo and hi packs of qkv, bias and the norm
+    weight, and of the cos and sin tables (fp32, N values: N / 4 loads each), and 2 stores."""
+    def count_exact(code, opcode):
+        return sum(i.opcode == opcode for i in code)
+
+    constants = kernels.KERNEL_CONSTANTS
+    n = 16 // (4 if suffix == "f32" else 2)  # values in a pack
+    for stem in ("rms_norm", "add_rms_norm", "swiglu", "geglu", "qkv_heads"):
+        code = cupy_sass[f"{stem}_{suffix}", arch]
+        assert count(code, "LDL") == count(code, "STL") == 0, stem
+    for stem in ("swiglu", "geglu"):
+        code = cupy_sass[f"{stem}_{suffix}", arch]
+        assert count_exact(code, "LDG.E.128") == 2 and count_exact(code, "STG.E.128") == 1, stem
+        assert count(code, "I2F.U64") == count(code, "I2F.U32.RP") == 0, stem
+    for stem, tensors in (("rms_norm", 1), ("add_rms_norm", 3)):
+        code = cupy_sass[f"{stem}_{suffix}", arch]
+        assert count_exact(code, "LDG.E.128") >= tensors * constants["NORM_PACKS_PER_LANE"], stem
+        assert count_exact(code, "STG.E.128") >= constants["NORM_PACKS_PER_LANE"], stem
+    code, pairs = cupy_sass[f"qkv_heads_{suffix}", arch], constants["MAX_PAIRS_PER_LANE"]
+    assert count_exact(code, "LDG.E.128") == pairs * (6 + 2 * n // 4)
+    assert count_exact(code, "STG.E.128") == 2 * pairs

@@ -1,4 +1,4 @@
-// Shared device helpers: dtype conversion (all math in fp32) and warp/block reductions.
+// Shared device helpers: dtype conversion (all math in fp32), warp reductions, 16-byte packs.
 #pragma once
 #include <cuda_fp16.h>
 #include <cuda_bf16.h>
@@ -34,24 +34,61 @@ template <> __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(f
     return __float2bfloat16_rn(x);
 }
 
-__device__ __forceinline__ float warp_sum(float v) {
-    for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xffffffffu, v, offset);
+// Sum over aligned groups of `lanes` lanes (a power of 2 up to 32); every lane of the warp must
+// call it (the shuffles name all 32), and each gets its group's sum.
+__device__ __forceinline__ float group_sum(float v, int lanes) {
+    for (int offset = lanes >> 1; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xffffffffu, v, offset);
     return v;
 }
+
+__device__ __forceinline__ float warp_sum(float v) { return group_sum(v, 32); }
 
 __device__ __forceinline__ float warp_max(float v) {
     for (int offset = 16; offset > 0; offset >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, offset));
     return v;
 }
 
-// Sum over the whole block (blockDim.x a multiple of 32, at most 1024); every thread gets it.
-__device__ __forceinline__ float block_sum(float v) {
-    __shared__ float partial[32];
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
-    v = warp_sum(v);
-    __syncthreads();  // `partial` may still be read by a previous call
-    if (lane == 0) partial[warp] = v;
-    __syncthreads();
-    v = lane < warps ? partial[lane] : 0.0f;
-    return warp_sum(v);
+// N consecutive values of T moved by one access. 16 bytes is the widest global load and store
+// (LDG.E.128 / STG.E.128) and needs a 16-byte-aligned address; narrower packs align to their size.
+template <typename T, int N>
+struct alignas(N * sizeof(T) < 16 ? N * sizeof(T) : 16) Pack {
+    T v[N];
+};
+
+// Values of T in one 16-byte access: 8 of fp16 / bf16, 4 of fp32.
+template <typename T>
+__device__ constexpr int vector_width() { return 16 / sizeof(T); }
+
+// A pack of 16-byte multiples moves as whole float4 accesses, copied bit for bit to and from the
+// pack (the compiler may split a copy of a struct with an array inside, and the GPU requires,
+// as cudasim checks, each 16-byte access to be 16-byte aligned).
+template <typename T, int N>
+__device__ __forceinline__ Pack<T, N> load_pack(const T* at) {
+    Pack<T, N> pack;
+    if constexpr (N * sizeof(T) % 16 == 0) {
+#pragma unroll
+        for (int i = 0; i < N * (int)sizeof(T) / 16; ++i) {
+            const float4 piece = reinterpret_cast<const float4*>(at)[i];
+            memcpy(reinterpret_cast<char*>(&pack) + 16 * i, &piece, 16);
+        }
+    } else {
+        pack = *reinterpret_cast<const Pack<T, N>*>(at);
+    }
+    return pack;
 }
+
+template <typename T, int N>
+__device__ __forceinline__ void store_pack(T* at, const Pack<T, N>& pack) {
+    if constexpr (N * sizeof(T) % 16 == 0) {
+#pragma unroll
+        for (int i = 0; i < N * (int)sizeof(T) / 16; ++i) {
+            float4 piece;
+            memcpy(&piece, reinterpret_cast<const char*>(&pack) + 16 * i, 16);
+            reinterpret_cast<float4*>(at)[i] = piece;
+        }
+    } else {
+        *reinterpret_cast<Pack<T, N>*>(at) = pack;
+    }
+}
+
+__device__ __forceinline__ bool aligned_16(const void* at) { return ((unsigned long long)at & 15) == 0; }
