@@ -975,16 +975,20 @@ def test_help_and_a_user_model_read_nothing_of_the_demo_model(tiny, tmp_path):
     assert (tmp_path / "x.png").is_file()
 
 
+def ctrl_c_as_at_a_terminal() -> None:
+    """A child's preexec_fn: SIGINT at its default disposition, as under a terminal. A test run in
+    the background of a non-interactive shell inherits it ignored, and so would its child, which
+    Python then gives no KeyboardInterrupt."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def signalled_while_held(code: str, marker: Path, signum: int) -> tuple[int, str, str]:
     """(exit status, stdout, stderr) of `python -c CODE`, sent `signum` once it has created
     `marker` (where the code holds itself, so the signal lands there however fast this machine is)."""
-    import signal
     import time
 
-    # SIGINT at its default disposition, as under a terminal: a job started in the background of a
-    # non-interactive shell inherits it ignored, and Python then installs no KeyboardInterrupt.
     process = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                               preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+                               preexec_fn=ctrl_c_as_at_a_terminal)
     deadline = time.monotonic() + 120
     while not marker.exists() and process.poll() is None and time.monotonic() < deadline:
         time.sleep(0.05)
@@ -1979,7 +1983,8 @@ def batch_process(tmp_path: Path, address: str):
     environment = {key: value for key, value in os.environ.items() if key != "RAY_ADDRESS"}
     process = subprocess.Popen([sys.executable, "-m", "minit2i.cli", "batch", str(prompts), "--out",
                                 str(tmp_path / "run"), "--engine", "ray", "--ray-address", address, *EVAL_STEPS],
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=environment)
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=environment,
+                               preexec_fn=ctrl_c_as_at_a_terminal)
     try:
         yield process
     finally:
