@@ -486,11 +486,16 @@ def qkv_heads_now(tokens: int, heads: int, head_dim: int, item: int = 2) -> Memo
 EVENT_HOST_US = 5.0
 
 
+def cfg_image_rows(config: MMJiTConfig, size: int) -> int:
+    """The image stream's token rows in one batched CFG forward (the conditional and unconditional halves)."""
+    return 2 * (size // config.patch_size) ** 2
+
+
 def fused_kernel_launches(config: MMJiTConfig = MMJIT_B16, size: int = 512, item: int = 2) -> dict[str, MemoryLaunch]:
     """The fused kernels now at benchmarks/gpu.py's shapes (the image stream of one batched CFG
     forward), by the name of its case (geglu as swiglu: the same loads, tanh-GELU for SiLU); the
     blocks resident per SM are the bf16 entry points' on sm_90 (tests/test_kernels_compile.py)."""
-    tokens = 2 * (size // config.patch_size) ** 2
+    tokens = cfg_image_rows(config, size)
     d, hidden, heads, dh = config.hidden_size, config.mlp_hidden, config.num_heads, config.head_dim
     return {"rms_norm": rms_norm_now(tokens, d, item), "add_rms_norm": add_rms_norm_now(tokens, d, item),
             "swiglu": swiglu_now(tokens, hidden, item),
@@ -501,7 +506,7 @@ def fused_kernel_launches(config: MMJiTConfig = MMJIT_B16, size: int = 512, item
 def measured_cases(config: MMJiTConfig = MMJIT_B16,
                    size: int = 512) -> dict[str, tuple[MemoryLaunch, MemoryLaunch, float]]:
     """{kernel: (before, now, host µs inside the timing)} at the shapes H200_MEASURED was timed at."""
-    tokens = 2 * (size // config.patch_size) ** 2
+    tokens = cfg_image_rows(config, size)
     d, hidden, heads, dh = config.hidden_size, config.mlp_hidden, config.num_heads, config.head_dim
     now = fused_kernel_launches(config, size)
     return {"rms_norm": (rms_norm_before(tokens, d), now["rms_norm"], EVENT_HOST_US),
@@ -514,7 +519,7 @@ def small_kernel_launches(config: MMJiTConfig = MMJIT_B16,
     """(before, now, launches per forward) of the four fused kernels in one batched CFG forward:
     per block of each stream rms_norm, qkv_heads, add_rms_norm and swiglu, and the final norm."""
     d, hidden, heads, dh = config.hidden_size, config.mlp_hidden, config.num_heads, config.head_dim
-    text, image = 2 * config.prompt_length, 2 * (size // config.patch_size) ** 2
+    text, image = 2 * config.prompt_length, cfg_image_rows(config, size)
     found = [(rms_norm_before(image, d), rms_norm_now(image, d), 1)]
     for rows, blocks in ((text, config.txt_preamble_depth + config.depth_double), (image, config.depth_double)):
         found += [(rms_norm_before(rows, d), rms_norm_now(rows, d), blocks),
