@@ -246,6 +246,9 @@ def test_exports_dpg_grids_and_a_flat_folder(tmp_path):
     (["--out", "{tmp}/o"], "PROMPTS is missing"),
     (["{prompts}", "--out", "{tmp}/o", "-n", "0"], "-n/--images-per-prompt"),
     (["{prompts}", "--out", "{tmp}/o", "--workers", "0"], "--workers"),
+    (["{prompts}", "--out", "{tmp}/o", "--batch-size", "0"], "--batch-size must be an integer in [1, 4096], found 0"),
+    (["{prompts}", "--out", "{tmp}/o", "--batch_size", "-3"], "--batch-size must be an integer in [1, 4096], found -3"),
+    (["{prompts}", "--out", "{tmp}/o", "--batch-size", "two"], "argument --batch-size/--batch_size: invalid int"),
     (["{prompts}", "--out", "{tmp}/o", "--threads", "0"], "--threads"),
     (["{prompts}", "--out", "{tmp}/o", "--engine", "spark"], "--engine must be one of local, ray"),
     (["{prompts}", "--out", "{tmp}/o", "--export", "coco"], "--export must be one of dpg, flat"),
@@ -373,11 +376,11 @@ def test_a_prompts_folder_is_written_with_its_first_image(tmp_path, monkeypatch)
     prompts.write_text("".join(f"a red circle number {i}\n" for i in range(300)))
     draw, drawn = engines.Painter.draw, []
 
-    def two_then_stop(painter, job):
+    def two_then_stop(painter, group):
         if len(drawn) == 2:
             raise KeyboardInterrupt
-        drawn.append(job)
-        return draw(painter, job)
+        drawn.extend(group)
+        return draw(painter, group)
 
     monkeypatch.setattr(engines.Painter, "draw", two_then_stop)
     code, _, err = batch(prompts, "--out", tmp_path / "run")

@@ -28,6 +28,10 @@ def add_parser(sub) -> None:
     add_model_arguments(p)
     add_sampler_arguments(p)
     add_threads_argument(p)
+    p.add_argument("--batch-size", "--batch_size", dest="batch_size", type=int, default=None, metavar="N",
+                   help="images drawn together in one forward, each from its own seed (default: what the run "
+                        "folder records, else chosen from the backend and the free memory: 1 on numpy and "
+                        "cudasim, up to 16 on a GPU; said on the run's first line)")
     p.add_argument("--engine", default="local", metavar="|".join(ENGINES),
                    help="local: this process, or --workers processes; ray: a Ray cluster (the ray extra)")
     p.add_argument("--workers", type=int, default=None,
@@ -55,7 +59,7 @@ def run_batch_command(args) -> int:
         spec = Spec(model, t5, args.tokenizer, args.variant, args.jax_tree, args.backend, args.precision,
                     args.threads, tuple(keywords.items()))
         summary = run_batch(args.prompts, out, spec, args.images_per_prompt, args.seed, args.engine, args.workers,
-                            args.ray_address, progress=not args.quiet, command=sys.argv)
+                            args.ray_address, progress=not args.quiet, command=sys.argv, batch_size=args.batch_size)
         rate = f", {summary.drawn / summary.seconds:.2f} images/s" if summary.drawn and summary.seconds else ""
         emit(f"{printable(str(out), None)}: {summary.done_before + summary.drawn} of {summary.total} images done "
              f"({summary.drawn} drawn now{rate})")

@@ -19,12 +19,14 @@ from minit2i.core.errors import MiniT2IError
 from minit2i.core.images import png_bytes
 from minit2i.core.threads import check_threads, current_blas_threads
 
+from .grouping import chosen_batch_size, recorded_batch_size
 from .prompts import metadata_line, read_prompts
 from .store import IMAGES_PER_PROMPT, Store
 from .worker import Job, Spec, numerical_setup
 
 ENGINES = ("local", "ray")
 WORKERS = Range(1, 4096)
+BATCH_SIZE = Range(1, 4096)
 # run.json's parts that must match for a run to continue an existing folder (the others, such as
 # the paths the model was read from, may change between runs).
 COMPARED = ("settings", "numerical")
@@ -47,15 +49,17 @@ class Summary:
 
 def run_batch(prompt_file, out, spec: Spec, images_per_prompt: int = 1, seed: int = 42, engine: str = "local",
               workers: int | None = None, ray_address: str | None = None, progress: bool = True,
-              command: list[str] | None = None) -> Summary:
+              command: list[str] | None = None, batch_size: int | None = None) -> Summary:
     """Draw `images_per_prompt` images of each prompt of `prompt_file` into the run folder `out`
     (store.py), continuing what an earlier run with the same settings did there. Image i of the
-    run (prompt index * images_per_prompt + k) is drawn from seed + i. Cheap checks come first:
+    run (prompt index * images_per_prompt + k) is drawn from seed + i, in the group of images
+    i // batch_size (`groups`), all of whose images one forward draws; `batch_size` None: the one
+    the folder's run.json records, else `grouping.default_batch_size`. Cheap checks come first:
     the arguments, the prompt file, the model's configs and headers, then the folder."""
     from minit2i.api import check_call
-    from minit2i.pipeline import REQUEST_RANGES, check_backend, check_memory, make_request, run_threads
+    from minit2i.pipeline import REQUEST_RANGES, check_backend, make_request, run_threads
 
-    check_options(images_per_prompt, engine, workers, spec.threads)
+    check_options(images_per_prompt, engine, workers, spec.threads, batch_size)
     ray_address = check_engine(engine, ray_address)
     check_backend(spec.backend, spec.precision)
     prompt_path = user_path(prompt_file)
@@ -67,30 +71,35 @@ def run_batch(prompt_file, out, spec: Spec, images_per_prompt: int = 1, seed: in
     # against the cluster's nodes for Ray), not this machine's.
     pipe = dataclasses.replace(spec, threads=None).open_pipeline()
     request = make_request(pipe.files, prompts.prompts[0], given)
-    if spec.backend == "numpy":
-        check_memory(request, pipe.files)
     # One count for every worker, recorded: the one `generate` would choose (or the user's).
     spec = dataclasses.replace(spec, threads=run_threads(request, pipe.files, spec.threads)
                                or current_blas_threads() or 1)
+    batch_size, reason = chosen_batch_size(batch_size, recorded_batch_size(user_path(out)), spec.backend, request,
+                                           pipe.files, spec.precision)
     record = run_record(spec, pipe.files, request, prompts.sha256, len(prompts.prompts), images_per_prompt, seed,
-                        prompt_path, command)
+                        prompt_path, command, batch_size)
     with started_engine(engine, spec, workers, ray_address) as results_of:
         store = Store(user_path(out), record, COMPARED)
         try:
+            logging.getLogger("minit2i").info(f"note: {batch_size} image{'s' if batch_size > 1 else ''} a forward "
+                                              f"(--batch-size {batch_size}: {reason})")
             done = store.done()
             jobs = [Job(i * images_per_prompt + k, i, k, text, seed + i * images_per_prompt + k)
-                    for i, text in enumerate(prompts.prompts) for k in range(images_per_prompt)
-                    if (i, k) not in done]
+                    for i, text in enumerate(prompts.prompts) for k in range(images_per_prompt)]
             note_unknown_words(pipe.files.tokenizer, prompts.prompts)
             start = time.perf_counter()
-            draw(store, jobs, results_of, record["numerical"], prompts.metadata, count - len(jobs), count, progress)
-            return Summary(len(jobs), len(done), count, time.perf_counter() - start)
+            drawn = draw(store, groups(jobs, batch_size, done), results_of, record["numerical"], prompts.metadata,
+                         done, count, progress)
+            return Summary(drawn, len(done), count, time.perf_counter() - start)
         finally:
             store.close()
 
 
-def check_options(images_per_prompt: int, engine: str, workers: int | None, threads: int | None) -> None:
+def check_options(images_per_prompt: int, engine: str, workers: int | None, threads: int | None,
+                  batch_size: int | None = None) -> None:
     IMAGES_PER_PROMPT.check("-n/--images-per-prompt", images_per_prompt)
+    if batch_size is not None:
+        BATCH_SIZE.check("--batch-size", batch_size)
     if engine not in ENGINES:
         raise MiniT2IError(f"--engine must be one of {', '.join(ENGINES)}, found {engine!r}")
     if workers is not None:
@@ -109,18 +118,29 @@ def check_engine(engine: str, address: str | None) -> str | None:
     return checked_address(address)
 
 
-def draw(store: Store, jobs: list[Job], results_of, setup: dict, metadata: list[dict], done: int, total: int,
-         progress: bool) -> None:
-    """Run the engine (`results_of(jobs)`, from `started_engine`) over `jobs`; each image is
-    encoded and written by the writer threads while the engine draws on, a prompt's folder and
+def groups(jobs: list[Job], batch_size: int, done) -> list[list[Job]]:
+    """The groups of the run still to draw: jobs (every job of the run, in order) cut into groups
+    of `batch_size` from the first (the last group whatever is left), each kept whole where any
+    of its jobs is not in `done` ({(index, k): ...}). A continued run draws the groups an
+    uninterrupted one would, so that an image's arithmetic never depends on where a run stopped."""
+    cut = (jobs[start:start + batch_size] for start in range(0, len(jobs), batch_size))
+    return [group for group in cut if any((job.index, job.k) not in done for job in group)]
+
+
+def draw(store: Store, work: list[list[Job]], results_of, setup: dict, metadata: list[dict], done, total: int,
+         progress: bool) -> int:
+    """Run the engine (`results_of(groups)`, from `started_engine`) over the groups `work`; each
+    image not in `done` is encoded and written by the writer threads while the engine draws on
+    (one drawn again only to keep its group whole is not written), a prompt's folder and
     `metadata` line with its first image (a prompt file of millions of lines starts drawing at
-    once). Leaving early (an error, Ctrl-C, SIGTERM) lets the writes under way finish."""
+    once) -> the images written. Leaving early (an error, Ctrl-C, SIGTERM) lets the writes under
+    way finish."""
     from tqdm import tqdm
 
-    if not jobs:
-        return
-    by_number = {job.number: job for job in jobs}
-    bar = tqdm(total=total, initial=done, unit="image", desc="images", disable=not progress, file=sys.stderr)
+    by_number = {job.number: job for group in work for job in group if (job.index, job.k) not in done}
+    if not by_number:
+        return 0
+    bar = tqdm(total=total, initial=len(done), unit="image", desc="images", disable=not progress, file=sys.stderr)
 
     def write(job: Job, pixels) -> None:
         store.write_image(job.index, job.k, job.prompt, job.seed, png_bytes(pixels), metadata_line(metadata[job.index]))
@@ -128,13 +148,15 @@ def draw(store: Store, jobs: list[Job], results_of, setup: dict, metadata: list[
 
     pending: deque = deque()
     writer = ThreadPoolExecutor(WRITER_THREADS, thread_name_prefix="png-writer")
-    results = results_of(jobs)
+    results = results_of(work)
     try:
         for number, pixels, worker_setup in results:
             if worker_setup != setup:
                 changed = differences(setup, worker_setup)
                 raise MiniT2IError(f"a worker draws with another numerical setup than run.json records: "
                                    f"{changed[0]}; give every worker the same libraries and --threads")
+            if number not in by_number:
+                continue
             pending.append(writer.submit(write, by_number[number], pixels))
             while pending and (pending[0].done() or len(pending) > MAX_PENDING):
                 pending.popleft().result()
@@ -144,12 +166,13 @@ def draw(store: Store, jobs: list[Job], results_of, setup: dict, metadata: list[
         bar.close()
     for future in pending:
         future.result()
+    return len(by_number)
 
 
 @contextlib.contextmanager
 def started_engine(engine: str, spec: Spec, workers: int | None, ray_address: str | None):
-    """The engine, ready -> a function of the jobs to its (job number, pixels, numerical setup)
-    as jobs finish. Ray's cluster is joined (or started) and its nodes checked to hold the actors
+    """The engine, ready -> a function of the groups of jobs to its (job number, pixels, numerical
+    setup) as groups finish. Ray's cluster is joined (or started) and its nodes checked to hold the actors
     before the run folder is touched, and left at the end."""
     if engine == "ray":
         from .ray_engine import joined_cluster
@@ -159,11 +182,11 @@ def started_engine(engine: str, spec: Spec, workers: int | None, ray_address: st
         return
     from .engines import in_process, in_processes
 
-    yield (lambda jobs: in_process(jobs, spec)) if workers is None else (lambda jobs: in_processes(jobs, spec, workers))
+    yield (lambda work: in_process(work, spec)) if workers is None else (lambda work: in_processes(work, spec, workers))
 
 
 def run_record(spec: Spec, files, request, prompts_sha256: str, prompt_count: int, images_per_prompt: int,
-               seed: int, prompt_path: Path, command: list[str] | None) -> dict:
+               seed: int, prompt_path: Path, command: list[str] | None, batch_size: int = 1) -> dict:
     """run.json: the settings and numerical setup (compared when a run continues), where the
     model and prompts were read from, the command and the time."""
     setup = numerical_setup(spec)
@@ -177,6 +200,8 @@ def run_record(spec: Spec, files, request, prompts_sha256: str, prompt_count: in
             "prompts": {"sha256": prompts_sha256, "count": prompt_count},
             "images_per_prompt": images_per_prompt, "seed": seed,
             "seeds": "image i = prompt index * images_per_prompt + k is drawn from seed + i",
+            "batch_size": batch_size,
+            "groups": "image i is drawn in one forward with the other images of the group i // batch_size",
         },
         "numerical": setup,
         "sources": {"model": spec.model, "t5": spec.t5, "tokenizer": spec.tokenizer, "prompt_file": str(prompt_path)},

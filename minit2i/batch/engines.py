@@ -1,6 +1,7 @@
-"""The local engine: jobs drawn in this process, or in N spawned processes. Engines only
-compute: each yields (job number, uint8 pixels [H, W, 3], the worker's numerical setup) as jobs
-finish, in any order, and the driver writes. The Ray engine is in ray_engine.py (an extra).
+"""The local engine: groups of jobs drawn in this process, or in N spawned processes. Engines
+only compute: each takes the run's groups (each drawn whole, in one forward) and yields (job
+number, uint8 pixels [H, W, 3], the worker's numerical setup) as groups finish, in any order,
+and the driver writes. The Ray engine is in ray_engine.py (an extra).
 """
 
 from __future__ import annotations
@@ -14,26 +15,31 @@ from minit2i.core.errors import MiniT2IError
 from .worker import Job, Painter, Spec
 
 
-def in_process(jobs: list[Job], spec: Spec) -> Iterator[tuple]:
-    """Each job drawn here, one after the other."""
+def in_process(work: list[list[Job]], spec: Spec) -> Iterator[tuple]:
+    """Each group drawn here, one after the other."""
     painter = Painter(spec)
-    for job in jobs:
-        yield job.number, painter.draw(job), painter.setup
+    for group in work:
+        yield from drawn(painter, group)
 
 
-def in_processes(jobs: list[Job], spec: Spec, workers: int) -> Iterator[tuple]:
-    """The jobs spread over `workers` spawned processes, one pipeline each, each sent its next job
-    when it returns one (a slow image holds up no other). A process talks to the driver over a
+def drawn(painter: Painter, group: list[Job]) -> list[tuple]:
+    """A group drawn by `painter` -> (job number, pixels, numerical setup) of each of its jobs."""
+    return [(job.number, pixels, painter.setup) for job, pixels in zip(group, painter.draw(group))]
+
+
+def in_processes(work: list[list[Job]], spec: Spec, workers: int) -> Iterator[tuple]:
+    """The groups spread over `workers` spawned processes, one pipeline each, each sent its next
+    group when it returns one (a slow group holds up no other). A process talks to the driver over a
     pipe of its own: leaving early (an error, Ctrl-C) ends the processes, and a driver killed
     outright closes their pipes, which ends them too."""
     import multiprocessing
     from multiprocessing.connection import wait
 
     context = multiprocessing.get_context("spawn")
-    waiting = deque(jobs)
+    waiting = deque(work)
     processes, busy = [], []
     try:
-        for _ in range(min(workers, len(jobs))):
+        for _ in range(min(workers, len(work))):
             here, there = context.Pipe()
             process = context.Process(target=serve, args=(spec, there), daemon=True)
             process.start()
@@ -50,7 +56,7 @@ def in_processes(jobs: list[Job], spec: Spec, workers: int) -> Iterator[tuple]:
                                        "run the same command again to continue") from None
                 if isinstance(result, BaseException):
                     raise result
-                yield result
+                yield from result
                 if waiting:
                     link.send(waiting.popleft())
                 else:
@@ -64,7 +70,7 @@ def in_processes(jobs: list[Job], spec: Spec, workers: int) -> Iterator[tuple]:
 
 
 def serve(spec: Spec, link) -> None:
-    """A worker process: build the pipeline, then draw each job the driver sends until it sends
+    """A worker process: build the pipeline, then draw each group the driver sends until it sends
     None or goes away. Ctrl-C is the driver's to handle (it ends the workers)."""
     import threading
 
@@ -76,8 +82,8 @@ def serve(spec: Spec, link) -> None:
     tqdm.set_lock(threading.RLock())
     try:
         painter = Painter(spec)
-        while (job := link.recv()) is not None:
-            link.send((job.number, painter.draw(job), painter.setup))
+        while (group := link.recv()) is not None:
+            link.send(drawn(painter, group))
     except EOFError:
         return
     except Exception as err:  # noqa: BLE001 - the driver raises it, as the in-process engine would

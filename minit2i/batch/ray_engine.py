@@ -1,5 +1,6 @@
-"""The Ray engine (the `ray` extra): the jobs as a Ray Data dataset built in memory, drawn by
-`map_batches` over a pool of actors, one pipeline built inside each actor.
+"""The Ray engine (the `ray` extra): the groups of jobs as a Ray Data dataset built in memory,
+one row a group (so that Ray's batching cannot regroup them), drawn by `map_batches` over a pool
+of actors, one pipeline built inside each actor.
 
 The dataset comes from the planned jobs, not from a read step: a read task waiting for a CPU
 that the actor pool holds would deadlock. Ray's own checkpointing is not used: the driver's
@@ -50,17 +51,25 @@ ANSWER_SECONDS = 10
 
 
 class RayPainter:
-    """One actor of the pool: a `Painter` built here; a batch of jobs -> their pixels."""
+    """One actor of the pool: a `Painter` built here; a batch of rows, each a group of jobs (JSON,
+    `group_row`) -> one row per job with its pixels."""
 
     def __init__(self, spec: Spec):
         self.painter = Painter(spec)
         self.setup = json.dumps(self.painter.setup)
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        jobs = [Job(int(number), int(index), int(k), str(prompt), int(seed)) for number, index, k, prompt, seed
-                in zip(batch["number"], batch["index"], batch["k"], batch["prompt"], batch["seed"])]
-        return {"number": batch["number"], "pixels": np.stack([self.painter.draw(job) for job in jobs]),
+        work = [[Job(*fields) for fields in json.loads(str(row))] for row in batch["group"]]
+        jobs = [job for group in work for job in group]
+        return {"number": np.array([job.number for job in jobs]),
+                "pixels": np.concatenate([self.painter.draw(group) for group in work]),
                 "setup": np.array([self.setup] * len(jobs))}
+
+
+def group_row(group: list[Job]) -> dict[str, str]:
+    """A group as one dataset row: its jobs' fields as JSON (a prompt of any length or character
+    travels as it is)."""
+    return {"group": json.dumps([[job.number, job.index, job.k, job.prompt, job.seed] for job in group])}
 
 
 def checked_address(address: str | None) -> str | None:
@@ -163,20 +172,20 @@ def joined_cluster(spec: Spec, workers: int | None, address: str | None):
         gpus = 1 if spec.backend in GPU_BACKENDS else 0
         nodes = [node["Resources"] for node in ray.nodes() if node.get("Alive")]
         actors = actor_count(nodes, spec.threads, gpus, workers)
-        yield lambda jobs: on_ray(jobs, spec, actors, gpus)
+        yield lambda work: on_ray(work, spec, actors, gpus)
     finally:
         if started:
             ray.shutdown()
 
 
-def on_ray(jobs: list[Job], spec: Spec, actors: int, gpus: int) -> Iterator[tuple]:
-    """Each job drawn on the joined cluster by a pool of `actors` actors of `spec.threads` CPUs
+def on_ray(work: list[list[Job]], spec: Spec, actors: int, gpus: int) -> Iterator[tuple]:
+    """Each group drawn on the joined cluster by a pool of `actors` actors of `spec.threads` CPUs
     and `gpus` GPUs each."""
     import ray.data
 
     context = ray.data.DataContext.get_current()
     context.enable_progress_bars = False  # the driver's bar counts the images
-    rows = [{"number": j.number, "index": j.index, "k": j.k, "prompt": j.prompt, "seed": j.seed} for j in jobs]
+    rows = [group_row(group) for group in work]
     # max_restarts=0: an actor that dies stops the run, which its rerun continues (store.py). Ray
     # Data restarts actors by default, and Ray then logs an error line on every run (their
     # constructor's arguments in the object store could be lost); 2.60 takes the setting only as

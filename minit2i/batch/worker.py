@@ -1,5 +1,6 @@
-"""What every engine runs in each of its workers: one pipeline, built in the worker, drawing one
-image per job with the numerical setup of the run pinned.
+"""What every engine runs in each of its workers: one pipeline, built in the worker, drawing a
+group of jobs (the run's --batch-size of them) in one forward, with the numerical setup of the
+run pinned.
 
 The same pixels on every engine need the same arithmetic: the BLAS library splits a matrix
 product differently for another thread count (and another CPU kernel), which moves a pixel by a
@@ -85,7 +86,7 @@ def numerical_setup(spec: Spec) -> dict:
 
 
 class Painter:
-    """A worker's pipeline, loaded once, on the run's BLAS threads: `draw(job)` -> uint8 [H, W, 3]."""
+    """A worker's pipeline, loaded once, on the run's BLAS threads: `draw(group)` -> uint8 [N, H, W, 3]."""
 
     def __init__(self, spec: Spec):
         with notes_held():
@@ -94,10 +95,14 @@ class Painter:
         self.sampler = dict(spec.sampler)
         self.setup = numerical_setup(spec)
 
-    def draw(self, job: Job) -> np.ndarray:
-        """The pixels of one job, as `minit2i generate -p PROMPT -s SEED` draws them."""
+    def draw(self, group: list[Job]) -> np.ndarray:
+        """The pixels of a group of jobs, drawn in one forward of all their rows: each job's prompt,
+        and its noise from its own seed (`numpy.random.default_rng(seed)`, as `minit2i generate -p
+        PROMPT -s SEED` draws it) -> uint8 [len(group), H, W, 3]."""
+        generators = [np.random.default_rng(job.seed) for job in group]
         with notes_held():
-            return self.pipe(job.prompt, generator=job.seed, output_type="np", **self.sampler).images[0]
+            return self.pipe([job.prompt for job in group], generator=generators, output_type="np",
+                             **self.sampler).images
 
 
 @contextlib.contextmanager
