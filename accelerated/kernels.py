@@ -23,6 +23,7 @@ capture), the stand-in's `gemm` on cudasim.
 
 from __future__ import annotations
 
+import weakref
 from collections import Counter
 from functools import lru_cache
 from pathlib import Path
@@ -87,6 +88,9 @@ DEFAULT_SHARED_BYTES = 48 * 1024
 
 launch_counts: Counter = Counter()
 _device_caches: list = []
+# The runners' captured sampler steps (sampler.StepGraphs), which read the cached tables: they go
+# when the tables go. Weak: a runner's graphs live as long as the runner.
+_graph_caches: weakref.WeakSet = weakref.WeakSet()
 
 
 class ArrayModule:
@@ -116,9 +120,15 @@ def device_cache(maxsize: int):
     return wrap
 
 
+def register_graph_cache(graphs) -> None:
+    """Have `clear_device_caches` clear `graphs` (a `cache_clear()` of their own) too."""
+    _graph_caches.add(graphs)
+
+
 def clear_device_caches() -> None:
-    """Forget every compiled module and cached device array (the next use builds them anew)."""
-    for cached in _device_caches:
+    """Forget every compiled module, cached device array and captured step built on them (the
+    next use builds them anew)."""
+    for cached in [*_device_caches, *_graph_caches]:
         cached.cache_clear()
 
 

@@ -20,37 +20,61 @@ from minit2i.reference.sampler import StepInfo
 
 from . import kernels
 from .kernels import cp
-from .sampler import run_steps
+from .sampler import DeviceStep, StepGraphs, run_steps
 
 
 def sample_mean_flow_on_device(denoise: Callable, noise, context, mask, steps: int, omega: float,
                                interval: tuple[float, float], callback: Callable[[StepInfo], None] | None = None,
-                               use_graph: bool = True):
+                               use_graph: bool = True, graphs: StepGraphs | None = None):
     """Run the few-step sampler on the device: reference.mean_flow_sampler.sample_mean_flow's
-    arguments, plus `use_graph`.
+    arguments, plus `use_graph` and `graphs` (as for `sample_on_device`).
 
     denoise(x [B, C, H, W], h, omega, t_min, t_max (float32 [B] device arrays), context [B, L, Dc],
     mask [B, L]) -> x0 [B, C, H, W] (device); noise: host float32 [B, C, H, W]; context (network
-    dtype) and mask [B, L] device arrays -> device float32 state [B, C, H, W]. A callback gets
-    StepInfo(i, t_i, state, x0) whose arrays are device arrays the next step overwrites.
+    dtype) and mask [B, L] device arrays -> device float32 state [B, C, H, W], a buffer of `graphs`
+    that its next call of this shape overwrites. A callback gets StepInfo(i, t_i, state, x0) whose
+    arrays are device arrays the next step overwrites.
     """
-    batch = noise.shape[0]
-    state = cp.asarray(np.ascontiguousarray(noise, dtype=np.float32))
-    next_input = state.astype(context.dtype)
-    omega, t_min, t_max = (cp.full(batch, value, np.float32) for value in (omega, *interval))
-    h, factor = cp.empty(batch, np.float32), cp.empty(1, np.float32)
-    latest = {}  # the step's x0: once replays run, the captured step's own output buffer
-
-    def step():
-        latest["x0"] = denoise(next_input, h, omega, t_min, t_max, context, mask)
-        kernels.student_euler(state, next_input, latest["x0"], factor)
+    key = ("student", noise.shape, context.shape, str(context.dtype))
+    work = (graphs or StepGraphs(1)).get(key, lambda: StudentStep(denoise, noise.shape, context))
+    work.load(noise, context, mask, omega, interval)
 
     def write_scalars(length_and_factor):
         length, f = length_and_factor
-        h.fill(np.float32(length))
-        factor.fill(np.float32(f))
+        work.h.fill(np.float32(length))
+        work.factor.fill(np.float32(f))
 
     times = mean_flow_time_grid(steps)
-    after_step = (lambda i: callback(StepInfo(i, float(times[i]), state, latest["x0"]))) if callback else None
-    run_steps(step, zip(step_lengths(steps), mean_flow_step_factors(steps)), write_scalars, use_graph, after_step)
-    return state
+    after_step = (lambda i: callback(StepInfo(i, float(times[i]), work.state, work.outputs["x0"]))) if callback else None
+    run_steps(work, zip(step_lengths(steps), mean_flow_step_factors(steps)), write_scalars, use_graph, after_step)
+    return work.state
+
+
+class StudentStep(DeviceStep):
+    """The student's step on buffers for noise of `shape` [B, C, H, W] and prompts like `context`
+    [B, L, Dc]: one forward, then `student_euler`. omega and the interval are buffers too, written
+    by each call (a graph reads them at their addresses)."""
+
+    def __init__(self, denoise: Callable, shape: tuple, context):
+        super().__init__()
+        self.denoise = denoise
+        batch, length = shape[0], context.shape[1]
+        self.state = cp.empty(shape, dtype=np.float32)
+        self.next_input = cp.empty(shape, dtype=context.dtype)
+        self.context = cp.empty(context.shape, dtype=context.dtype)
+        self.mask = cp.empty((batch, length), dtype=np.float32)
+        self.omega, self.t_min, self.t_max, self.h = (cp.empty(batch, np.float32) for _ in range(4))
+        self.factor = cp.empty(1, np.float32)
+
+    def load(self, noise, context, mask, omega: float, interval: tuple[float, float]) -> None:
+        self.state[...] = cp.asarray(np.ascontiguousarray(noise, dtype=np.float32))
+        self.next_input[...] = self.state.astype(self.next_input.dtype)
+        self.context[...] = context
+        self.mask[...] = mask
+        for buffer, value in zip((self.omega, self.t_min, self.t_max), (omega, *interval)):
+            buffer.fill(np.float32(value))
+
+    def step(self) -> None:
+        self.outputs["x0"] = self.denoise(self.next_input, self.h, self.omega, self.t_min, self.t_max, self.context,
+                                          self.mask)
+        kernels.student_euler(self.state, self.next_input, self.outputs["x0"], self.factor)

@@ -14,7 +14,7 @@ from .kernels import bfloat16_dtype, require_gpu, use_array_module
 from .mean_flow import mean_flow_forward, upload_mean_flow
 from .mean_flow_sampler import sample_mean_flow_on_device
 from .mmjit import mmjit_forward, upload_mmjit
-from .sampler import sample_on_device
+from .sampler import StepGraphs, sample_on_device
 from .t5 import t5_encode, upload_t5
 
 PRECISIONS = ("fp32", "fp16", "bf16")
@@ -35,7 +35,8 @@ class CupyRunner:
 
     fp32 GEMMs run without TF32 (CuPy's default unless CUPY_TF32=1 is set), for parity with
     the reference. `use_graph` (default on) replays sampler steps 1.. as a captured CUDA graph,
-    falling back to eager steps with a one-line warning when capture fails.
+    falling back to eager steps with a one-line warning when capture fails; the graphs of the
+    last two shapes of work are kept (`graphs`) and replayed by the next calls of that shape.
     """
 
     name = "cupy"
@@ -44,6 +45,7 @@ class CupyRunner:
         self.cp = self.array_module()
         self.dtype = precision_dtype(precision)
         self.use_graph = use_graph
+        self.graphs = StepGraphs()
         self.mmjit_config, self.t5_config = mmjit.config, t5.config
         upload = upload_mean_flow if isinstance(mmjit.config, MeanFlowConfig) else upload_mmjit
         self.mmjit_params = upload(nest(mmjit.tensors), mmjit.config, self.dtype)
@@ -71,14 +73,14 @@ class CupyRunner:
     def sample(self, noise, context, mask, steps, cfg_scale, a_min, callback=None) -> np.ndarray:
         """Host noise [B, C, H, W] -> final image state [B, C, H, W] as float32 NumPy."""
         state = sample_on_device(self.denoise, noise, *self.prompt_on_device(context, mask), steps, cfg_scale,
-                                 a_min, callback, self.use_graph)
+                                 a_min, callback, self.use_graph, self.graphs)
         return self.to_host(state)
 
     def sample_mean_flow(self, noise, context, mask, steps, omega, interval, callback=None) -> np.ndarray:
         """The student's few-step sampler: host noise [B, C, H, W] -> final image state [B, C, H, W]
         as float32 NumPy (guidance scale omega, guidance interval (t_min, t_max))."""
         state = sample_mean_flow_on_device(self.denoise_student, noise, *self.prompt_on_device(context, mask),
-                                           steps, omega, interval, callback, self.use_graph)
+                                           steps, omega, interval, callback, self.use_graph, self.graphs)
         return self.to_host(state)
 
     def prompt_on_device(self, context, mask):

@@ -11,11 +11,18 @@ accelerated/cublas.py, so the capture allocates neither), step 1 is captured on 
 private memory pool that stays alive with the graph, and it and every later step replay it after
 writing their factor into the captured device scalar. If the capture fails, one warning line
 says why and the sampler goes on eagerly (see docs/kernels.md).
+
+A runner keeps its captured steps (`StepGraphs`), one per shape of the work, each with the device
+buffers it reads and writes: the next call of that shape (a batch run's next group of images)
+copies its noise and prompts into those buffers and replays the same graph, so a run captures
+once per group shape. Step 0 of every call still runs eagerly, so that an image's arithmetic
+does not depend on whether its group was the first of its shape.
 """
 
 from __future__ import annotations
 
 import logging
+from collections import OrderedDict
 from typing import Callable, Iterable
 
 import numpy as np
@@ -28,57 +35,127 @@ from .kernels import cp
 log = logging.getLogger("minit2i.accelerated")  # the CLI prints these notes as one stderr line each
 
 
+# A runner's captured steps: a batch run's group shape and its last, smaller group.
+GRAPHS_KEPT = 2
+
+
 def sample_on_device(denoise: Callable, noise, context, mask, steps: int, cfg_scale: float, a_min: float,
-                     callback: Callable[[StepInfo], None] | None = None, use_graph: bool = True):
-    """Run the sampler on the device: reference.sampler.sample's arguments, plus `use_graph`.
+                     callback: Callable[[StepInfo], None] | None = None, use_graph: bool = True,
+                     graphs: StepGraphs | None = None):
+    """Run the sampler on the device: reference.sampler.sample's arguments, plus `use_graph` and
+    `graphs`, the caller's captured steps (None: captured for this call only).
 
     denoise(x [2B, C, H, W], context [2B, L, Dc], mask [2B, L]) -> x0 [2B, C, H, W] (device);
     noise: host float32 [B, C, H, W]; context [B, L, Dc] (network dtype) and mask [B, L]
-    device arrays -> device float32 state [B, C, H, W]. A callback gets StepInfo whose x and
-    x0 are device arrays that the next step overwrites (copy them to keep them).
+    device arrays -> device float32 state [B, C, H, W], a buffer of `graphs` that its next call
+    of this shape overwrites (copy it to keep it). A callback gets StepInfo whose x and x0 are
+    device arrays that the next step overwrites (copy them to keep them).
     """
-    dtype = context.dtype
-    both_context = cp.concatenate([context, context])
-    both_mask = cp.concatenate([mask, cp.zeros_like(mask)])
-    state = cp.asarray(np.ascontiguousarray(noise, dtype=np.float32))
-    next_input = cp.concatenate([state, state]).astype(dtype)
-    x0_guided = cp.empty_like(state)
-    factor = cp.empty(1, dtype=np.float32)
-
-    def step():
-        x0_both = denoise(next_input, both_context, both_mask)
-        kernels.cfg_euler(state, next_input, x0_both, x0_guided, cfg_scale, factor)
-
+    key = ("guided", noise.shape, context.shape, str(context.dtype), float(cfg_scale))
+    work = (graphs or StepGraphs(1)).get(key, lambda: GuidedStep(denoise, noise.shape, context, cfg_scale))
+    work.load(noise, context, mask)
     t = time_grid(steps)
-    after_step = (lambda i: callback(StepInfo(i, float(t[i]), state, x0_guided))) if callback else None
-    run_steps(step, step_factors(steps, a_min), lambda f: factor.fill(np.float32(f)), use_graph, after_step)
-    return state
+    after_step = (lambda i: callback(StepInfo(i, float(t[i]), work.state, work.x0_guided))) if callback else None
+    run_steps(work, step_factors(steps, a_min), lambda f: work.factor.fill(np.float32(f)), use_graph, after_step)
+    return work.state
 
 
-def run_steps(step: Callable[[], None], per_step: Iterable, write_scalars: Callable, use_graph: bool,
+class StepGraphs:
+    """Captured sampler steps by the shape of their work, the `capacity` used last kept (a bounded
+    share of device memory: each holds its buffers and the temporaries of one forward). Cleared
+    with the twin's device caches (`kernels.clear_device_caches`), whose tables the graphs read."""
+
+    def __init__(self, capacity: int = GRAPHS_KEPT):
+        self.capacity = capacity
+        self.entries: OrderedDict = OrderedDict()
+        kernels.register_graph_cache(self)
+
+    def get(self, key, build: Callable):
+        """The work of `key`, made by `build()` if it is not kept (dropping the least recently used)."""
+        if key in self.entries:
+            self.entries.move_to_end(key)
+            return self.entries[key]
+        work = self.entries[key] = build()
+        while len(self.entries) > self.capacity:
+            self.entries.popitem(last=False)
+        return work
+
+    def cache_clear(self) -> None:
+        self.entries.clear()
+
+
+class DeviceStep:
+    """One sampler step's device buffers, `step()` on them, and its captured graph once captured
+    (`graph`); `outputs` holds what the step hands the callback that is not a buffer of its own
+    (the student's x0: at capture, an array of the graph's pool, which every replay rewrites)."""
+
+    graph: CapturedStep | None = None
+
+    def __init__(self):
+        self.outputs: dict = {}
+        self.graph_outputs: dict = {}
+
+    def step(self) -> None:
+        raise NotImplementedError
+
+
+class GuidedStep(DeviceStep):
+    """The guided Euler step of `sample_on_device` on buffers for noise of `shape` [B, C, H, W] and
+    prompts like `context` [B, L, Dc]: [x ; x] into one [2B] forward, then `cfg_euler`."""
+
+    def __init__(self, denoise: Callable, shape: tuple, context, cfg_scale: float):
+        super().__init__()
+        self.denoise, self.cfg_scale = denoise, cfg_scale
+        batch, length = context.shape[:2]
+        self.state = cp.empty(shape, dtype=np.float32)
+        self.next_input = cp.empty((2 * shape[0], *shape[1:]), dtype=context.dtype)
+        self.both_context = cp.empty((2 * batch, *context.shape[1:]), dtype=context.dtype)
+        self.both_mask = cp.zeros((2 * batch, length), dtype=np.float32)
+        self.x0_guided = cp.empty(shape, dtype=np.float32)
+        self.factor = cp.empty(1, dtype=np.float32)
+
+    def load(self, noise, context, mask) -> None:
+        """A call's host noise and device prompts into the buffers (the unconditional half of the
+        mask stays zero)."""
+        batch = noise.shape[0]
+        self.state[...] = cp.asarray(np.ascontiguousarray(noise, dtype=np.float32))
+        self.next_input[:batch] = self.state.astype(self.next_input.dtype)
+        self.next_input[batch:] = self.next_input[:batch]
+        self.both_context[:batch] = context
+        self.both_context[batch:] = context
+        self.both_mask[:batch] = mask
+
+    def step(self) -> None:
+        x0_both = self.denoise(self.next_input, self.both_context, self.both_mask)
+        kernels.cfg_euler(self.state, self.next_input, x0_both, self.x0_guided, self.cfg_scale, self.factor)
+
+
+def run_steps(work: DeviceStep, per_step: Iterable, write_scalars: Callable, use_graph: bool,
               after_step: Callable[[int], None] | None = None) -> None:
-    """Run `step` once per item of `per_step`, after `write_scalars(item)` has put that step's
+    """Run `work.step` once per item of `per_step`, after `write_scalars(item)` has put that step's
     scalars into the device memory the step reads (the loop of `sample_on_device` and of the
     student's `sample_mean_flow_on_device`).
 
-    With `use_graph`, step 0 runs eagerly and step 1 is captured (`try_capture`) and replayed for
-    every later step; the scalars written before a replay are what it reads, since the graph holds
-    their addresses, not their values. `per_step` is iterated lazily, one item per step.
-    `after_step(i)` runs once step i has finished on the device.
+    With `use_graph`, step 0 runs eagerly and the others replay `work.graph`, captured at step 1
+    (`try_capture`) unless an earlier call captured it; the scalars written before a replay are
+    what it reads, since the graph holds their addresses, not their values. `per_step` is
+    iterated lazily, one item per step. `after_step(i)` runs once step i has finished on the
+    device.
     """
-    graph = None
     own_stream = use_graph  # capture needs a stream of its own (still used if capture fails)
     stream = capture_stream() if own_stream else cp.cuda.get_current_stream()
     with stream:
         for i, item in enumerate(per_step):
             write_scalars(item)
-            if use_graph and graph is None and i > 0:
-                graph = try_capture(step, stream)
-                use_graph = graph is not None
-            if graph is not None:
-                graph.launch(stream)
+            if use_graph and work.graph is None and i > 0:
+                work.graph = try_capture(work.step, stream)
+                work.graph_outputs = dict(work.outputs)
+                use_graph = work.graph is not None
+            if use_graph and i > 0:
+                work.graph.launch(stream)
+                work.outputs.update(work.graph_outputs)
             else:
-                step()
+                work.step()
             if after_step:
                 # Wait for the step so per-step timings measure GPU work, not kernel launches.
                 stream.synchronize()
