@@ -19,7 +19,7 @@ from minit2i.core.errors import MiniT2IError
 from minit2i.core.images import png_bytes
 from minit2i.core.threads import check_threads, current_blas_threads
 
-from .prompts import metadata_line, read_prompts
+from .prompts import read_prompts
 from .store import IMAGES_PER_PROMPT, Store
 from .worker import Job, Spec, numerical_setup
 
@@ -109,7 +109,7 @@ def check_engine(engine: str, address: str | None) -> str | None:
     return checked_address(address)
 
 
-def draw(store: Store, jobs: list[Job], results_of, setup: dict, metadata: list[dict], done: int, total: int,
+def draw(store: Store, jobs: list[Job], results_of, setup: dict, metadata: list[bytes], done: int, total: int,
          progress: bool) -> None:
     """Run the engine (`results_of(jobs)`, from `started_engine`) over `jobs`; each image is
     encoded and written by the writer threads while the engine draws on, a prompt's folder and
@@ -123,7 +123,7 @@ def draw(store: Store, jobs: list[Job], results_of, setup: dict, metadata: list[
     bar = tqdm(total=total, initial=done, unit="image", desc="images", disable=not progress, file=sys.stderr)
 
     def write(job: Job, pixels) -> None:
-        store.write_image(job.index, job.k, job.prompt, job.seed, png_bytes(pixels), metadata_line(metadata[job.index]))
+        store.write_image(job.index, job.k, job.prompt, job.seed, png_bytes(pixels), metadata[job.index])
         bar.update(1)
 
     pending: deque = deque()
