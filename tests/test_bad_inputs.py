@@ -2058,10 +2058,13 @@ needs_ray = pytest.mark.skipif(importlib.util.find_spec("ray") is None,
     ("127.0.0.1:1", "--ray-address 127.0.0.1:1: the Ray cluster does not answer (Connection refused)"),
     ("nonsense.invalid:99", "cannot find the host nonsense.invalid"),
     ("ray://127.0.0.1:10001", "is a Ray Client address, and Ray Data, which --engine ray runs on, does not run"),
+    ("head..cluster:6379", "cannot find the host head..cluster (not a host name: a part between dots is empty"),
+    (f"{'a' * 64}.cluster:6379", "(not a host name: a part between dots is empty or longer than 63 characters)"),
 ])
 def test_ray_addresses_are_checked_before_ray_starts(tmp_path, monkeypatch, address, words):
     """--ray-address garbage or "" was a 31-line traceback from ray.init; an address that does not
-    answer hung for as long as it was let run, deaf to Ctrl-C. The same checks hold for RAY_ADDRESS."""
+    answer hung for as long as it was let run, deaf to Ctrl-C; a host name with an empty label or
+    one of 64 bytes was a 39-line UnicodeError traceback. The same checks hold for RAY_ADDRESS."""
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("a red circle\n")
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
@@ -2150,6 +2153,113 @@ def test_a_silent_ray_address_is_waited_for_a_bounded_time_and_ctrl_c_ends_the_w
     assert process.returncode == status, err
     assert "Traceback" not in err.decode()
     assert last in err.decode().splitlines()[-1]
+    assert not (tmp_path / "run").exists()
+
+
+@contextlib.contextmanager
+def settings_then_silence():
+    """A loopback port whose server answers the opening of HTTP/2 with its settings, then nothing:
+    (the port's number, an event set once a call has come)."""
+    import socket
+    import threading
+
+    from minit2i.batch.ray_engine import HTTP2_PREFACE, SETTINGS, frame
+
+    listener = socket.create_server(("127.0.0.1", 0))
+    listener.settimeout(60)
+    called, held = threading.Event(), []
+
+    def serve():
+        with contextlib.suppress(OSError):
+            connection, _ = listener.accept()
+            held.append(connection)
+            connection.recv(len(HTTP2_PREFACE) + 9, socket.MSG_WAITALL)
+            connection.sendall(frame(SETTINGS, 0, 0, b""))
+            if connection.recv(1024):
+                called.set()
+
+    server = threading.Thread(target=serve, daemon=True)
+    server.start()
+    try:
+        yield listener.getsockname()[1], called
+    finally:
+        listener.close()
+        server.join(60)
+        for connection in held:
+            connection.close()
+
+
+@needs_ray
+@pytest.mark.parametrize("signum, status, last", [
+    (signal.SIGTERM, 143, "minit2i: terminated"),
+    (None, 2, "something there opens HTTP/2 connections but does not answer a call as a Ray cluster does (no answer "
+              "within 10 s)")])
+def test_an_address_that_opens_http2_and_then_says_nothing_is_refused_before_ray_starts(tmp_path, signum, status,
+                                                                                       last):
+    """It passed the address check (which waited for HTTP/2's settings only), and ray.init then
+    waited for over 7 minutes. The check now makes a gRPC call, which a Ray head answers in
+    milliseconds: refused after 10 s, or at SIGTERM (hang guards of 60 s: the process starts in 2-3 s)."""
+    with settings_then_silence() as (port, called), batch_process(tmp_path, f"127.0.0.1:{port}") as process:
+        if signum is not None:
+            assert called.wait(60)
+            process.send_signal(signum)
+        _, err = process.communicate(timeout=60)
+    assert process.returncode == status, err
+    assert "Traceback" not in err.decode()
+    assert last in err.decode().splitlines()[-1]
+    assert not (tmp_path / "run").exists()
+
+
+# A stand-in for a name server that does not answer: glibc's resolver retries in C, where Python runs
+# no signal handler until it returns; here the signals are held in the thread of the lookup for as
+# long, which has the same effect on the thread that looks up (and none on any other).
+SILENT_NAME_SERVER = """
+import pathlib, signal, socket, sys, time
+
+def lookup_of_a_silent_name_server(*args, **kwargs):
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+    pathlib.Path(sys.argv[1]).touch()
+    time.sleep(300)
+    raise socket.gaierror(socket.EAI_AGAIN, "Temporary failure in name resolution")
+
+socket.getaddrinfo = lookup_of_a_silent_name_server
+from minit2i.cli import main
+sys.exit(main(sys.argv[2:]))
+"""
+
+
+@needs_ray
+@pytest.mark.parametrize("signum, status, last", [
+    (signal.SIGTERM, 143, "minit2i: terminated"),
+    (signal.SIGINT, 130, "minit2i: interrupted"),
+    (None, 2, "minit2i: error: --ray-address head.example:6379: cannot find the host head.example (no answer from "
+              "the name server within 10 s); start the cluster (ray start --head) or correct the address")])
+def test_a_name_lookup_that_gets_no_answer_ends_at_its_deadline_or_a_signal(tmp_path, signum, status, last):
+    """Ctrl-C and SIGTERM waited for the lookup of the head's name (28 s with a silent name server,
+    which had no deadline either). Now the lookup is waited for at most 10 s, and a signal ends the
+    wait at once (hang guards of 30 s, the process starting in 2-3 s)."""
+    prompts, looking = tmp_path / "prompts.txt", tmp_path / "looking-up"
+    prompts.write_text("a red circle\n")
+    environment = {key: value for key, value in os.environ.items() if key != "RAY_ADDRESS"}
+    process = subprocess.Popen([sys.executable, "-c", SILENT_NAME_SERVER, str(looking), "batch", str(prompts),
+                                "--out", str(tmp_path / "run"), "--engine", "ray", "--ray-address", "head.example:6379",
+                                *EVAL_STEPS], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=environment,
+                               preexec_fn=ctrl_c_as_at_a_terminal)
+    try:
+        for _ in range(300):
+            if looking.exists() or process.poll() is not None:
+                break
+            time.sleep(0.1)
+        assert looking.exists(), process.communicate()
+        if signum is not None:
+            process.send_signal(signum)
+        _, err = process.communicate(timeout=30)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    assert process.returncode == status, err
+    assert err.decode().splitlines()[-1] == last
     assert not (tmp_path / "run").exists()
 
 
@@ -2246,18 +2356,24 @@ def test_generated_ray_arguments(tmp_path, address, flags):
 
 
 @needs_ray
-def test_a_cluster_gone_without_ray_stop_is_one_line(tmp_path, monkeypatch):
+@pytest.mark.parametrize("address, words", [
+    ("127.0.0.1:1", "the Ray cluster does not answer (Connection refused); start it again"),
+    ("head..cluster:6379", "cannot find the host head..cluster (not a host name: a part between dots is empty or "
+                           "longer than 63 characters); start it again"),
+])
+def test_a_cluster_gone_without_ray_stop_is_one_line(tmp_path, monkeypatch, address, words):
     """Without an address Ray joins the cluster `ray start` last started on this machine, from the
-    address it keeps in a file: one stopped without `ray stop` left the run waiting for minutes."""
+    address it keeps in a file: one stopped without `ray stop` left the run waiting for minutes, and
+    a host name there with an empty label was a UnicodeError traceback."""
     import ray._private.utils
 
     address_file = tmp_path / "ray_current_cluster"
-    address_file.write_text("127.0.0.1:1")
+    address_file.write_text(address)
     monkeypatch.setattr(ray._private.utils, "get_ray_address_file", lambda temp_dir: str(address_file))
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("a red circle\n")
     outcome = within(60, lambda: run_cli("batch", prompts, "--out", tmp_path / "run", "--engine", "ray", *EVAL_STEPS))
-    assert_one_line_error(*outcome, f'the Ray cluster last started on this machine ({address_file}: "127.0.0.1:1"): '
-                                    "the Ray cluster does not answer (Connection refused); start it again")
+    assert_one_line_error(*outcome, f'the Ray cluster last started on this machine ({address_file}: "{address}"): '
+                                    f"{words}")
     assert not (tmp_path / "run").exists()
