@@ -106,6 +106,13 @@ def human_size(size: float, binary: bool = False) -> str:
             return f"{value:.1f} {unit}"
 
 
+def sizes_compared(size: int, limit: int) -> tuple[str, str]:
+    """(`size`, `limit`) as a line that says one is over the other shows them: `human_size`'s,
+    or byte counts where those would read the same ("1.0 MB, more than the 1.0 MB")."""
+    shown_size, shown_limit = human_size(size), human_size(limit)
+    return (f"{size:,} bytes", f"{limit:,} bytes") if shown_size == shown_limit else (shown_size, shown_limit)
+
+
 def _number(x: float) -> str:
     return str(x) if isinstance(x, int) else f"{x:g}"
 
@@ -160,8 +167,9 @@ def _check_kind_and_size(info: os.stat_result, path: Path, what: str, limit: int
     if not stat.S_ISREG(info.st_mode):
         raise MiniT2IError(f"{what} {path}: expected a file, found a {file_kind(info.st_mode)}; check the path")
     if info.st_size > limit:
-        raise MiniT2IError(f"{what} {path} is {human_size(info.st_size)}, more than the {human_size(limit)} "
-                           f"such a file can be; check that it is the right file")
+        found, most = sizes_compared(info.st_size, limit)
+        raise MiniT2IError(f"{what} {path} is {found}, more than the {most} such a file can be; check that it is the "
+                           "right file")
 
 
 def parse_json(data: bytes, what: str, path) -> object:

@@ -29,8 +29,10 @@ def write_temporary(path: Path, write: Callable[[BinaryIO], object]) -> str:
         with os.fdopen(fd, "wb") as f:
             os.chmod(tmp, 0o666 & ~_current_umask())  # mkstemp makes the file private (0600)
             write(f)
-    except BaseException:
+    except BaseException as err:
         Path(tmp).unlink(missing_ok=True)
+        if isinstance(err, OSError) and err.filename is None:  # a full disk names the file it could not write
+            raise OSError(err.errno, err.strerror, str(path)) from None
         raise
     return tmp
 

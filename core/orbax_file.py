@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .checks import JSON_LIMIT, file_kind, human_size, parse_json, read_limited, shown, walk
+from .checks import JSON_LIMIT, file_kind, parse_json, read_limited, shown, sizes_compared, walk
 from .errors import MiniT2IError
 
 ORBAX_METADATA = "_METADATA"
@@ -104,8 +104,9 @@ class OrbaxArrays:
             raise MiniT2IError(f"{where}: expected a shape (list of sizes) and a dtype, found {shown(meta)}; "
                                "re-download the checkpoint")
         if 4 * math.prod(shape) > ARRAY_LIMIT:
-            raise MiniT2IError(f"{where} declares a shape of {human_size(4 * math.prod(shape))} ({shape}), more than "
-                               f"the {human_size(ARRAY_LIMIT)} a leaf can hold; re-download the checkpoint")
+            found, most = sizes_compared(4 * math.prod(shape), ARRAY_LIMIT)
+            raise MiniT2IError(f"{where} declares a shape of {found} ({shape}), more than the {most} a leaf can hold; "
+                               "re-download the checkpoint")
         for chunks in _chunk_shapes(meta):
             if not (_is_sizes(chunks, 1) and len(chunks) == len(shape)
                     and all(c <= max(n, 1) for c, n in zip(chunks, shape))):
@@ -171,5 +172,6 @@ def check_store_files(folder: Path) -> None:
             kind = "a link to a folder" if stat.S_ISDIR(info.st_mode) else f"a {file_kind(info.st_mode)}"
             raise MiniT2IError(f"{path}: expected a file of the checkpoint, found {kind}; re-download it")
         if entry.name == MANIFEST and info.st_size > MANIFEST_LIMIT:
-            raise MiniT2IError(f"{path} is {human_size(info.st_size)}, more than the {human_size(MANIFEST_LIMIT)} "
-                               "an OCDBT manifest can be; re-download the checkpoint")
+            found, most = sizes_compared(info.st_size, MANIFEST_LIMIT)
+            raise MiniT2IError(f"{path} is {found}, more than the {most} an OCDBT manifest can be; re-download the "
+                               "checkpoint")

@@ -18,7 +18,7 @@ from typing import NamedTuple
 import numpy as np
 from safetensors import SafetensorError, safe_open
 
-from .checks import human_size, open_checked, parse_json
+from .checks import open_checked, parse_json, sizes_compared
 from .errors import MiniT2IError
 
 # Stored dtype -> the NumPy dtype its bytes are viewed as (bfloat16 as its raw 16 bits).
@@ -70,8 +70,9 @@ def read_header(path: Path) -> FileHeader:
             size = os.fstat(f.fileno()).st_size
             length = int.from_bytes(f.read(8), "little")
             if HEADER_LIMIT < length <= size - 8:
-                raise MiniT2IError(f"{path} declares a safetensors header of {human_size(length)}, more than "
-                                   f"the {human_size(HEADER_LIMIT)} a model's header can be; {fix}")
+                found, most = sizes_compared(length, HEADER_LIMIT)
+                raise MiniT2IError(f"{path} declares a safetensors header of {found}, more than the {most} a model's "
+                                   f"header can be; {fix}")
             raw = f.read(length) if length <= size - 8 else b""
     except OSError as err:
         raise MiniT2IError(f"cannot read {path}: {err.strerror or err}") from None

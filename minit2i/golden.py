@@ -46,7 +46,7 @@ from typing import Callable
 
 import numpy as np
 
-from minit2i.core.checks import created_folder, human_size, open_checked, read_json_object, shown
+from minit2i.core.checks import created_folder, human_size, open_checked, read_json_object, shown, sizes_compared
 from minit2i.core.errors import MiniT2IError
 from minit2i.core.files import write_atomically
 from minit2i.core.images import to_pixels
@@ -442,8 +442,8 @@ def _read_npz(f) -> dict[str, np.ndarray]:
     with zipfile.ZipFile(f) as archive:
         for info in archive.infolist():
             if info.file_size > ARRAYS_LIMIT:
-                raise ValueError(f"member {info.filename} unpacks to {human_size(info.file_size)}, more than "
-                                 f"{human_size(ARRAYS_LIMIT)}")
+                found, most = sizes_compared(info.file_size, ARRAYS_LIMIT)
+                raise ValueError(f"member {info.filename} unpacks to {found}, more than {most}")
             with archive.open(info) as member:
                 version = np.lib.format.read_magic(member)
                 if version not in NPY_HEADER_READERS:

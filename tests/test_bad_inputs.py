@@ -1717,6 +1717,25 @@ def test_generated_learn_run_folders(learnt_run, data):
             assert_learn_error((code, out, err))
 
 
+@pytest.mark.parametrize("damage", [b"{not JSON\n", b'{"step": "two"}\n'])
+def test_learn_refuses_a_damaged_log_before_it_trains(learnt_run, tmp_path, damage):
+    """A damaged log was found only after training: learn rewrote the checkpoint and appended its new
+    steps after the bad line, then refused. Now the run is left as it was, byte for byte."""
+    from minit2i.training import learn
+
+    run = tmp_path / "run"
+    shutil.copytree(learnt_run, run, symlinks=True)
+    bad_line = len(log_lines(run)) + 1
+    with open(run / "log.jsonl", "ab") as log:
+        log.write(damage)
+    before = {path: (path.read_bytes(), path.stat().st_mtime_ns) for path in run.rglob("*") if path.is_file()}
+    err = io.StringIO()
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
+        code = within(120, lambda: learn.main(["--out", str(run), "--steps", "6", "--eval-prompts", "2"]))
+    assert_learn_error((code, "", err.getvalue()), f"line {bad_line} of the training log")
+    assert {path: (path.read_bytes(), path.stat().st_mtime_ns) for path in run.rglob("*") if path.is_file()} == before
+
+
 # ---------------------------------------------------------------------------------------------
 # The evaluation path: batch's prompt file and run folder, its exports, score and the Ray engine
 
@@ -1820,7 +1839,7 @@ RUN_DAMAGE = {
         lambda run: swap_image(run, 1, 3, png_bytes(np.zeros((8, 8, 3), np.uint8))), "score",
         ["0003.png is 8 x 8 pixels, not an image of this run of 64 x 64"]),
     "a manifest of over 1 GiB": (lambda run: os.truncate(run / "manifest.jsonl", 2**30 + 1), "flat",
-                                 ["manifest.jsonl is 1.1 GB, more than the"]),
+                                 ["manifest.jsonl is 1,073,741,825 bytes, more than the 1,073,741,824 bytes"]),
 }
 
 
@@ -1867,6 +1886,105 @@ def test_the_run_folders_files_are_read_as_files_from_outside(scored_run, tmp_pa
     else:
         assert_one_line_error(code, out, err, *words)
     assert tree(tmp_path) == before
+
+
+def test_a_prompt_line_the_limits_take_draws_a_run_its_readers_take(tmp_path):
+    """A line of GenEval's metadata just under the line limit, of numbers written short (1e15):
+    json.dumps wrote it back four times as long (1000000000000000.0), a metadata.jsonl of 2 MB
+    that the DPG export (and score) then refused. It is kept byte for byte now."""
+    from minit2i.batch.prompts import PROMPT_LINE_LIMIT
+
+    head = b'{"prompt": "a red circle", "id": "long", "numbers": ['
+    count = (PROMPT_LINE_LIMIT - len(head) - 2) // 5
+    line = head + b",".join([b"1e15"] * count) + b"]}"
+    assert len(line) <= PROMPT_LINE_LIMIT and len(json.dumps(json.loads(line))) > 2**20
+    (tmp_path / "long.jsonl").write_bytes(line + b"\n")
+    code, _, err = run_cli("batch", tmp_path / "long.jsonl", "--out", tmp_path / "run", "-n", "4", "--export", "dpg",
+                           *EVAL_STEPS)
+    assert code == 0, err
+    assert (tmp_path / "run/00000/metadata.jsonl").read_bytes() == line + b"\n"
+    assert [path.name for path in (tmp_path / "run/dpg").iterdir()] == ["long.png"]
+
+
+def gif_bytes() -> bytes:
+    from PIL import Image
+
+    buffer = io.BytesIO()
+    Image.new("RGB", (64, 64), (200, 0, 0)).save(buffer, format="GIF")
+    return buffer.getvalue()
+
+
+def another_image(run: Path, index: int, k: int) -> None:
+    """Image (index, k) replaced by a PNG of the run's size with other pixels, its manifest line as it was."""
+    (run / image_path_of(index, k)).write_bytes(png_bytes(np.full((64, 64, 3), 7, np.uint8)))
+
+
+# damage of one stored image -> the words of the one line every export and score answer it with
+IMAGE_DAMAGE = {
+    "other bytes than the manifest records": (lambda run: another_image(run, 0, 1),
+                                               "0001.png does not hold the image its manifest line records"),
+    "a PNG of another size": (lambda run: swap_image(run, 0, 1, png_bytes(np.zeros((8, 8, 3), np.uint8))),
+                              "0001.png is 8 x 8 pixels, not an image of this run of 64 x 64"),
+    "a GIF named .png": (lambda run: swap_image(run, 0, 1, gif_bytes()), "0001.png is not a PNG image"),
+    "a decompression bomb": (lambda run: swap_image(run, 0, 1, png_declaring(100_000, 100_000)),
+                             "0001.png is not an image of this run (Image size (10000000000 pixels) exceeds limit"),
+}
+
+
+@pytest.mark.parametrize("command", ["flat", "dpg", "score"])
+@pytest.mark.parametrize("damage", list(IMAGE_DAMAGE))
+def test_every_export_and_score_refuse_a_damaged_image(scored_run, tmp_path, damage, command):
+    """The flat export linked all four damages into the folder an FID tool reads (it checked the
+    size of each file only), where the DPG export and score refused them: all three now check
+    each image as `Run.image` does, and the damaged one is never exported."""
+    run = run_copy(scored_run, tmp_path)
+    make, words = IMAGE_DAMAGE[damage]
+    make(run)
+    code, out, err = run_folder_outcome(run, command)
+    if command == "score":
+        assert_score_error((code, out, err), words)
+    else:
+        assert_one_line_error(code, out, err, words)
+    assert not (run / "flat/00000_0001.png").exists()
+
+
+def exported_images_are_the_recorded_ones(run: Path) -> None:
+    """Every file of the flat export holds the bytes its image's manifest line records."""
+    recorded = {f"{line['index']:05d}_{line['k']:04d}.png": line["sha256"]
+                for line in map(json.loads, (run / "manifest.jsonl").read_text().splitlines())}
+    for path in (run / "flat").iterdir():
+        assert hashlib.sha256(path.read_bytes()).hexdigest() == recorded[path.name], path.name
+
+
+@FEW
+@given(image=st.tuples(st.integers(0, 2), st.integers(0, 3)), command=st.sampled_from(["flat", "dpg", "score"]),
+       recorded=st.booleans(), data=st.data())
+def test_generated_damage_of_a_stored_image(scored_run, image, command, recorded, data):
+    """Any damage of one stored image (other bytes, a cut, a flipped byte, another image, a GIF, a
+    bomb), with its manifest line's sha256 left or made to match: every export and score either
+    finish, exporting only images that hold what their manifest lines record, or answer in one
+    line; nothing blocks."""
+    with tempfile.TemporaryDirectory() as root:
+        run = run_copy(scored_run, Path(root))
+        path = run / image_path_of(*image)
+        good = path.read_bytes()
+        damage = data.draw(st.one_of(
+            st.binary(max_size=64), st.integers(0, len(good) - 1).map(lambda n: good[:n]),
+            st.tuples(st.integers(0, len(good) - 1), st.integers(1, 255)).map(
+                lambda flip: good[:flip[0]] + bytes([good[flip[0]] ^ flip[1]]) + good[flip[0] + 1:]),
+            st.sampled_from([gif_bytes(), png_declaring(100_000, 100_000), png_declaring(64, 64),
+                             png_bytes(np.zeros((8, 8, 3), np.uint8)), png_bytes(np.zeros((64, 64, 3), np.uint8))])))
+        if recorded:
+            swap_image(run, *image, damage)
+        else:
+            path.write_bytes(damage)
+        code, out, err = run_folder_outcome(run, command)
+        if command == "score" and code:
+            assert_score_error((code, out, err))
+        elif code:
+            assert_one_line_error(code, out, err)
+        if command == "flat" and (run / "flat").exists():
+            exported_images_are_the_recorded_ones(run)
 
 
 def test_a_folder_with_another_tools_run_json_is_refused_untouched(tmp_path):
@@ -1940,10 +2058,13 @@ needs_ray = pytest.mark.skipif(importlib.util.find_spec("ray") is None,
     ("127.0.0.1:1", "--ray-address 127.0.0.1:1: the Ray cluster does not answer (Connection refused)"),
     ("nonsense.invalid:99", "cannot find the host nonsense.invalid"),
     ("ray://127.0.0.1:10001", "is a Ray Client address, and Ray Data, which --engine ray runs on, does not run"),
+    ("head..cluster:6379", "cannot find the host head..cluster (not a host name: a part between dots is empty"),
+    (f"{'a' * 64}.cluster:6379", "(not a host name: a part between dots is empty or longer than 63 characters)"),
 ])
 def test_ray_addresses_are_checked_before_ray_starts(tmp_path, monkeypatch, address, words):
     """--ray-address garbage or "" was a 31-line traceback from ray.init; an address that does not
-    answer hung for as long as it was let run, deaf to Ctrl-C. The same checks hold for RAY_ADDRESS."""
+    answer hung for as long as it was let run, deaf to Ctrl-C; a host name with an empty label or
+    one of 64 bytes was a 39-line UnicodeError traceback. The same checks hold for RAY_ADDRESS."""
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("a red circle\n")
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
@@ -2032,6 +2153,113 @@ def test_a_silent_ray_address_is_waited_for_a_bounded_time_and_ctrl_c_ends_the_w
     assert process.returncode == status, err
     assert "Traceback" not in err.decode()
     assert last in err.decode().splitlines()[-1]
+    assert not (tmp_path / "run").exists()
+
+
+@contextlib.contextmanager
+def settings_then_silence():
+    """A loopback port whose server answers the opening of HTTP/2 with its settings, then nothing:
+    (the port's number, an event set once a call has come)."""
+    import socket
+    import threading
+
+    from minit2i.batch.ray_engine import HTTP2_PREFACE, SETTINGS, frame
+
+    listener = socket.create_server(("127.0.0.1", 0))
+    listener.settimeout(60)
+    called, held = threading.Event(), []
+
+    def serve():
+        with contextlib.suppress(OSError):
+            connection, _ = listener.accept()
+            held.append(connection)
+            connection.recv(len(HTTP2_PREFACE) + 9, socket.MSG_WAITALL)
+            connection.sendall(frame(SETTINGS, 0, 0, b""))
+            if connection.recv(1024):
+                called.set()
+
+    server = threading.Thread(target=serve, daemon=True)
+    server.start()
+    try:
+        yield listener.getsockname()[1], called
+    finally:
+        listener.close()
+        server.join(60)
+        for connection in held:
+            connection.close()
+
+
+@needs_ray
+@pytest.mark.parametrize("signum, status, last", [
+    (signal.SIGTERM, 143, "minit2i: terminated"),
+    (None, 2, "something there opens HTTP/2 connections but does not answer a call as a Ray cluster does (no answer "
+              "within 10 s)")])
+def test_an_address_that_opens_http2_and_then_says_nothing_is_refused_before_ray_starts(tmp_path, signum, status,
+                                                                                       last):
+    """It passed the address check (which waited for HTTP/2's settings only), and ray.init then
+    waited for over 7 minutes. The check now makes a gRPC call, which a Ray head answers in
+    milliseconds: refused after 10 s, or at SIGTERM (hang guards of 60 s: the process starts in 2-3 s)."""
+    with settings_then_silence() as (port, called), batch_process(tmp_path, f"127.0.0.1:{port}") as process:
+        if signum is not None:
+            assert called.wait(60)
+            process.send_signal(signum)
+        _, err = process.communicate(timeout=60)
+    assert process.returncode == status, err
+    assert "Traceback" not in err.decode()
+    assert last in err.decode().splitlines()[-1]
+    assert not (tmp_path / "run").exists()
+
+
+# A stand-in for a name server that does not answer: glibc's resolver retries in C, where Python runs
+# no signal handler until it returns; here the signals are held in the thread of the lookup for as
+# long, which has the same effect on the thread that looks up (and none on any other).
+SILENT_NAME_SERVER = """
+import pathlib, signal, socket, sys, time
+
+def lookup_of_a_silent_name_server(*args, **kwargs):
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+    pathlib.Path(sys.argv[1]).touch()
+    time.sleep(300)
+    raise socket.gaierror(socket.EAI_AGAIN, "Temporary failure in name resolution")
+
+socket.getaddrinfo = lookup_of_a_silent_name_server
+from minit2i.cli import main
+sys.exit(main(sys.argv[2:]))
+"""
+
+
+@needs_ray
+@pytest.mark.parametrize("signum, status, last", [
+    (signal.SIGTERM, 143, "minit2i: terminated"),
+    (signal.SIGINT, 130, "minit2i: interrupted"),
+    (None, 2, "minit2i: error: --ray-address head.example:6379: cannot find the host head.example (no answer from "
+              "the name server within 10 s); start the cluster (ray start --head) or correct the address")])
+def test_a_name_lookup_that_gets_no_answer_ends_at_its_deadline_or_a_signal(tmp_path, signum, status, last):
+    """Ctrl-C and SIGTERM waited for the lookup of the head's name (28 s with a silent name server,
+    which had no deadline either). Now the lookup is waited for at most 10 s, and a signal ends the
+    wait at once (hang guards of 30 s, the process starting in 2-3 s)."""
+    prompts, looking = tmp_path / "prompts.txt", tmp_path / "looking-up"
+    prompts.write_text("a red circle\n")
+    environment = {key: value for key, value in os.environ.items() if key != "RAY_ADDRESS"}
+    process = subprocess.Popen([sys.executable, "-c", SILENT_NAME_SERVER, str(looking), "batch", str(prompts),
+                                "--out", str(tmp_path / "run"), "--engine", "ray", "--ray-address", "head.example:6379",
+                                *EVAL_STEPS], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=environment,
+                               preexec_fn=ctrl_c_as_at_a_terminal)
+    try:
+        for _ in range(300):
+            if looking.exists() or process.poll() is not None:
+                break
+            time.sleep(0.1)
+        assert looking.exists(), process.communicate()
+        if signum is not None:
+            process.send_signal(signum)
+        _, err = process.communicate(timeout=30)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    assert process.returncode == status, err
+    assert err.decode().splitlines()[-1] == last
     assert not (tmp_path / "run").exists()
 
 
@@ -2128,18 +2356,24 @@ def test_generated_ray_arguments(tmp_path, address, flags):
 
 
 @needs_ray
-def test_a_cluster_gone_without_ray_stop_is_one_line(tmp_path, monkeypatch):
+@pytest.mark.parametrize("address, words", [
+    ("127.0.0.1:1", "the Ray cluster does not answer (Connection refused); start it again"),
+    ("head..cluster:6379", "cannot find the host head..cluster (not a host name: a part between dots is empty or "
+                           "longer than 63 characters); start it again"),
+])
+def test_a_cluster_gone_without_ray_stop_is_one_line(tmp_path, monkeypatch, address, words):
     """Without an address Ray joins the cluster `ray start` last started on this machine, from the
-    address it keeps in a file: one stopped without `ray stop` left the run waiting for minutes."""
+    address it keeps in a file: one stopped without `ray stop` left the run waiting for minutes, and
+    a host name there with an empty label was a UnicodeError traceback."""
     import ray._private.utils
 
     address_file = tmp_path / "ray_current_cluster"
-    address_file.write_text("127.0.0.1:1")
+    address_file.write_text(address)
     monkeypatch.setattr(ray._private.utils, "get_ray_address_file", lambda temp_dir: str(address_file))
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("a red circle\n")
     outcome = within(60, lambda: run_cli("batch", prompts, "--out", tmp_path / "run", "--engine", "ray", *EVAL_STEPS))
-    assert_one_line_error(*outcome, f'the Ray cluster last started on this machine ({address_file}: "127.0.0.1:1"): '
-                                    "the Ray cluster does not answer (Connection refused); start it again")
+    assert_one_line_error(*outcome, f'the Ray cluster last started on this machine ({address_file}: "{address}"): '
+                                    f"{words}")
     assert not (tmp_path / "run").exists()

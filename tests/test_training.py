@@ -262,6 +262,18 @@ def test_export_dir_naming_the_current_folder_is_refused_before_work(trained, tm
     assert os.listdir(tmp_path) == []
 
 
+@pytest.mark.parametrize("run, export", [("X", "X"), ("X/run", "X"), ("X", "{tmp}/X")])
+def test_an_export_dir_that_is_or_holds_a_new_run_folder_is_refused_before_training(tmp_path, capsys, monkeypatch,
+                                                                                    run, export):
+    """`--run X --export-dir X` with X new trained for the whole run, then refused its export (the
+    two were compared only where the export folder existed already)."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(train, "train", lambda *args: pytest.fail("training ran before the export folder was checked"))
+    err = training_error(capsys, *TINY, "--run", run, "--export-dir", export.format(tmp=tmp_path))
+    assert f"--export-dir {export.format(tmp=tmp_path)} holds the --run folder {run}, which export would replace" in err
+    assert os.listdir(tmp_path) == []
+
+
 def test_an_unwritable_export_parent_is_found_before_training(tmp_path, capsys, monkeypatch):
     """The same os.access check a normal user's run makes (tests may run as root)."""
     locked = tmp_path / "locked"

@@ -345,6 +345,9 @@ def main(argv=None) -> int:
         if run.step > args.steps:
             raise MiniT2IError(f"--out {args.out} holds a run at step {run.step}, past --steps {args.steps}; pass "
                                f"--steps {run.step} or more, or choose a new folder")
+        # The log and the rows it must account for are read before training, which appends to the one
+        # and rewrites the checkpoint: a damaged log is refused with the run as it was.
+        checked_evaluations(read_log(run.log_path), rows_taken(run.folder), run.folder, run.log_path)
         learn(run, args.eval_prompts)
         write_results(run)
         if not run.variant.is_the_model:

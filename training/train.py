@@ -426,11 +426,15 @@ class Run:
         except OSError as err:  # ENXIO: a FIFO that no process reads
             found = "a FIFO" if err.errno == errno.ENXIO else err.strerror
             raise MiniT2IError(f"cannot append to the run's log {path} ({found}); remove it or fix it") from None
-        with os.fdopen(fd, "a") as f:
+        with os.fdopen(fd, "ab", buffering=0) as f:  # unbuffered: a full disk fails the write, not the close
             mode = os.fstat(fd).st_mode
             if not stat.S_ISREG(mode):
                 raise MiniT2IError(f"cannot append to the run's log {path} (a {file_kind(mode)}); remove it or fix it")
-            f.write(json.dumps(record) + "\n")
+            try:
+                f.write((json.dumps(record) + "\n").encode())
+            except OSError as err:
+                raise MiniT2IError(f"cannot append to the run's log {path} ({err.strerror or err}); free some space, "
+                                   "then run the same command again") from None
 
     def loss(self, step: int) -> tuple[torch.Tensor, dict[str, float]]:
         """The objective on the batch of `step` (scalar, differentiable in the parameters), and
@@ -515,14 +519,15 @@ def check_export_dir(folder: Path, run_folder: Path) -> None:
     check_writable_parent(folder)
     if folder.is_symlink():
         raise MiniT2IError(f"--export-dir {folder} is a symbolic link; pass the folder it points to, or {fix}")
+    # Compared as paths, not as folders: neither needs to exist yet (training creates the run's).
+    if folder.resolve() == run_folder.resolve() or folder.resolve() in run_folder.resolve().parents:
+        raise MiniT2IError(f"--export-dir {folder} holds the --run folder {run_folder}, which export would replace; "
+                           f"{fix}")
     if not os.path.lexists(folder):
         return
     mode = folder.stat().st_mode
     if not stat.S_ISDIR(mode):
         raise MiniT2IError(f"--export-dir {folder} is a {file_kind(mode)}, not a folder; {fix}")
-    if folder.resolve() == run_folder.resolve() or folder.resolve() in run_folder.resolve().parents:
-        raise MiniT2IError(f"--export-dir {folder} holds the --run folder {run_folder}, which export would replace; "
-                           f"{fix}")
     others = _foreign_entries(folder)
     if others:
         raise MiniT2IError(f"--export-dir {folder} holds files that are not a previous export ({short_list(others, 3)}); "

@@ -20,7 +20,7 @@ from minit2i.core.images import png_bytes
 from minit2i.core.threads import check_threads, current_blas_threads
 
 from .grouping import chosen_batch_size, recorded_batch_size
-from .prompts import metadata_line, read_prompts
+from .prompts import read_prompts
 from .store import IMAGES_PER_PROMPT, Store
 from .worker import Job, Spec, numerical_setup
 
@@ -127,7 +127,7 @@ def groups(jobs: list[Job], batch_size: int, done) -> list[list[Job]]:
     return [group for group in cut if any((job.index, job.k) not in done for job in group)]
 
 
-def draw(store: Store, work: list[list[Job]], results_of, setup: dict, metadata: list[dict], done, total: int,
+def draw(store: Store, work: list[list[Job]], results_of, setup: dict, metadata: list[bytes], done, total: int,
          progress: bool) -> int:
     """Run the engine (`results_of(groups)`, from `started_engine`) over the groups `work`; each
     image not in `done` is encoded and written by the writer threads while the engine draws on
@@ -143,7 +143,7 @@ def draw(store: Store, work: list[list[Job]], results_of, setup: dict, metadata:
     bar = tqdm(total=total, initial=len(done), unit="image", desc="images", disable=not progress, file=sys.stderr)
 
     def write(job: Job, pixels) -> None:
-        store.write_image(job.index, job.k, job.prompt, job.seed, png_bytes(pixels), metadata_line(metadata[job.index]))
+        store.write_image(job.index, job.k, job.prompt, job.seed, png_bytes(pixels), metadata[job.index])
         bar.update(1)
 
     pending: deque = deque()

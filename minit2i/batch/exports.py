@@ -12,9 +12,9 @@ from pathlib import Path
 
 from minit2i.core.checks import short_list
 from minit2i.core.errors import MiniT2IError
-from minit2i.core.images import grid, png_bytes, png_limit
+from minit2i.core.images import grid, png_bytes
 
-from .store import REDRAW, Run, image_size, is_plain_file, plain_folder, read_metadata, write_durably
+from .store import Run, holds, plain_folder, read_metadata, write_durably
 
 EXPORTS = ("dpg", "flat")
 DPG_GRID = 2  # DPG-Bench scores a 2 x 2 grid of four images per prompt
@@ -78,22 +78,32 @@ def export_dpg(run: Run, names: dict[int, str], folder: Path) -> int:
 
 def export_flat(run: Run, folder: Path) -> int:
     """Every image done as <index:05d>_<k:04d>.png in one folder: a hard link to the store's file
-    where the file system allows, else a copy. The store's files are plain files (`read_run` lists
-    no other), each checked for its size first."""
-    limit = png_limit(*image_size(run.record))
+    where the file system allows, else a copy. Each image is checked first as every export and
+    score check it (`Run.image`: a plain file, the bytes its manifest line records, a PNG of the
+    run's size)."""
     for (index, k), entry in sorted(run.done.items()):
         source, target = run.root / entry["path"], folder / f"{index:05d}_{k:04d}.png"
-        size = os.lstat(source).st_size
-        if size > limit:
-            raise MiniT2IError(f"{source} is {size:,} bytes, more than an image of this run can be; {REDRAW}")
+        data = run.image(entry)[0]
         plain_folder(folder)
-        if is_plain_file(target) and os.path.samefile(source, target):
+        if holds(target, data) and os.path.samefile(source, target):
             continue
-        try:
-            temporary = folder / f".{target.name}.link"
-            temporary.unlink(missing_ok=True)
-            os.link(source, temporary)
-            os.replace(temporary, target)
-        except OSError:
-            write_durably(target, run.image(entry)[0])
+        if not linked(source, target, data):
+            write_durably(target, data)
     return len(run.done)
+
+
+def linked(source: Path, target: Path, data: bytes) -> bool:
+    """Whether `source` is now hard-linked at `target` (through a temporary name beside it),
+    which is done only where the link holds `data`, the bytes checked: a file swapped since, or
+    a file system without hard links, is left to a copy."""
+    temporary = target.with_name(f".{target.name}.link")
+    try:
+        temporary.unlink(missing_ok=True)
+        os.link(source, temporary, follow_symlinks=False)
+        if holds(temporary, data):
+            os.replace(temporary, target)
+            return True
+        temporary.unlink()
+    except OSError:
+        pass
+    return False

@@ -18,20 +18,22 @@ from minit2i.core.errors import MiniT2IError
 # largest of them is not a prompt file.
 PROMPT_FILE_LIMIT = 256 * 2**20
 PROMPT_LIMIT = 3_000_000
-# A line of a run folder's records (metadata.jsonl, a manifest line) is read back with this limit; a
-# line of the prompt file, written out again by json.dumps (a space after each separator, 1e999
-# as Infinity: at most 1.7 times as long), must stay below it. GenEval's lines are 200 bytes.
+# A line of a run folder's records (metadata.jsonl, a manifest line) is read back with this limit. A
+# line of GenEval's metadata is written to its metadata.jsonl as it is (json.dumps would write 1e15
+# back as 1000000000000000.0, four times as long), a text line as {"prompt": ...} (the prompt at
+# most PROMPT_LIMIT characters, each at most 6 bytes escaped): both stay below it. GenEval's lines
+# are 200 bytes.
 LINE_LIMIT = 2**20
 PROMPT_LINE_LIMIT = LINE_LIMIT // 2
 
 
 @dataclass(frozen=True)
 class PromptFile:
-    """The prompts in file order, each one's metadata (the JSON object of its line), and the
-    file's sha256 (hex)."""
+    """The prompts in file order, each one's metadata.jsonl (its line of GenEval's metadata, byte
+    for byte, or {"prompt": ...} for a line of text), and the file's sha256 (hex)."""
 
     prompts: list[str]
-    metadata: list[dict]
+    metadata: list[bytes]
     sha256: str
 
 
@@ -59,14 +61,17 @@ def read_prompts(path: Path) -> PromptFile:
         raise MiniT2IError(f"prompt file {path} line {too_long} is longer than the {PROMPT_LINE_LIMIT:,} bytes a line "
                            "may have; shorten it")
     is_json = lines[0][1].lstrip().startswith("{")
-    metadata = [json_line(path, number, line.encode("utf-8")) if is_json else {"prompt": line.strip()}
-                for number, line in lines]
-    for (number, _), entry in zip(lines, metadata):
+    prompts, metadata = [], []
+    for number, line in lines:
+        own = line.strip(" \t").encode("utf-8")  # JSON's own white space around the object
+        prompt = json_line(path, number, own)["prompt"] if is_json else line.strip()
         try:
-            check_prompt(entry["prompt"])
+            check_prompt(prompt)
         except MiniT2IError as err:
             raise MiniT2IError(f"prompt file {path} line {number}: {err}") from None
-    return PromptFile([entry["prompt"] for entry in metadata], metadata, hashlib.sha256(data).hexdigest())
+        prompts.append(prompt)
+        metadata.append(own + b"\n" if is_json else metadata_line({"prompt": prompt}))
+    return PromptFile(prompts, metadata, hashlib.sha256(data).hexdigest())
 
 
 def json_line(path: Path, number: int, line: bytes, what: str = "prompt file") -> dict:
@@ -80,5 +85,5 @@ def json_line(path: Path, number: int, line: bytes, what: str = "prompt file") -
 
 
 def metadata_line(entry: dict) -> bytes:
-    """The metadata.jsonl of one prompt: its object on one line, as GenEval writes it."""
+    """The metadata.jsonl of a prompt given as text: its object on one line, as GenEval writes it."""
     return (json.dumps(entry, ensure_ascii=False) + "\n").encode("utf-8")

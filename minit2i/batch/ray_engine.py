@@ -21,6 +21,7 @@ import re
 import signal
 import socket
 import threading
+import time
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
@@ -29,6 +30,7 @@ import numpy as np
 
 from minit2i.core.checks import read_limited
 from minit2i.core.errors import MiniT2IError
+from minit2i.hosts import addresses
 
 from .worker import Job, Painter, Spec
 
@@ -38,10 +40,15 @@ GPU_BACKENDS = ("cupy",)
 ADDRESS = re.compile(r"(?P<host>\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.-]{1,253}):(?P<port>[0-9]{1,5})")
 RAY_WORDS = ("auto", "local")
 # The opening of an HTTP/2 connection (RFC 9113 3.4): the client's preface and an empty SETTINGS
-# frame, to which a gRPC server answers with a SETTINGS frame (9-byte header, type 4).
-HTTP2_OPENING = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes([0, 0, 0, 4, 0, 0, 0, 0, 0])
+# frame, to which a gRPC server answers with a SETTINGS frame; then a gRPC call (a HEADERS frame,
+# its header block in HPACK's plainest form, RFC 7541 6.2.2, and an empty message in a DATA
+# frame), which a gRPC server answers with HEADERS (or refuses: RST_STREAM, GOAWAY).
+HTTP2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 HTTP2_FRAME_HEADER = 9
-HTTP2_SETTINGS = 4
+HTTP2_MAX_FRAME = 2**14  # the frame size a server may send before it is told of a larger one
+DATA, HEADERS, RST_STREAM, SETTINGS, GOAWAY = 0, 1, 3, 4, 7
+END_STREAM, ACK, END_HEADERS = 1, 1, 4
+CALLED = "/grpc.health.v1.Health/Check"  # any method: a gRPC server answers even one it lacks
 ADDRESS_FILE_LIMIT = 4096  # Ray's file of the last cluster's address: one HOST:PORT
 LAST_CLUSTER_FIX = ("start it again (ray start --head), or stop what is left of it (ray stop) to have a local cluster "
                     "started for the run, or pass --ray-address")
@@ -119,28 +126,105 @@ def check_last_cluster() -> None:
 
 def check_answers(host: str, port: int, named: str,
                   fix: str = "start the cluster (ray start --head) or correct the address") -> None:
-    """The Ray head at `host`:`port` resolves, takes a TCP connection and answers the opening of
-    an HTTP/2 connection with its settings, as the gRPC server of its GCS does, each within
-    ANSWER_SECONDS, and Ctrl-C or SIGTERM ends the wait: otherwise one line. Ray's own
-    connection, tried on an address that does not answer, waits for minutes and ignores Ctrl-C."""
+    """The Ray head at `host`:`port` resolves, takes a TCP connection, answers the opening of an
+    HTTP/2 connection with its settings and a gRPC call with its headers, as the gRPC server of
+    its GCS does, all within ANSWER_SECONDS, and Ctrl-C or SIGTERM ends every wait: otherwise
+    one line. Ray's own connection, tried on an address that does not answer, waits for minutes
+    and ignores Ctrl-C."""
+    deadline = time.monotonic() + ANSWER_SECONDS
     try:
-        connection = socket.create_connection((host, port), timeout=ANSWER_SECONDS)
+        found = addresses(host, port, ANSWER_SECONDS)
     except socket.gaierror as err:
         raise MiniT2IError(f"{named}: cannot find the host {host} ({err.strerror}); {fix}") from None
-    except TimeoutError:
-        raise MiniT2IError(f"{named}: the Ray cluster does not answer (no connection within {ANSWER_SECONDS} s); "
-                           f"{fix}") from None
-    except OSError as err:
-        raise MiniT2IError(f"{named}: the Ray cluster does not answer ({err.strerror or err}); {fix}") from None
-    with connection:
+    with connected(found, deadline, named, fix) as connection:
         try:
-            connection.sendall(HTTP2_OPENING)
-            reply = connection.recv(HTTP2_FRAME_HEADER, socket.MSG_WAITALL)
-        except OSError:  # a timeout, or the connection reset
-            reply = b""
-    if len(reply) < HTTP2_FRAME_HEADER or reply[3] != HTTP2_SETTINGS:
-        raise MiniT2IError(f"{named}: something takes connections there but does not answer as a Ray cluster "
-                           f"(no HTTP/2 settings within {ANSWER_SECONDS} s); {fix}")
+            connection.sendall(HTTP2_PREFACE + frame(SETTINGS, 0, 0, b""))
+            answered = read_frame(connection, deadline)[0] == SETTINGS
+        except (OSError, ValueError):  # a timeout, the connection reset, a frame no HTTP/2 server sends
+            answered = False
+        if not answered:
+            raise MiniT2IError(f"{named}: something takes connections there but does not answer as a Ray cluster "
+                               f"(no HTTP/2 settings within {ANSWER_SECONDS} s); {fix}")
+        try:
+            connection.sendall(frame(SETTINGS, ACK, 0, b"") + grpc_call(f"{host}:{port}" if ":" not in host
+                                                                         else f"[{host}]:{port}"))
+            while read_frame(connection, deadline)[0] not in (HEADERS, RST_STREAM, GOAWAY):
+                pass  # settings, window updates, pings: not yet the answer
+        except (OSError, ValueError):
+            raise MiniT2IError(f"{named}: something there opens HTTP/2 connections but does not answer a call as a "
+                               f"Ray cluster does (no answer within {ANSWER_SECONDS} s); {fix}") from None
+
+
+@contextlib.contextmanager
+def connected(found: list[tuple], deadline: float, named: str, fix: str) -> Iterator[socket.socket]:
+    """A TCP connection to the first of the `found` addresses (socket.getaddrinfo's) that takes
+    one before `deadline` (time.monotonic's); none is one line."""
+    failure: OSError = TimeoutError()
+    for family, kind, protocol, _, address in found:
+        connection = socket.socket(family, kind, protocol)
+        try:
+            connection.settimeout(max(deadline - time.monotonic(), 0.001))
+            connection.connect(address)
+            break
+        except OSError as err:
+            connection.close()
+            failure = err
+    else:
+        if isinstance(failure, TimeoutError):
+            raise MiniT2IError(f"{named}: the Ray cluster does not answer (no connection within {ANSWER_SECONDS} s); "
+                               f"{fix}")
+        raise MiniT2IError(f"{named}: the Ray cluster does not answer ({failure.strerror or failure}); {fix}")
+    with connection:
+        yield connection
+
+
+def frame(kind: int, flags: int, stream: int, payload: bytes) -> bytes:
+    """An HTTP/2 frame (RFC 9113 4.1): length, type, flags, stream, payload."""
+    return len(payload).to_bytes(3, "big") + bytes([kind, flags]) + stream.to_bytes(4, "big") + payload
+
+
+def read_frame(connection: socket.socket, deadline: float) -> tuple[int, int, bytes]:
+    """(type, stream, payload) of the next frame the server sends before `deadline`; TimeoutError
+    after it, ValueError for a frame larger than a server may send, ConnectionError at the end."""
+    header = received(connection, HTTP2_FRAME_HEADER, deadline)
+    length = int.from_bytes(header[:3], "big")
+    if length > HTTP2_MAX_FRAME:
+        raise ValueError(f"an HTTP/2 frame of {length} bytes")
+    return header[3], int.from_bytes(header[5:9], "big") & 0x7FFFFFFF, received(connection, length, deadline)
+
+
+def received(connection: socket.socket, size: int, deadline: float) -> bytes:
+    """Exactly `size` bytes from `connection` before `deadline`."""
+    data = b""
+    while len(data) < size:
+        connection.settimeout(max(deadline - time.monotonic(), 0.001))
+        part = connection.recv(size - len(data))
+        if not part:
+            raise ConnectionError("the connection was closed")
+        data += part
+    return data
+
+
+def grpc_call(authority: str) -> bytes:
+    """The frames of a gRPC call of CALLED on stream 1 with an empty message: HEADERS (each field
+    a literal without indexing, RFC 7541 6.2.2) and DATA (the message's 5-byte prefix)."""
+    fields = ((":method", "POST"), (":scheme", "http"), (":path", CALLED), (":authority", authority),
+              ("content-type", "application/grpc"), ("te", "trailers"))
+    block = b"".join(b"\0" + hpack_string(name) + hpack_string(value) for name, value in fields)
+    return frame(HEADERS, END_HEADERS, 1, block) + frame(DATA, END_STREAM, 1, bytes(5))
+
+
+def hpack_string(text: str) -> bytes:
+    """A string literal of HPACK (RFC 7541 5.2), not Huffman-coded: its length as a 7-bit-prefix
+    integer (5.1), then its bytes."""
+    data, length = text.encode(), len(text.encode())
+    if length < 127:
+        return bytes([length]) + data
+    prefix, length = [127], length - 127
+    while length >= 128:
+        prefix.append(length % 128 + 128)
+        length //= 128
+    return bytes([*prefix, length]) + data
 
 
 @contextlib.contextmanager
