@@ -35,9 +35,9 @@ def sample_mean_flow_on_device(denoise: Callable, noise, context, mask, steps: i
     that its next call of this shape overwrites. A callback gets StepInfo(i, t_i, state, x0) whose
     arrays are device arrays the next step overwrites.
     """
-    key = ("student", noise.shape, context.shape, str(context.dtype))
-    work = (graphs or StepGraphs(1)).get(key, lambda: StudentStep(denoise, noise.shape, context))
-    work.load(noise, context, mask, omega, interval)
+    key = ("student", noise.shape, context.shape, str(context.dtype), float(omega), tuple(map(float, interval)))
+    work = (graphs or StepGraphs(1)).get(key, lambda: StudentStep(denoise, noise.shape, context, omega, interval))
+    work.load(noise, context, mask)
 
     def write_scalars(length_and_factor):
         length, f = length_and_factor
@@ -52,10 +52,10 @@ def sample_mean_flow_on_device(denoise: Callable, noise, context, mask, steps: i
 
 class StudentStep(DeviceStep):
     """The student's step on buffers for noise of `shape` [B, C, H, W] and prompts like `context`
-    [B, L, Dc]: one forward, then `student_euler`. omega and the interval are buffers too, written
-    by each call (a graph reads them at their addresses)."""
+    [B, L, Dc]: one forward, then `student_euler`. omega and the interval are buffers too (the
+    network reads them as [B] arrays), written once: they are part of the work's key."""
 
-    def __init__(self, denoise: Callable, shape: tuple, context):
+    def __init__(self, denoise: Callable, shape: tuple, context, omega: float, interval: tuple[float, float]):
         super().__init__()
         self.denoise = denoise
         batch, length = shape[0], context.shape[1]
@@ -65,14 +65,15 @@ class StudentStep(DeviceStep):
         self.mask = cp.empty((batch, length), dtype=np.float32)
         self.omega, self.t_min, self.t_max, self.h = (cp.empty(batch, np.float32) for _ in range(4))
         self.factor = cp.empty(1, np.float32)
+        for buffer, value in zip((self.omega, self.t_min, self.t_max), (omega, *interval)):
+            buffer.fill(np.float32(value))
 
-    def load(self, noise, context, mask, omega: float, interval: tuple[float, float]) -> None:
+    def load(self, noise, context, mask) -> None:
+        """A call's host noise and device prompts into the buffers."""
         self.state[...] = cp.asarray(np.ascontiguousarray(noise, dtype=np.float32))
         self.next_input[...] = self.state.astype(self.next_input.dtype)
         self.context[...] = context
         self.mask[...] = mask
-        for buffer, value in zip((self.omega, self.t_min, self.t_max), (omega, *interval)):
-            buffer.fill(np.float32(value))
 
     def step(self) -> None:
         self.outputs["x0"] = self.denoise(self.next_input, self.h, self.omega, self.t_min, self.t_max, self.context,
