@@ -19,8 +19,8 @@ from .store import Run, holds, plain_folder, read_metadata, write_durably
 EXPORTS = ("dpg", "flat")
 DPG_GRID = 2  # DPG-Bench scores a 2 x 2 grid of four images per prompt
 # An item's own name (a metadata "id") is used as its file name only when it is a plain one, not
-# all digits (the index names are) and no other prompt's (compared as a case-insensitive file
-# system compares them).
+# a name an index gets (`is_index_name`) and no other prompt's (compared as a case-insensitive
+# file system compares them).
 PLAIN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,200}")
 
 
@@ -57,7 +57,7 @@ def item_names(run: Run, indexes: list[int]) -> dict[int, str]:
     index are one warning."""
     ids = {index: read_metadata(run.root, index).get("id") for index in indexes}
     usable = {index: name for index, name in ids.items()
-              if isinstance(name, str) and PLAIN_NAME.fullmatch(name) and not name.isdigit()}
+              if isinstance(name, str) and PLAIN_NAME.fullmatch(name) and not is_index_name(name)}
     counts = Counter(name.casefold() for name in usable.values())
     shared = sorted({name.casefold() for name in usable.values() if counts[name.casefold()] > 1})
     if shared:
@@ -65,6 +65,12 @@ def item_names(run: Run, indexes: list[int]) -> dict[int, str]:
                                              f"an id ({short_list([repr(name) for name in shared])})")
     return {index: usable[index] if index in usable and counts[usable[index].casefold()] == 1 else f"{index:05d}"
             for index in indexes}
+
+
+def is_index_name(name: str) -> bool:
+    """Whether `name` is the name some prompt's index gets (`index:05d`): DPG-Bench's own ids,
+    "1" and "256", are not."""
+    return name.isdigit() and name == f"{int(name):05d}"
 
 
 def export_dpg(run: Run, names: dict[int, str], folder: Path) -> int:
