@@ -65,6 +65,9 @@ def parse_args(argv=None):
     parser.add_argument("--no-compile", action="store_true", help="skip the torch.compile baseline")
     parser.add_argument("--no-graph", action="store_true", help="CuPy: run every step eagerly (no CUDA graph replay)")
     parser.add_argument("--smoke", action="store_true", help="no GPU: run every component once on cudasim, untimed")
+    parser.add_argument("--groups", type=int, nargs="+", default=[], metavar="N",
+                        help="also images per second of the sampler drawing N images a forward (minit2i batch "
+                             "--batch-size N), with the runner's kept graph, beside the model's prediction")
     return parser.parse_args(argv)
 
 
@@ -139,22 +142,42 @@ def time_replayed(cp, fn, launches: int = 20) -> float:
     return cp.cuda.get_elapsed_time(start, end) / launches
 
 
-def cupy_sampler(cp, params, config, size, steps, precision, cfg_scale, use_graph):
+def cupy_sampler(cp, params, config, size, steps, precision, cfg_scale, use_graph, images: int = 1):
+    """A run of the twin's sampler over `images` images at once; with `images` > 1 through one
+    runner's kept graphs (`StepGraphs`), as a batch run's later groups draw."""
     from minit2i.accelerated.mmjit import mmjit_forward, upload_mmjit
     from minit2i.accelerated.pipeline import precision_dtype
-    from minit2i.accelerated.sampler import sample_on_device
+    from minit2i.accelerated.sampler import StepGraphs, sample_on_device
 
     dtype = precision_dtype(precision)
     device_params = upload_mmjit(params, config, dtype)
     rng = np.random.default_rng(1)
-    context = cp.asarray(rng.standard_normal((1, config.prompt_length, config.txt_input_size), dtype=np.float32)).astype(dtype)
-    mask = cp.ones((1, config.prompt_length), dtype)
-    noise = initial_noise(0, 1, config.in_channels, size, size)
+    context = cp.asarray(rng.standard_normal((images, config.prompt_length, config.txt_input_size),
+                                             dtype=np.float32)).astype(dtype)
+    mask = cp.ones((images, config.prompt_length), dtype)
+    noise = initial_noise(0, images, config.in_channels, size, size)
+    graphs = StepGraphs() if images > 1 else None
 
     def denoise(x, ctx, m):
         return mmjit_forward(device_params, config, x, ctx, m)
 
-    return lambda: sample_on_device(denoise, noise, context, mask, steps, cfg_scale, 0.001, use_graph=use_graph)
+    return lambda: sample_on_device(denoise, noise, context, mask, steps, cfg_scale, 0.001, use_graph=use_graph,
+                                    graphs=graphs)
+
+
+def print_groups(cp, params, config, size: int, steps: int, precision: str, cfg_scale: float, groups, device,
+                 repeats: int) -> None:
+    """Images per second of the sampler at each group size (T5 aside), measured and predicted
+    (`performance_model.group_ms` without T5)."""
+    import performance_model
+
+    item, a = (4 if precision == "fp32" else 2), performance_model.Assumptions()
+    print(f"\n{'group N':<10}{'precision':<10}{'steps':>6}{'ms':>10}{'images/s':>10}{'predicted':>11}")
+    for images in groups:
+        ms = time_cupy(cp, cupy_sampler(cp, params, config, size, steps, precision, cfg_scale, True, images), repeats)
+        predicted = (f"{images / performance_model.group_ms(config, size, steps, images, device, item, a, t5=False) * 1e3:.1f}"
+                     if device else "?")
+        print(f"{images:<10}{precision:<10}{steps:>6}{ms:>10.1f}{images / ms * 1e3:>10.2f}{predicted:>11}")
 
 
 def kernel_cases(cp, config: MMJiTConfig, size: int, precision: str) -> dict:
@@ -387,6 +410,10 @@ def main(argv=None) -> int:
                 share = f"{100 * tflops / peak:.1f}" if peak else "?"
                 print(f"{backend:<14}{precision:<10}{steps:>6}{ms:>11.1f}{predicted:>11}{ms / steps:>9.2f}{tflops:>9.1f}{share:>8}")
     for precision in args.precisions:
+        if args.groups:
+            print_groups(cp, params, config, args.size, args.steps[0], precision, args.cfg_scale, args.groups, device,
+                         args.repeats)
+    for precision in args.precisions:
         print_attention(cp, torch, config, args.size, precision)
     for precision in args.precisions:
         print_components(cp, config, args.size, precision, device_name, timed=True)
@@ -406,6 +433,9 @@ def smoke(args) -> int:
     for precision in args.precisions:
         cupy_sampler(cp, params, config, size, 2, precision, args.cfg_scale, use_graph=not args.no_graph)()
         print(f"sampler, {precision}: 2 steps ran")
+        for images in args.groups:
+            cupy_sampler(cp, params, config, size, 2, precision, args.cfg_scale, not args.no_graph, images)()
+            print(f"sampler, {precision}: 2 steps of a group of {images} ran")
         for shape in attention_shapes(config, size):
             q = cp.zeros(shape, np.float32).astype(precision_dtype(precision))
             kernels.attention(q, q, q, 1.0)

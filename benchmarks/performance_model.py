@@ -670,3 +670,56 @@ def main() -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+# ---------------------------------------------------------------------------------------------
+# Batch runs: a group of N images a forward (`minit2i batch --batch-size N`), on the H200
+
+GENEVAL_IMAGES = 553 * 4  # GenEval's prompts x its 4 images each
+# The floor of a set: its FLOPs at the dense bf16 rate that large GEMMs reach, 80 % of the peak.
+FLOOR_EFFICIENCY = 0.8
+# The targets on paper: the base model's set within 1.5x its floor, the student's within 3x.
+SET_TARGETS = {"B/16": 1.5, "B/16-MF": 3.0}
+GROUP_SIZES = (1, 2, 4, 8, 16)
+
+
+def group_ms(config: MMJiTConfig, size: int, steps: int, images: int, device: Device, item: int,
+             a: Assumptions, t5: bool = True) -> float:
+    """One group of `images` images drawn by a runner that kept its captured step from the run's
+    earlier groups (accelerated/sampler.py's StepGraphs): T5 on the group's prompts (unless not
+    `t5`), step 0 eager, steps 1.. replayed; rows: images x `forward_batch`."""
+    components = forward_components(config, size, item, images * forward_batch(config))
+    extra = sampler_launches(config)
+    encoding = step_ms(t5_components(T5_FLAN_LARGE, config.prompt_length, images), device, 4, a, a.cupy_launch_us,
+                       replayed=False, extra_launches=0) if t5 else 0.0
+    eager = step_ms(components, device, item, a, a.cupy_launch_us, replayed=False, extra_launches=extra)
+    replay = step_ms(components, device, item, a, a.cupy_launch_us, replayed=True, extra_launches=extra)
+    return encoding + eager + (steps - 1) * replay
+
+
+def set_seconds(config: MMJiTConfig, size: int, steps: int, images: int, count: int, device: Device, item: int,
+                a: Assumptions) -> float:
+    """`count` images in groups of `images` (the last one what is left)."""
+    whole, rest = divmod(count, images)
+    last = group_ms(config, size, steps, rest, device, item, a) if rest else 0.0
+    return (whole * group_ms(config, size, steps, images, device, item, a) + last) / 1e3
+
+
+def floor_seconds(config: MMJiTConfig, size: int, steps: int, count: int, device: Device) -> float:
+    """`count` images' FLOPs (every forward, T5 left out) at FLOOR_EFFICIENCY of the bf16 peak."""
+    flops = steps * sum(c.flops for c in forward_components(config, size, 2, forward_batch(config)))
+    return count * flops / (FLOOR_EFFICIENCY * device.tensor_tflops * 1e12)
+
+
+def group_table(a: Assumptions = Assumptions(), size: int = 512, device: Device = H200) -> list[str]:
+    """Images per second of the twin (bf16, graphs kept) by group size, and GenEval's set time."""
+    rows = ["| model | steps | N | images/s | GenEval set (2,212 images) | floor | set / floor | target |",
+            "|---|---|---|---|---|---|---|---|"]
+    for label, (config, steps) in MODELS.items():
+        floor = floor_seconds(config, size, steps, GENEVAL_IMAGES, device)
+        for images in GROUP_SIZES:
+            seconds = set_seconds(config, size, steps, images, GENEVAL_IMAGES, device, 2, a)
+            rate = images / (group_ms(config, size, steps, images, device, 2, a) / 1e3)
+            rows.append(f"| {label} | {steps} | {images} | {rate:.1f} | {seconds / 60:.2f} min | {floor / 60:.2f} min | "
+                        f"{seconds / floor:.2f} | {SET_TARGETS[label]:.1f}x |")
+    return rows

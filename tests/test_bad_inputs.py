@@ -2026,7 +2026,7 @@ def test_an_export_of_a_run_json_it_does_not_understand_is_one_line(scored_run, 
 def test_dpg_grids_of_prompts_sharing_an_id_are_named_apart(tmp_path):
     """Two prompts with the same "id", or an id equal to another prompt's index name, wrote one
     grid over the other ("3 images" reported, 2 files on disk). Ids shared are left for the
-    index, as is an id of digits alone (the index names are), with one warning."""
+    index, as is an id that is an index's name (00000), with one warning."""
     prompts = tmp_path / "dpg.jsonl"
     ids = ["twin", "TWIN", "00000", "solo"]  # a case-insensitive file system takes TWIN for twin
     texts = ["a red circle", "a blue square", "a green triangle", "a yellow cross"]

@@ -90,10 +90,11 @@ def test_torch_baseline_is_the_reference_math(bench):
 
 
 def test_smoke_run_on_cudasim_runs_every_component(bench, capsys):
-    """--smoke: the sampler with graph replay and every per-kernel case run on cudasim, untimed."""
-    assert bench.main(["--smoke", "--precisions", "bf16"]) == 0
+    """--smoke: the sampler with graph replay (alone and in a group of 2 images a forward, as
+    gpu-check runs it) and every per-kernel case run on cudasim, untimed."""
+    assert bench.main(["--smoke", "--precisions", "bf16", "--groups", "2"]) == 0
     out = capsys.readouterr().out
-    assert "sampler, bf16: 2 steps ran" in out
+    assert "sampler, bf16: 2 steps ran" in out and "sampler, bf16: 2 steps of a group of 2 ran" in out
     assert "attention, bf16: 3 shapes ran (untimed; SDPA needs a GPU)" in out
 
     for name in ("rms_norm", "add_rms_norm", "swiglu", "geglu", "qkv_heads (img)", "attention", "cfg_euler", "GEMM qkv (cuBLAS)"):

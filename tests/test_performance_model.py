@@ -159,3 +159,33 @@ def test_the_roofline_tables_assume_the_issue_models_attention_efficiency(model)
     us = model.attention_kernel_us(model.MMA_ATTENTION, 2, 12, 1280)
     assert efficiency == pytest.approx(4 * 2 * 12 * 1280**2 * 64 / (us * 1e-6) / (model.H200.tensor_tflops * 1e12))
     assert 0.15 < efficiency < 0.25
+
+
+def test_evaluation_and_benchmarks_pages_hold_the_batch_table(model):
+    """The twin's images per second by group size and GenEval's set time (model.group_table), as
+    docs/evaluation.md and docs/benchmarks.md show them."""
+    rows = model.group_table()
+    for page in ("evaluation.md", "benchmarks.md"):
+        docs = (ROOT / "docs" / page).read_text()
+        for row in rows:
+            assert row in docs, (page, row)
+
+
+def test_geneval_floors_are_the_sets_flops_at_the_floor_rate(model):
+    """A base B/16 image at 100 steps is ~81 TFLOP (2 rows a forward), the student's at 4 steps
+    ~1.6 TFLOP (1 row): at 80 % of the H200's 989 bf16 TFLOP/s, GenEval's 2,212 images take
+    ~3.8 minutes and ~5 seconds."""
+    base = model.floor_seconds(MMJIT_B16, 512, 100, model.GENEVAL_IMAGES, model.H200)
+    student = model.floor_seconds(MEAN_FLOW_B16, 512, MEAN_FLOW_RECIPE["steps"], model.GENEVAL_IMAGES, model.H200)
+    assert base / 60 == pytest.approx(3.8, abs=0.05) and student == pytest.approx(5.0, abs=0.5)
+
+
+def test_a_group_costs_less_per_image_than_images_alone(model):
+    """Rows of a group share the launches (gaps, host time) and T5's launches: the rate at N = 16
+    is above N = 1 for both models, and a set of one group per image is N = 1's set time."""
+    a = model.Assumptions()
+    for config, steps in model.MODELS.values():
+        one = model.group_ms(config, 512, steps, 1, model.H200, 2, a)
+        sixteen = model.group_ms(config, 512, steps, 16, model.H200, 2, a)
+        assert sixteen / 16 < one
+        assert model.set_seconds(config, 512, steps, 1, 7, model.H200, 2, a) == pytest.approx(7 * one / 1e3)

@@ -54,7 +54,7 @@ def run_batch(prompt_file, out, spec: Spec, images_per_prompt: int = 1, seed: in
     (store.py), continuing what an earlier run with the same settings did there. Image i of the
     run (prompt index * images_per_prompt + k) is drawn from seed + i, in the group of images
     i // batch_size (`groups`), all of whose images one forward draws; `batch_size` None: the one
-    the folder's run.json records, else `grouping.default_batch_size`. Cheap checks come first:
+    the folder's run.json records, else `grouping.chosen_batch_size`'s. Cheap checks come first:
     the arguments, the prompt file, the model's configs and headers, then the folder."""
     from minit2i.api import check_call
     from minit2i.pipeline import REQUEST_RANGES, check_backend, make_request, run_threads
