@@ -46,7 +46,7 @@ import numpy as np
 from minit2i.batch import Spec, run_batch
 from minit2i.batch.store import MANIFEST
 from minit2i.batch.worker import Job, Painter
-from minit2i.core.threads import current_blas_threads
+from minit2i.pipeline import make_request, run_threads
 from minit2i.training.score import prompt_lines
 
 try:  # run as a script: benchmarks/ is on sys.path
@@ -67,29 +67,34 @@ def steady_rate(out: Path) -> float:
     return (len(times) - 1) / (times[-1] - times[0]) if len(times) > 1 and times[-1] > times[0] else float("nan")
 
 
-def demo_case(threads: int, count: int):
-    """draw(N) -> images drawn: `count` demo images in groups of N, one Painter."""
+def demo_case(threads: int | None, count: int):
+    """(draw(N) -> images drawn, BLAS threads): `count` demo images in groups of N, one Painter
+    on `threads` (None: the pipeline's choice for the demo model's image, as `minit2i batch`)."""
     painter = Painter(Spec("demo", threads=threads))
     jobs = [Job(i, i, 0, line["prompt"], 42 + i) for i, line in enumerate(prompt_lines(count, held_out_prompts=0))]
+    request = make_request(painter.pipe.files, jobs[0].prompt, {})
 
     def draw(size: int) -> int:
         for start in range(0, len(jobs), size):
             painter.draw(jobs[start:start + size])
         return len(jobs)
 
-    return draw
+    return draw, threads or run_threads(request, painter.pipe.files)
 
 
-def b16_case(threads: int, image_size: int):
-    """draw(N) -> images of a guided B/16 step: one forward of [cond ; uncond] for N images."""
+def b16_case(threads: int | None, image_size: int):
+    """(draw(N) -> images of a guided B/16 step: one forward of [cond ; uncond] for N images, BLAS
+    threads: `threads`, else what the pipeline chooses for B/16's image at this size)."""
     from minit2i.core.mmjit_config import MMJIT_B16
-    from minit2i.core.threads import blas_threads
+    from minit2i.core.threads import blas_threads, block_product_flops, threads_for
     from minit2i.core.weights import nest
     from minit2i.demo_models import random_mmjit_weights
     from minit2i.reference.mmjit import mmjit_forward
 
     config, rng = MMJIT_B16, np.random.default_rng(1)
     params = nest(random_mmjit_weights(config, 0))
+    tokens = (image_size // config.patch_size) ** 2 + config.prompt_length
+    threads = threads or threads_for(block_product_flops(config, 2, tokens))
 
     def draw(size: int) -> int:
         rows = 2 * size
@@ -101,7 +106,7 @@ def b16_case(threads: int, image_size: int):
             mmjit_forward(params, config, images, context, mask)
         return size
 
-    return draw
+    return draw, threads
 
 
 def b16_sizes_that_fit(sizes, image_size: int) -> list[int]:
@@ -123,15 +128,14 @@ def b16_sizes_that_fit(sizes, image_size: int) -> list[int]:
 def group_rates(args) -> None:
     """The --groups table: each case's images per second at each N, best of --rounds turns (each
     round's rows printed as measured: a run on a busy machine that is stopped keeps what it has)."""
-    threads = current_blas_threads() or 1
-    cases = {"demo (whole images, 20 steps, 64 x 64)": (demo_case(threads, args.jobs), args.sizes),
+    cases = {"demo (whole images, 20 steps, 64 x 64)": (*demo_case(args.threads, args.jobs), args.sizes),
              f"B/16 random weights (one guided step, {args.b16_size} x {args.b16_size})":
-                 (b16_case(threads, args.b16_size), b16_sizes_that_fit(args.sizes, args.b16_size))}
+                 (*b16_case(args.threads, args.b16_size), b16_sizes_that_fit(args.sizes, args.b16_size))}
     best: dict = {}
     header = f"{'case':<52} {'N':>3} {'images/s':>10} {'vs N=1':>7} {'BLAS threads':>13} {'load':>6}"
     for round_ in range(args.rounds):
         print(f"round {round_ + 1}\n{header}", flush=True)
-        for name, (draw, sizes) in cases.items():
+        for name, (draw, threads, sizes) in cases.items():
             draw(1)  # caches and first-touch pages out of the timing
             for size in sizes:
                 start = time.perf_counter()
@@ -143,7 +147,7 @@ def group_rates(args) -> None:
                 print(f"{name:<52} {size:3d} {shown} {rate / best[name, sizes[0]][0]:7.2f} {threads:13d} "
                       f"{load_average():>6}", flush=True)
     print(f"best of {args.rounds} round(s)\n{header}")
-    for name, (_, sizes) in cases.items():
+    for name, (_, threads, sizes) in cases.items():
         for size in sizes:
             rate, load = best[name, size]
             shown = f"{rate:10.3f}" if name.startswith("demo") else f"{rate / B16_STEPS:10.5f}"
@@ -160,8 +164,12 @@ def main(argv=None) -> None:
     parser.add_argument("--groups", action="store_true", help="images per second by --batch-size N instead")
     parser.add_argument("--b16-size", type=int, default=256, help="--groups: B/16's image size")
     parser.add_argument("--jobs", type=int, default=16, help="--groups: demo images drawn at each N")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="--groups: BLAS threads (default: what the pipeline chooses for each model)")
     parser.add_argument("--sizes", type=int, nargs="+", default=list(GROUP_SIZES), help="--groups: the N, 1 first")
     args = parser.parse_args(argv)
+    if args.groups and (args.sizes[0] != 1 or max(args.sizes) > args.jobs):
+        parser.error("--sizes must start with 1 (the rates are compared with it) and be at most --jobs")
     print(f"command: python benchmarks/batch.py {shlex.join(argv if argv is not None else sys.argv[1:])}")
     print(f"date: {datetime.now(timezone.utc).isoformat(timespec='seconds')}; {os.cpu_count()} CPUs; "
           f"load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}; python {platform.python_version()}")
