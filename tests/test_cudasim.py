@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 
 from minit2i import cudasim
 from minit2i.accelerated.kernels import COMMON_HEADER, KERNEL_DIR, NVRTC_OPTIONS, attention_shared_bytes, kernel_source
-from minit2i.cudasim import KernelError, Module, RaceError, detectors, schedules
+from minit2i.cudasim import KernelError, Module, RaceError, detectors, device_array, schedules
 from minit2i.reference import layers as ref
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
@@ -446,16 +446,6 @@ extern "C" __global__ void divergent(const __half* a, float* d) {
     wmma::store_matrix_sync(d, acc, 16, wmma::mem_row_major);
 }
 """
-
-
-def device_array(values) -> np.ndarray:
-    """A copy of `values` at a 256-byte aligned address, as cudaMalloc returns."""
-    values = np.ascontiguousarray(values)
-    raw = np.empty(values.nbytes + 256, np.uint8)
-    start = -raw.ctypes.data % 256
-    array = raw[start:start + values.nbytes].view(values.dtype).reshape(values.shape)
-    array[...] = values
-    return array
 
 
 @pytest.fixture(scope="module")
