@@ -246,6 +246,17 @@ def loop_trip(loop: list[Instruction], must_issue: str = "LDGSTS", never: str = 
     return LoopTrip(tuple(reversed(path)))
 
 
+def key_tile_loops(instructions: list[Instruction]) -> dict[int, list[Instruction]]:
+    """The tensor-core attention's key-tile loops (the loops holding HMMA), by the bytes of their
+    cp.async copies: 16 (LDGSTS...128, rows 16-byte aligned) and 8 (LDGSTS...64)."""
+    loops = {}
+    for body in loop_bodies(instructions):
+        copies = {i.opcode.rsplit(".", 1)[-1] for i in body if i.opcode.startswith("LDGSTS")}
+        if any(i.opcode.startswith("HMMA") for i in body) and len(copies) == 1:
+            loops[int(copies.pop()) // 8] = body
+    return loops
+
+
 def parse_ptxas(log: str, arch: str) -> dict[str, Resources]:
     found = {}
     for block in re.split(r"ptxas info\s*: Compiling entry function ", log)[1:]:
