@@ -8,11 +8,14 @@ from __future__ import annotations
 
 import textwrap
 
+import ml_dtypes
 import numpy as np
 import pytest
 
-from minit2i.accelerated.kernels import KERNEL_DIR, PTX_HEADER
-from minit2i.cudasim import KernelError, Module, counting, detectors, device_array, schedules
+from minit2i.accelerated.kernels import (KERNEL_DIR, MMA_KEY_TILE, MMA_WARPS, NVRTC_OPTIONS, PTX_HEADER,
+                                         attention_shared_bytes, kernel_source, mma_rows)
+from minit2i.cudasim import KernelError, LaunchCounts, Module, counting, detectors, device_array, schedules
+from minit2i.reference import layers as ref
 
 KERNELS = """
 // One warp reads word (lane * stride) % 1024 of a shared tile, after writing the tile in 32 rows
@@ -180,3 +183,102 @@ def test_counting_needs_the_detectors():
     with detectors(False), pytest.raises(KernelError, match="counting needs the detectors' build"):
         with counting():
             pass
+
+
+# ---------------------------------------------------------------------------------------------
+# The tensor-core attention at B/16's per-tile behaviour: head dim 64 (16-byte rows), whole
+# 128-row blocks and 32-key tiles, no bias or mask; [1, 2, 128, 64] is 2 blocks of 4 key tiles.
+
+BF16 = np.dtype(ml_dtypes.bfloat16)
+B16_TILE_SHAPE = (1, 2, 128, 64)  # batch, heads, length, head dim
+SWIZZLE = "return row * DP + ((((col >> 3) ^ (row & 7)) << 3) | (col & 7));"
+SIXTEEN_BYTE_COPY = "cp_async_16(dst, src, inside && fill_low);"
+
+
+def attention_counts(text: str) -> LaunchCounts:
+    """Counts of one launch of `text`'s flash_attention_tc_bf16 at B16_TILE_SHAPE, checked against
+    float64 softmax attention first (bf16 output: within 2 units of its roundoff of max |v|, far
+    above the kernel's error at 128 keys and far below any layout slip)."""
+    batch, heads, length, head_dim = B16_TILE_SHAPE
+    rng = np.random.default_rng(16)
+    q, k, v = (device_array(rng.standard_normal(B16_TILE_SHAPE).astype(BF16)) for _ in range(3))
+    out, unused = device_array(np.zeros((batch, length, heads * head_dim), BF16)), device_array(np.zeros(1, np.float32))
+    kernel = Module(text, NVRTC_OPTIONS, name="attention_tc.cu").get_function("flash_attention_tc_bf16")
+    with counting() as launches:
+        kernel((length // mma_rows(head_dim), batch * heads), (MMA_WARPS * 32,),
+               (q, k, v, unused, unused, out, *map(np.int32, (heads, length, length, head_dim)),
+                np.float32(head_dim**-0.5), np.int32(0), np.int32(0)), shared_mem=attention_shared_bytes(head_dim, BF16))
+    expected = ref.merge_heads(ref.attention(*(a.astype(np.float64) for a in (q, k, v)), head_dim**-0.5))
+    assert np.max(np.abs(out.astype(np.float64) - expected)) <= 2 * 2.0**-8 * np.max(np.abs(v.astype(np.float64)))
+    return launches[0]
+
+
+@pytest.fixture(scope="module")
+def shipped_counts() -> LaunchCounts:
+    return attention_counts(kernel_source("attention_tc.cu"))
+
+
+def assert_no_excess_shared_wavefronts(counts: dict[str, int]):
+    """No bank conflicts in any shared-memory request: ldmatrix, cp.async's writes, plain ld/st."""
+    excess = {name: n for name, n in counts.items() if "bank_conflicts" in name and n}
+    assert not excess, excess
+
+
+def assert_full_16_byte_global_requests(counts: dict[str, int]):
+    """Every global read is a cp.async of 16 bytes a lane from all 32 lanes (512 bytes a request),
+    and every sector it touches is used whole (sectors x 32 = bytes)."""
+    requests, sectors = counts["smsp__inst_executed_op_ldgsts.sum"], counts["l1tex__t_sectors_pipe_lsu_mem_global_op_ldgsts.sum"]
+    assert counts["l1tex__t_requests_pipe_lsu_mem_global_op_ld.sum"] == 0, "plain global loads"
+    assert counts["cudasim__bytes_requested_global_op_ldgsts.sum"] == 512 * requests == 32 * sectors > 0
+
+
+def test_tensor_core_attention_has_no_excess_shared_wavefronts(shipped_counts):
+    assert_no_excess_shared_wavefronts(shipped_counts.counts)
+
+
+def test_tensor_core_attention_reads_global_memory_in_full_16_byte_requests(shipped_counts):
+    assert_full_16_byte_global_requests(shipped_counts.counts)
+
+
+def test_tensor_core_attention_counts_per_warp_and_tile(shipped_counts):
+    """Per warp: Q's copies (128 rows x 8 chunks / 128 threads = 8 a thread) and fragments (2 atoms
+    x 4) once, then per key tile the design's 64 HMMA, 16 LDSM, 4 LDGSTS, 36 MUFU.EX2 (per atom 16
+    probabilities and 2 corrections) and 2 barriers, as in the SASS trip
+    (tests/test_kernels_compile.py). Output: per warp 2 atoms x 2 row halves x 8 column pairs of
+    32-bit stores (8 rows x 16 bytes: 8 sectors, half of each written)."""
+    batch, heads, length, head_dim = B16_TILE_SHAPE
+    warps, tiles = batch * heads * length // mma_rows(head_dim) * MMA_WARPS, length // MMA_KEY_TILE
+    counts = shipped_counts.counts
+    assert counts["sass__inst_executed_per_opcode.HMMA"] == warps * 64 * tiles
+    assert counts["smsp__inst_executed_op_ldsm.sum"] == warps * (8 + 16 * tiles)
+    assert counts["l1tex__data_pipe_lsu_wavefronts_mem_shared_op_ldsm.sum"] == 4 * warps * (8 + 16 * tiles)
+    assert counts["smsp__inst_executed_op_ldgsts.sum"] == warps * (8 + 4 * tiles)
+    assert counts["sass__inst_executed_per_opcode.MUFU.EX2"] == warps * 36 * tiles
+    assert counts["sass__inst_executed_per_opcode.BAR"] == warps * 2 * tiles
+    assert counts["l1tex__t_requests_pipe_lsu_mem_global_op_st.sum"] == warps * 32
+    assert counts["l1tex__t_sectors_pipe_lsu_mem_global_op_st.sum"] == warps * 32 * 8
+
+
+def test_planted_unswizzled_tiles_fail_the_bank_conflict_check():
+    """The swizzle taken out: the 8 rows an ldmatrix matrix reads lie 128 bytes apart, all in banks
+    0-3 (8-way). The results stay right (parity passes); the conflict check does not."""
+    text = kernel_source("attention_tc.cu")
+    assert SWIZZLE in text
+    counts = attention_counts(text.replace(SWIZZLE, "return row * DP + col;")).counts
+    assert counts["l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_ldsm.sum"] == 7 * counts[
+        "l1tex__data_pipe_lsu_wavefronts_mem_shared_op_ldsm.sum"] // 8
+    with pytest.raises(AssertionError, match="ldsm"):
+        assert_no_excess_shared_wavefronts(counts)
+
+
+def test_planted_two_byte_copies_fail_the_16_byte_request_check():
+    """K, V and Q staged by plain 2-byte loads and stores in place of the 16-byte cp.async: right
+    results, and the 16-byte request check fails."""
+    text = kernel_source("attention_tc.cu")
+    assert SIXTEEN_BYTE_COPY in text
+    two_byte_copy = "for (int e = 0; e < 8; ++e) dst[e] = inside && fill_low ? src[e] : from_float<T>(0.0f);"
+    counts = attention_counts(text.replace(SIXTEEN_BYTE_COPY, two_byte_copy)).counts
+    assert counts["cudasim__bytes_requested_global_op_ld.sum"] == 2 * 32 * counts[
+        "l1tex__t_requests_pipe_lsu_mem_global_op_ld.sum"] > 0
+    with pytest.raises(AssertionError, match="plain global loads"):
+        assert_full_16_byte_global_requests(counts)
