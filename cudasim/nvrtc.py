@@ -115,6 +115,18 @@ def resources(ptx: str, arch: str) -> dict[str, Resources]:
     return parse_ptxas(result.stderr, arch)
 
 
+def cubin(ptx: str, arch: str) -> bytes:
+    """Assemble `ptx` for `arch` (e.g. "sm_90") with ptxas: the cubin."""
+    ptxas = _found("ptxas", _pathfinder().find_nvidia_binary_utility("ptxas"))
+    with tempfile.TemporaryDirectory() as folder:
+        path, out = Path(folder) / "kernels.ptx", Path(folder) / "out.cubin"
+        path.write_text(ptx)
+        result = subprocess.run([str(ptxas), f"-arch={arch}", str(path), "-o", str(out)], capture_output=True, text=True)
+        if result.returncode != 0:
+            raise NvrtcError(f"ptxas failed for {arch}:\n{result.stderr}")
+        return out.read_bytes()
+
+
 @dataclass(frozen=True)
 class Instruction:
     """One SASS instruction: its byte offset in the kernel, its opcode with modifiers (e.g.
