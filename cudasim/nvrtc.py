@@ -121,7 +121,8 @@ def cubin(ptx: str, arch: str) -> bytes:
     with tempfile.TemporaryDirectory() as folder:
         path, out = Path(folder) / "kernels.ptx", Path(folder) / "out.cubin"
         path.write_text(ptx)
-        result = subprocess.run([str(ptxas), f"-arch={arch}", str(path), "-o", str(out)], capture_output=True, text=True)
+        result = subprocess.run([str(ptxas), f"-arch={arch}", str(path), "-o", str(out)], capture_output=True,
+                                text=True)
         if result.returncode != 0:
             raise NvrtcError(f"ptxas failed for {arch}:\n{result.stderr}")
         return out.read_bytes()

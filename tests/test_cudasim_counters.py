@@ -207,7 +207,8 @@ def attention_counts(text: str) -> LaunchCounts:
     with counting() as launches:
         kernel((length // mma_rows(head_dim), batch * heads), (MMA_WARPS * 32,),
                (q, k, v, unused, unused, out, *map(np.int32, (heads, length, length, head_dim)),
-                np.float32(head_dim**-0.5), np.int32(0), np.int32(0)), shared_mem=attention_shared_bytes(head_dim, BF16))
+                np.float32(head_dim**-0.5), np.int32(0), np.int32(0)),
+               shared_mem=attention_shared_bytes(head_dim, BF16))
     expected = ref.merge_heads(ref.attention(*(a.astype(np.float64) for a in (q, k, v)), head_dim**-0.5))
     assert np.max(np.abs(out.astype(np.float64) - expected)) <= 2 * 2.0**-8 * np.max(np.abs(v.astype(np.float64)))
     return launches[0]
@@ -227,7 +228,8 @@ def assert_no_excess_shared_wavefronts(counts: dict[str, int]):
 def assert_full_16_byte_global_requests(counts: dict[str, int]):
     """Every global read is a cp.async of 16 bytes a lane from all 32 lanes (512 bytes a request),
     and every sector it touches is used whole (sectors x 32 = bytes)."""
-    requests, sectors = counts["smsp__inst_executed_op_ldgsts.sum"], counts["l1tex__t_sectors_pipe_lsu_mem_global_op_ldgsts.sum"]
+    requests = counts["smsp__inst_executed_op_ldgsts.sum"]
+    sectors = counts["l1tex__t_sectors_pipe_lsu_mem_global_op_ldgsts.sum"]
     assert counts["l1tex__t_requests_pipe_lsu_mem_global_op_ld.sum"] == 0, "plain global loads"
     assert counts["cudasim__bytes_requested_global_op_ldgsts.sum"] == 512 * requests == 32 * sectors > 0
 
