@@ -8,14 +8,29 @@ from __future__ import annotations
 
 import textwrap
 
-import ml_dtypes
+import importlib.util
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 
-from minit2i.accelerated.kernels import (KERNEL_DIR, MMA_KEY_TILE, MMA_WARPS, NVRTC_OPTIONS, PTX_HEADER,
-                                         attention_shared_bytes, kernel_source, mma_rows)
+from minit2i.accelerated.kernels import KERNEL_DIR, MMA_KEY_TILE, MMA_WARPS, PTX_HEADER, kernel_source, mma_rows
 from minit2i.cudasim import KernelError, LaunchCounts, Module, counting, detectors, device_array, schedules
 from minit2i.reference import layers as ref
+
+
+def load_script(name: str):
+    """benchmarks/<name>.py as a module."""
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(f"benchmark_{name}", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+kernel_counts = load_script("kernel_counts")
 
 KERNELS = """
 // One warp reads word (lane * stride) % 1024 of a shared tile, after writing the tile in 32 rows
@@ -189,29 +204,21 @@ def test_counting_needs_the_detectors():
 # The tensor-core attention at B/16's per-tile behaviour: head dim 64 (16-byte rows), whole
 # 128-row blocks and 32-key tiles, no bias or mask; [1, 2, 128, 64] is 2 blocks of 4 key tiles.
 
-BF16 = np.dtype(ml_dtypes.bfloat16)
-B16_TILE_SHAPE = (1, 2, 128, 64)  # batch, heads, length, head dim
 SWIZZLE = "return row * DP + ((((col >> 3) ^ (row & 7)) << 3) | (col & 7));"
 SIXTEEN_BYTE_COPY = "cp_async_16(dst, src, inside && fill_low);"
+B16_TILE_SHAPE = kernel_counts.B16_TILE_SHAPE
 
 
 def attention_counts(text: str) -> LaunchCounts:
-    """Counts of one launch of `text`'s flash_attention_tc_bf16 at B16_TILE_SHAPE, checked against
-    float64 softmax attention first (bf16 output: within 2 units of its roundoff of max |v|, far
-    above the kernel's error at 128 keys and far below any layout slip)."""
-    batch, heads, length, head_dim = B16_TILE_SHAPE
-    rng = np.random.default_rng(16)
-    q, k, v = (device_array(rng.standard_normal(B16_TILE_SHAPE).astype(BF16)) for _ in range(3))
-    out, unused = device_array(np.zeros((batch, length, heads * head_dim), BF16)), device_array(np.zeros(1, np.float32))
-    kernel = Module(text, NVRTC_OPTIONS, name="attention_tc.cu").get_function("flash_attention_tc_bf16")
-    with counting() as launches:
-        kernel((length // mma_rows(head_dim), batch * heads), (MMA_WARPS * 32,),
-               (q, k, v, unused, unused, out, *map(np.int32, (heads, length, length, head_dim)),
-                np.float32(head_dim**-0.5), np.int32(0), np.int32(0)),
-               shared_mem=attention_shared_bytes(head_dim, BF16))
-    expected = ref.merge_heads(ref.attention(*(a.astype(np.float64) for a in (q, k, v)), head_dim**-0.5))
-    assert np.max(np.abs(out.astype(np.float64) - expected)) <= 2 * 2.0**-8 * np.max(np.abs(v.astype(np.float64)))
-    return launches[0]
+    """Counts of one launch of `text`'s flash_attention_tc_bf16 at B16_TILE_SHAPE
+    (benchmarks/kernel_counts.py), checked against float64 softmax attention first (bf16 output:
+    within 2 units of its roundoff of max |v|, far above the kernel's error at 128 keys and far
+    below any layout slip)."""
+    launch, arrays = kernel_counts.attention_counts(text)
+    q, k, v, out = (arrays[name].astype(np.float64) for name in ("q", "k", "v", "out"))
+    expected = ref.merge_heads(ref.attention(q, k, v, B16_TILE_SHAPE[3]**-0.5))
+    assert np.max(np.abs(out - expected)) <= 2 * 2.0**-8 * np.max(np.abs(v))
+    return launch
 
 
 @pytest.fixture(scope="module")
@@ -284,3 +291,11 @@ def test_planted_two_byte_copies_fail_the_16_byte_request_check():
         "l1tex__t_requests_pipe_lsu_mem_global_op_ld.sum"] > 0
     with pytest.raises(AssertionError, match="plain global loads"):
         assert_full_16_byte_global_requests(counts)
+
+
+def test_the_ratios_a_gpu_run_compares_are_those_of_a_conflict_free_coalesced_kernel(shipped_counts):
+    """What scripts/gpu-check sets beside ncu's: 4 wavefronts an ldmatrix .x4 (a matrix each), none
+    in excess, and 16 sectors a cp.async request (32 lanes x 16 bytes = 512 bytes)."""
+    assert kernel_counts.per_request(shipped_counts.counts) == {
+        "ldmatrix wavefronts per request": 4.0, "ldmatrix excess wavefronts per request": 0.0,
+        "cp.async global sectors per request": 16.0}
