@@ -809,7 +809,7 @@ struct RequestKeyHash {
     size_t operator()(const RequestKey& k) const { return std::hash<uint64_t>()(k.site * 0x9e3779b97f4a7c15ull ^ k.warp << 20 ^ k.occurrence); }
 };
 std::unordered_map<RequestKey, Request, RequestKeyHash> block_requests;
-std::unordered_map<uint64_t, uint32_t> lane_occurrences;  // (thread, site) -> its accesses there so far
+std::unordered_map<RequestKey, uint32_t, RequestKeyHash> lane_occurrences;  // (site, thread, 0): its accesses there so far
 
 // Wavefronts of a shared-memory request whose lanes access `bytes` each (see above): {wavefronts, ideal}.
 std::pair<uint64_t, uint64_t> shared_wavefronts(const uintptr_t* address, uint32_t lanes, int bytes) {
@@ -883,7 +883,7 @@ void count_request(const Request& r) {
 // One lane's part of a request at `site` (running thread, or a warp collective's `lane`).
 void add_to_request(RequestKind kind, uint64_t site, int lane_of_warp, int thread, uintptr_t address, uintptr_t source,
                     int bytes) {
-    const uint32_t occurrence = lane_occurrences[site * 1024 + thread]++;
+    const uint32_t occurrence = lane_occurrences[{site, static_cast<uint32_t>(thread), 0}]++;
     Request& r = block_requests[{site, static_cast<uint32_t>(thread >> 5), occurrence}];
     if (!r.lanes) r.kind = kind, r.bytes = bytes;
     r.lanes |= 1u << lane_of_warp;
