@@ -121,7 +121,7 @@ def test_report_names_every_kernel_and_dtype(report):
     assert "| flash_attention_f32 |" in summary and "| flash_attention_tc_bf16 |" in summary
     # the attention's counts on cudasim (no ncu beside them here), and no clock to log
     assert "| ldmatrix excess wavefronts per request | 0.00 | - | - |" in summary
-    assert "| instructions per warp and key tile (SASS trip) |" in summary
+    assert "instructions per warp and key tile" in summary  # the SASS trip's, or why it was not read
     assert "SM clock: no GPU (cudasim)" in summary
 
 
