@@ -51,18 +51,21 @@ from .explore_tutor import (
     look_again,
     look_for,
     other_model,
+    picked_step,
     run_request,
     sample_run,
+    served_code,
     strip,
     time_line,
 )
 from .insides import finished_x0_pixels, step_pictures
 from .page_guard import TEMP_VARIABLE, PageGuard, is_loopback, pictures_folder, prune
-from .pipeline import BACKENDS, ModelFiles, is_student, sampling_defaults
+from .pipeline import BACKENDS, REQUEST_RANGES, ModelFiles, check_ranges, is_student, sampling_defaults
 
 DEFAULT_HOST = "127.0.0.1"  # this machine only: the page runs any prompt on it
 DEFAULT_PORT = 7860  # Gradio's
 PRECISION = "fp32"  # what every backend runs
+STEPS_RANGE = REQUEST_RANGES["steps"][1]
 # The interval fields of a model that has none (hidden on the page).
 UNUSED_INTERVAL = (0.0, 1.0)
 # The heat maps: each patch drawn as a square of this many pixels.
@@ -192,7 +195,8 @@ def launch_settings(gradio, host: str, port: int) -> dict:
                                         font_mono=["ui-monospace", "monospace"])
     return {"server_name": host, "server_port": port, "share": False, "ssr_mode": False, "quiet": True,
             "theme": local_fonts, "css": PAGE_CSS, "head": JUMP_TO_ANCHOR,
-            "app_kwargs": {"middleware": [Middleware(PageGuard, loopback=is_loopback(host)), Middleware(CodePages)]}}
+            "app_kwargs": {"middleware": [Middleware(PageGuard, loopback=is_loopback(host)),
+                                          Middleware(CodePages, served=served_code())]}}
 
 
 def model_sources(args) -> dict[str, dict]:
@@ -490,25 +494,35 @@ def build_page(gradio, models: Models, default: str, pictures: Path | None = Non
                   api_name="generate", preprocess=False)
 
         def fit_step(steps, step):
-            """The slider over the steps of the run to come."""
+            """The slider over the steps of the run to come; a bad number of steps (checked as
+            Generate checks it) leaves it as it is, and Generate will say what is wrong with it."""
             steps, step = whole(steps), whole(step)
-            if not isinstance(steps, int) or steps < FIRST:
-                return gr.skip()  # Generate will say what is wrong with it
-            return gr.Slider(maximum=steps, value=min(step, steps) if isinstance(step, int) else gr.skip())
+            try:
+                check_ranges(steps=steps)
+            except MiniT2IError:
+                return gr.skip()
+            return gr.Slider(maximum=steps, value=min(step, steps) if STEPS_RANGE.contains(step) else gr.skip())
 
-        def pick_step(chosen):
-            """The step of the strip's picture clicked (Gradio hands over the click's event data)."""
-            return chosen.index + FIRST
+        def pick_step(session, chosen):
+            """The step of the strip's picture clicked, from the click's event data (checked:
+            `picked_step`), or one line in the status."""
+            if session.run is None:
+                return [gr.skip()] * 2
+            try:
+                # The event's data as the client sent it: gr.SelectData would index it unchecked.
+                return [gr.skip(), picked_step(chosen._data, session.run.request.steps)]
+            except MiniT2IError as err:
+                return [error_status(err), gr.skip()]
 
         # The class itself, not the string that postponed annotations make of it: Gradio finds its
         # event-data parameter by the annotation, and `gr` is not a name of this module.
-        pick_step.__annotations__ = {"chosen": gr.SelectData}
+        pick_step.__annotations__ = {"chosen": gr.EventData}
 
         step.change(select, [kept, step, block], [status, *looked], api_name=False, preprocess=False,
                     trigger_mode="always_last")
         block.blur(select, [kept, step, block], [status, *looked], api_name=False, preprocess=False)
         block.submit(select, [kept, step, block], [status, *looked], api_name=False, preprocess=False)
-        x0_steps.select(pick_step, None, [step], api_name=False, preprocess=False)
+        x0_steps.select(pick_step, [kept], [status, step], api_name=False, preprocess=False)
         steps.change(fit_step, [steps, step], [step], api_name=False, preprocess=False)
         model.change(choose_model, [model], [status, steps, guidance, interval_row, t_min, t_max, width, height, step,
                                              block], api_name="defaults", preprocess=False)

@@ -460,16 +460,17 @@ def test_the_served_concepts_page_carries_its_figures_and_no_dead_links():
     import re
 
     from minit2i.code_pages import CODE_ROUTE, answer
-    from minit2i.explore_tutor import concepts_dir, concepts_markdown, section_anchor
+    from minit2i.explore_tutor import concepts_dir, concepts_markdown, section_anchor, served_code
 
     source = (concepts_dir() / "concepts.md").read_text()
     served = concepts_markdown()
     figures = re.findall(r"!\[[^\]]*\]\(figures/", source)
-    assert len(figures) >= 6 and served.count("](data:image/png;base64,") == len(figures)
+    assert len(figures) >= 6 and len(re.findall(r'<img alt="[^"]*" src="data:image/png;base64,[^"]+" '
+                                                 r'width="[1-9]\d*" height="[1-9]\d*">', served)) == len(figures)
     code = re.findall(r"(?<!!)\[[^\]]+\]\(((?!data:|#)[^)]*)\)", served)
     assert len(code) >= 40 and all(link.startswith(f"{CODE_ROUTE}/") for link in code)
     for link in set(code):
-        status, _, page = answer("/" + link.split("#")[0])
+        status, _, page = answer("/" + link.split("#")[0], served_code())
         assert status == 200, link
         if "#" in link:
             assert f'id="{link.split("#")[1]}"' in page, link
@@ -480,17 +481,20 @@ def test_the_served_concepts_page_carries_its_figures_and_no_dead_links():
     assert within and set(within) <= anchors  # "References: below" goes to the references heading
 
 
-def test_a_code_page_serves_source_files_only():
-    """/code/PATH answers a source file of the repository's package folders (or, in a checkout,
-    scripts/); anything else, a path leaving its folder included, is a 404 of one line."""
+def test_a_code_page_serves_the_source_files_the_concepts_page_links():
+    """/code/PATH answers a source file the concepts page links, of the repository's package
+    folders (or, in a checkout, scripts/ and notebooks/); anything else, a path leaving its
+    folder included, is a 404 of one line (tests/test_code_pages.py tries every kind)."""
     from minit2i.code_pages import answer
+    from minit2i.explore_tutor import served_code
 
-    status, kind, page = answer("/code/reference/sampler.py")
+    status, kind, page = answer("/code/reference/sampler.py", served_code())
     assert (status, kind) == (200, "text/html; charset=utf-8") and 'id="time_grid"' in page and 'id="L1"' in page
-    assert answer("/code/scripts/concept_figures.py")[0] == 200  # a checkout
+    assert answer("/code/scripts/concept_figures.py", served_code())[0] == 200  # a checkout
     for path in ("/code/reference/../pyproject.toml", "/code/../../etc/passwd", "/code/docs/concepts.md",
-                 "/code/reference/no_such.py", "/code/reference", "/code/reference/%2e%2e/core/files.py"):
-        status, _, body = answer(path)
+                 "/code/reference/no_such.py", "/code/reference", "/code/reference/%2e%2e/core/files.py",
+                 "/code/core/files.py", "/code/tests/test_explore.py"):
+        status, _, body = answer(path, served_code())
         assert status == 404 and body.count("\n") == 1, path
 
 
