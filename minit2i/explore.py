@@ -60,7 +60,7 @@ from .explore_tutor import (
 )
 from .insides import finished_x0_pixels, step_pictures
 from .page_guard import TEMP_VARIABLE, PageGuard, is_loopback, pictures_folder, prune
-from .pipeline import BACKENDS, REQUEST_RANGES, ModelFiles, check_ranges, is_student, sampling_defaults
+from .pipeline import BACKENDS, REQUEST_RANGES, ModelFiles, is_student, sampling_defaults
 
 DEFAULT_HOST = "127.0.0.1"  # this machine only: the page runs any prompt on it
 DEFAULT_PORT = 7860  # Gradio's
@@ -275,6 +275,17 @@ def page_settings(models: Models, prompt, model_name, backend_name, seed, steps,
 def whole(value):
     """A float that holds a whole number as that int (6.0 -> 6); anything else unchanged."""
     return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
+def slider_fit(steps, step) -> tuple[int, int | None] | None:
+    """The step slider's (maximum, value) for the steps field's `steps` and the slider's `step`,
+    as a client sent them (any JSON): None where `steps` is not a number of steps (checked as
+    Generate checks it; Generate will say what is wrong with it), the value None (left as it is)
+    where `step` is not a whole number in that range either."""
+    steps, step = whole(steps), whole(step)
+    if not STEPS_RANGE.contains(steps):
+        return None
+    return steps, min(step, steps) if STEPS_RANGE.contains(step) else None
 
 
 class Stopped(Exception):
@@ -494,14 +505,12 @@ def build_page(gradio, models: Models, default: str, pictures: Path | None = Non
                   api_name="generate", preprocess=False)
 
         def fit_step(steps, step):
-            """The slider over the steps of the run to come; a bad number of steps (checked as
-            Generate checks it) leaves it as it is, and Generate will say what is wrong with it."""
-            steps, step = whole(steps), whole(step)
-            try:
-                check_ranges(steps=steps)
-            except MiniT2IError:
+            """The slider over the steps of the run to come (`slider_fit`)."""
+            fit = slider_fit(steps, step)
+            if fit is None:
                 return gr.skip()
-            return gr.Slider(maximum=steps, value=min(step, steps) if STEPS_RANGE.contains(step) else gr.skip())
+            maximum, value = fit
+            return gr.Slider(maximum=maximum, value=gr.skip() if value is None else value)
 
         def pick_step(session, chosen):
             """The step of the strip's picture clicked, from the click's event data (checked:

@@ -161,7 +161,8 @@ def test_the_allow_list_is_read_once(tmp_path):
     """A served file swapped for a link after the server started is served as it was, and a file
     added is not: requests never reach the file system."""
     write_files(tmp_path, SERVED)
-    made = allow_list(["[a](../reference/sampler.py) [b](../reference/new.py)"], repository_folders(tmp_path / "minit2i"))
+    page = "[a](../reference/sampler.py) [b](../reference/new.py)"
+    made = allow_list([page], repository_folders(tmp_path / "minit2i"))
     (tmp_path / "reference" / "sampler.py").rename(tmp_path / "moved.py")
     os.symlink(tmp_path / "moved.py", tmp_path / "reference" / "sampler.py")
     (tmp_path / "reference" / "new.py").write_text("NEW = 1\n")
@@ -193,7 +194,8 @@ changed_names = st.one_of(
     st.tuples(st.text(min_size=1, max_size=3), served_names).map("".join))
 odd_paths = st.one_of(
     st.text(), st.binary().map(lambda raw: raw.decode("utf-8", "surrogateescape")),
-    st.binary().map(lambda raw: raw.decode("latin-1")), changed_names, st.sampled_from([*NOT_SERVED, *UNLINKED, *LINKS]),
+    st.binary().map(lambda raw: raw.decode("latin-1")), changed_names,
+    st.sampled_from([*NOT_SERVED, *UNLINKED, *LINKS]),
     st.integers(1, 5000).map(lambda n: "a/" * n + "x.py"), st.integers(1, 5000).map(lambda n: "a" * n + ".py"),
     st.sampled_from(["/etc/passwd", "//etc/passwd", "%2Fetc%2Fpasswd", "..", "../..", "~/.bashrc", str(Path.home()),
                      __file__, __file__.lstrip("/"), "C:\\Windows\\win.ini", "reference\\sampler.py"]))
