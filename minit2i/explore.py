@@ -81,24 +81,33 @@ PAGE_CSS = ("img { image-rendering: pixelated; } "
             # The x0 strip's chosen step (explore_tutor.strip marks its caption).
             "#x0-steps .thumbnail-item:has(img[alt^='\u25b6']) { outline: 3px solid #f97316; } "
             # A link to code on the concepts page looks like a link, not only like code.
-            "#concepts a code { color: var(--link-text-color); text-decoration: underline; }")
+            "#concepts a code { color: var(--link-text-color); text-decoration: underline; } "
+            # A figure of the concepts page scales to the column, keeping the proportions its width and
+            # height give it before it loads.
+            "#concepts img { max-width: 100%; height: auto; }")
 # Gradio draws a page after the browser has loaded it, so the browser's own jump to a link's #id
-# finds nothing: jump when the heading appears, and again while the figures above it load, until
-# the reader scrolls (every page of the server, the concepts page and its links above all).
+# finds nothing: jump when the heading appears (however long the page takes to draw), and again
+# whenever the page's height changes (its maths and fonts arrive) until the reader scrolls. The
+# figures keep their place before they load (their sizes are given, `figure_tag`), so nothing moves.
 JUMP_TO_ANCHOR = """<script>
 (() => {
-  let reader = false, since = Date.now();
+  let reader = false;
   for (const kind of ["wheel", "keydown", "touchstart", "mousedown"]) {
     window.addEventListener(kind, () => { reader = true; }, {passive: true});
   }
   const jump = () => {
-    const id = decodeURIComponent(location.hash.slice(1));
-    const target = id && document.getElementById(id);
+    let id = location.hash.slice(1);
+    try { id = decodeURIComponent(id); } catch (malformed) {}
+    const target = !reader && id && document.getElementById(id);
     if (target) target.scrollIntoView();
-    if (id && !reader && Date.now() - since < 5000) setTimeout(jump, 200);
+    return target;
   };
-  window.addEventListener("hashchange", () => { reader = false; since = Date.now(); jump(); });
-  jump();
+  const wait = (since) => {
+    if (!jump() && !reader && Date.now() - since < 120000) setTimeout(() => wait(since), 200);
+  };
+  new ResizeObserver(jump).observe(document.documentElement);
+  window.addEventListener("hashchange", () => { reader = false; wait(Date.now()); });
+  wait(Date.now());
 })();
 </script>"""
 
