@@ -196,8 +196,9 @@ def check_port(host: str, port: int) -> None:
 def launch_settings(gradio, host: str, port: int) -> dict:
     """`Blocks.launch` arguments: no share link, no server-side rendering process, and the system's
     fonts instead of the default theme's web fonts, so nothing is fetched from the internet; every
-    request checked by `page_guard.PageGuard` first, then the source files the concepts page links
-    served (`code_pages`); and the script that takes a link to its heading (JUMP_TO_ANCHOR)."""
+    request checked by `page_guard.PageGuard` first, then /code/ answered from its allow-list
+    (`code_pages`, made once: `served_code`); and the script that takes a link to its heading
+    (JUMP_TO_ANCHOR)."""
     from starlette.middleware import Middleware
 
     local_fonts = gradio.themes.Default(font=["ui-sans-serif", "system-ui", "sans-serif"],

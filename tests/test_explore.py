@@ -28,6 +28,8 @@ from explore_server import (
     read_pixels,
     started,
 )
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from minit2i.cli import build_parser, main
 from minit2i.demo_models import demo_model
@@ -515,6 +517,31 @@ def test_a_forged_number_of_steps_leaves_the_slider_and_completes(page, kept_ses
     done = page_event(url, kept_session, "steps", "change", [steps, 2])
     assert done["msg"] == "process_completed" and done["success"], done
     assert done["output"]["data"] == [{"__type__": "update"}]
+    assert terminal(server) == ""
+
+
+# Any JSON value a client may send (NaN and the infinities too: Python's JSON reads them).
+json_values = st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=8),
+                           lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner,
+                                                                                       max_size=3), max_leaves=6)
+
+
+@settings(max_examples=25, deadline=None)
+@given(event=st.sampled_from([("x0-steps", "select"), ("steps", "change"), ("step", "change"), ("block", "blur")]),
+       values=st.lists(json_values, min_size=2, max_size=2), event_data=st.one_of(
+           json_values, st.dictionaries(st.sampled_from(["index", "value", "selected"]), json_values)))
+def test_generated_page_events_over_http(page, kept_session, event, values, event_data):
+    """The page's other events (a click on the x0 strip, the steps field, the step and block
+    selectors) with any JSON as their values and event data, sent over Gradio's queue: each
+    answer completes, with the run's values or one line in the status, and nothing in the
+    server's terminal."""
+    server, url, _ = page
+    terminal(server)
+    data = {"x0-steps": [None], "steps": values}.get(event[0], [None, *values])
+    done = page_event(url, kept_session, *event, data, event_data)
+    assert done["msg"] == "process_completed" and done["success"], done
+    status = done["output"]["data"][0]
+    assert isinstance(status, dict) or "\n" not in status, status  # an update of the slider, or one line
     assert terminal(server) == ""
 
 
