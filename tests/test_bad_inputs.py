@@ -2263,6 +2263,97 @@ def test_a_name_lookup_that_gets_no_answer_ends_at_its_deadline_or_a_signal(tmp_
     assert not (tmp_path / "run").exists()
 
 
+# The main thread deaf to signals for a minute inside `signals_end_within` (as in C: here the two
+# signals are held on it, so that another thread takes them), marked when it gets there.
+DEAF_MAIN_THREAD = """
+import pathlib, signal, sys, time
+from minit2i.console import guarded
+from minit2i.waits import signals_end_within
+
+def command():
+    with signals_end_within(2):
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+        pathlib.Path(sys.argv[1]).touch()
+        time.sleep(60)
+
+sys.exit(guarded("minit2i", command))
+"""
+
+
+@pytest.mark.parametrize("signum, status, last", [(signal.SIGTERM, 143, "minit2i: terminated"),
+                                                  (signal.SIGINT, 130, "minit2i: interrupted")])
+def test_a_signal_ends_a_main_thread_that_waits_in_c_within_its_grace(tmp_path, signum, status, last):
+    """What ends ray.init's waits in C (30 s seen after a SIGTERM to the process group): the signal
+    is seen at once, and the process ends as its handler would have 2 s later (a hang guard of 30 s)."""
+    marker = tmp_path / "deaf"
+    process = subprocess.Popen([sys.executable, "-c", DEAF_MAIN_THREAD, str(marker)], stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, preexec_fn=ctrl_c_as_at_a_terminal)
+    try:
+        for _ in range(300):
+            if marker.exists() or process.poll() is not None:
+                break
+            time.sleep(0.1)
+        assert marker.exists(), process.communicate()
+        process.send_signal(signum)
+        _, err = process.communicate(timeout=30)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    assert process.returncode == status and err.decode().splitlines() == [last], err
+
+
+# ray.init, marked when it is called (the file named first), then the CLI (the other arguments).
+RAY_INIT_MARKED = """
+import pathlib, sys
+import ray
+
+start_cluster = ray.init
+
+def marked_init(*args, **kwargs):
+    pathlib.Path(sys.argv[1]).touch()
+    return start_cluster(*args, **kwargs)
+
+ray.init = marked_init
+from minit2i.cli import main
+sys.exit(main(sys.argv[2:]))
+"""
+
+
+@needs_ray
+@pytest.mark.parametrize("to_group", [False, True], ids=["to the process", "to its process group"])
+def test_sigterm_while_ray_starts_a_local_cluster_ends_the_run_in_one_line(tmp_path, to_group):
+    """SIGTERM seconds into ray.init starting a local cluster: exit status 15 with no message (the
+    handler ray.init puts in, a bare sys.exit), or, sent to the process group, no exit within 25 s
+    (ray.init waiting in C for the processes the signal had ended). Now `minit2i: terminated`, 143,
+    within seconds (a hang guard of 30 s), and no run folder."""
+    prompts, marker = tmp_path / "prompts.txt", tmp_path / "ray-init"
+    prompts.write_text("a red circle\n")
+    environment = {key: value for key, value in os.environ.items() if key != "RAY_ADDRESS"}
+    process = subprocess.Popen([sys.executable, "-c", RAY_INIT_MARKED, str(marker), "batch", str(prompts), "--out",
+                                str(tmp_path / "run"), "--engine", "ray", *EVAL_STEPS], stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, env=environment, start_new_session=True)
+    try:
+        for _ in range(600):
+            if marker.exists() or process.poll() is not None:
+                break
+            time.sleep(0.1)
+        assert marker.exists(), process.communicate()
+        time.sleep(3)  # into ray.init: its handler set, the cluster's processes starting
+        if to_group:
+            os.killpg(process.pid, signal.SIGTERM)
+        else:
+            process.send_signal(signal.SIGTERM)
+        _, err = process.communicate(timeout=30)
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+    assert process.returncode == 143, err
+    assert err.decode().splitlines()[-1] == "minit2i: terminated"
+    assert not (tmp_path / "run").exists()
+
+
 RUN_PARTS = ["run.json", "manifest.jsonl", "00001/metadata.jsonl", "00001/samples/0002.png", "00002", "dpg", "flat"]
 # What each command may write in the run folder (a rerun: anything).
 WRITTEN_BY = {"dpg": ("dpg",), "flat": ("flat",), "score": ("score.md", "score.json", "score-misses.png")}
