@@ -2163,8 +2163,7 @@ def settings_then_silence():
     import socket
     import threading
 
-    from minit2i.batch.ray_engine import HTTP2_PREFACE, SETTINGS, frame
-
+    preface, empty_settings = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n", bytes([0, 0, 0, 4, 0, 0, 0, 0, 0])  # RFC 9113
     listener = socket.create_server(("127.0.0.1", 0))
     listener.settimeout(60)
     called, held = threading.Event(), []
@@ -2173,8 +2172,8 @@ def settings_then_silence():
         with contextlib.suppress(OSError):
             connection, _ = listener.accept()
             held.append(connection)
-            connection.recv(len(HTTP2_PREFACE) + 9, socket.MSG_WAITALL)
-            connection.sendall(frame(SETTINGS, 0, 0, b""))
+            connection.recv(len(preface + empty_settings), socket.MSG_WAITALL)
+            connection.sendall(empty_settings)
             if connection.recv(1024):
                 called.set()
 
