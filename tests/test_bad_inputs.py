@@ -1906,6 +1906,21 @@ def test_a_prompt_line_the_limits_take_draws_a_run_its_readers_take(tmp_path):
     assert [path.name for path in (tmp_path / "run/dpg").iterdir()] == ["long.png"]
 
 
+@pytest.mark.parametrize("command", ["flat", "dpg", "score"])
+def test_a_prompt_folder_linked_outside_the_run_is_not_read_through(scored_run, tmp_path, command):
+    """A prompt's folder replaced by a link to a copy of it elsewhere: its images and metadata were
+    read through the link (a file of the run is never read through a link). Now one line."""
+    run = run_copy(scored_run, tmp_path)
+    shutil.move(run / "00001", tmp_path / "elsewhere")
+    (run / "00001").symlink_to(tmp_path / "elsewhere")
+    code, out, err = run_folder_outcome(run, command)
+    words = "00001 is a symbolic link, not a folder of the run"
+    if command == "score":
+        assert_score_error((code, out, err), words)
+    else:
+        assert_one_line_error(code, out, err, words)
+
+
 def gif_bytes() -> bytes:
     from PIL import Image
 
@@ -2421,7 +2436,8 @@ def test_generated_dpg_item_ids(scored_run, ids):
 # network answers every outside address, Ray itself would be tried on the others.
 ray_addresses = st.one_of(st.text(max_size=24), st.builds(
     "{}{}:{}".format, st.sampled_from(["", "ray://", "http://"]),
-    st.sampled_from(["127.0.0.1", "localhost", "[::1]", "::1", "nonsense.invalid", "", "-", "a b"]),
+    st.sampled_from(["127.0.0.1", "localhost", "[::1]", "::1", "nonsense.invalid", "", "-", "a b", "head..cluster",
+                     ".head", f"{'a' * 64}.cluster", "x" * 253]),
     st.sampled_from(["1", "0", "65536", "99999", "", "x", "-1"])))
 
 

@@ -267,8 +267,8 @@ def joined_cluster(spec: Spec, workers: int | None, address: str | None):
 
 
 def on_ray(jobs: list[Job], spec: Spec, actors: int, gpus: int) -> Iterator[tuple]:
-    """Each job drawn on the joined cluster by a pool of `actors` actors of `spec.threads` CPUs
-    and `gpus` GPUs each."""
+    """Each job drawn on the joined cluster by a pool of `actors` actors (no more than the jobs:
+    Ray Data warns of each actor left without one) of `spec.threads` CPUs and `gpus` GPUs each."""
     import ray.data
 
     context = ray.data.DataContext.get_current()
@@ -282,7 +282,8 @@ def on_ray(jobs: list[Job], spec: Spec, actors: int, gpus: int) -> Iterator[tupl
         warnings.filterwarnings("ignore", message="`ray_remote_args` is deprecated")
         drawn = ray.data.from_items(rows, override_num_blocks=len(rows)).map_batches(
             RayPainter, fn_constructor_kwargs={"spec": spec}, batch_size=1,
-            compute=ray.data.ActorPoolStrategy(size=actors), num_cpus=spec.threads, num_gpus=gpus, max_restarts=0)
+            compute=ray.data.ActorPoolStrategy(size=min(actors, len(rows))), num_cpus=spec.threads, num_gpus=gpus,
+            max_restarts=0)
     try:
         for batch in drawn.iter_batches(batch_size=None, batch_format="numpy"):
             for number, pixels, setup in zip(batch["number"], batch["pixels"], batch["setup"]):
