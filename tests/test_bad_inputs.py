@@ -1736,6 +1736,21 @@ def test_learn_refuses_a_damaged_log_before_it_trains(learnt_run, tmp_path, dama
     assert {path: (path.read_bytes(), path.stat().st_mtime_ns) for path in run.rglob("*") if path.is_file()} == before
 
 
+def test_a_full_disk_while_a_file_is_written_whole_names_that_file(tmp_path, capsys):
+    """learn's checkpoint on a full disk was `learn: error: No space left on device`, naming no file."""
+    import errno
+
+    from minit2i.console import guarded
+    from minit2i.core.files import write_temporary
+
+    def fill(file):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    assert guarded("learn", lambda: write_temporary(tmp_path / "checkpoint.safetensors", fill)) == 2
+    assert capsys.readouterr().err == f"learn: error: {tmp_path / 'checkpoint.safetensors'}: No space left on device\n"
+    assert list(tmp_path.iterdir()) == []
+
+
 # ---------------------------------------------------------------------------------------------
 # The evaluation path: batch's prompt file and run folder, its exports, score and the Ray engine
 
