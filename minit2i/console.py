@@ -59,12 +59,17 @@ def guarded(prog: str, command) -> int:
         return fail(f"{prog}: error: out of memory (the process may run under a memory or address-space "
                     "limit, `ulimit -v`); raise the limit or use a smaller model or run", 2)
     except Terminated:
-        return fail(f"{prog}: terminated", 128 + signal.SIGTERM)
+        return fail(*signal_ending(prog, signal.SIGTERM))
     except KeyboardInterrupt:
-        return fail(f"{prog}: interrupted", 130)
+        return fail(*signal_ending(prog, signal.SIGINT))
     finally:
         if previous_handler is not None:
             signal.signal(signal.SIGTERM, previous_handler)
+
+
+def signal_ending(prog: str, signum: int) -> tuple[str, int]:
+    """(the last line, the exit status) of a run that SIGTERM or Ctrl-C (SIGINT) ended."""
+    return (f"{prog}: terminated", 128 + signal.SIGTERM) if signum == signal.SIGTERM else (f"{prog}: interrupted", 130)
 
 
 class Terminated(KeyboardInterrupt):

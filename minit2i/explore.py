@@ -39,6 +39,7 @@ from .arguments import add_model_arguments, model_paths
 from .console import LINE_LIMIT, emit, printable
 from .code_pages import CodePages
 from .demo_models import DEMO_MODELS
+from .waits import LOOKUP_SECONDS, addresses
 from .explore_tutor import (
     ATTENTION_SINKS,
     CONCEPTS_ROUTE,
@@ -183,7 +184,9 @@ def check_port(host: str, port: int) -> None:
     if not 1 <= port <= 65535:
         raise MiniT2IError(f"--port {port} is not a port; use one in 1..65535, e.g. --port {DEFAULT_PORT}")
     try:
-        socket.getaddrinfo(host, port)  # create_server would say "Unknown error -2" of a name that does not resolve
+        # create_server would say "Unknown error -2" of a name that does not resolve, after waiting
+        # for a name server that does not answer for as long as the resolver retries, deaf to Ctrl-C
+        addresses(host, port, LOOKUP_SECONDS)
         with socket.create_server((host, port)):
             pass
     except socket.gaierror as err:

@@ -1779,6 +1779,21 @@ def test_learn_refuses_a_damaged_log_before_it_trains(learnt_run, tmp_path, dama
     assert {path: (path.read_bytes(), path.stat().st_mtime_ns) for path in run.rglob("*") if path.is_file()} == before
 
 
+def test_a_full_disk_while_a_file_is_written_whole_names_that_file(tmp_path, capsys):
+    """learn's checkpoint on a full disk was `learn: error: No space left on device`, naming no file."""
+    import errno
+
+    from minit2i.console import guarded
+    from minit2i.core.files import write_temporary
+
+    def fill(file):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    assert guarded("learn", lambda: write_temporary(tmp_path / "checkpoint.safetensors", fill)) == 2
+    assert capsys.readouterr().err == f"learn: error: {tmp_path / 'checkpoint.safetensors'}: No space left on device\n"
+    assert list(tmp_path.iterdir()) == []
+
+
 # ---------------------------------------------------------------------------------------------
 # The evaluation path: batch's prompt file and run folder, its exports, score and the Ray engine
 
@@ -1947,6 +1962,21 @@ def test_a_prompt_line_the_limits_take_draws_a_run_its_readers_take(tmp_path):
     assert code == 0, err
     assert (tmp_path / "run/00000/metadata.jsonl").read_bytes() == line + b"\n"
     assert [path.name for path in (tmp_path / "run/dpg").iterdir()] == ["long.png"]
+
+
+@pytest.mark.parametrize("command", ["flat", "dpg", "score"])
+def test_a_prompt_folder_linked_outside_the_run_is_not_read_through(scored_run, tmp_path, command):
+    """A prompt's folder replaced by a link to a copy of it elsewhere: its images and metadata were
+    read through the link (a file of the run is never read through a link). Now one line."""
+    run = run_copy(scored_run, tmp_path)
+    shutil.move(run / "00001", tmp_path / "elsewhere")
+    (run / "00001").symlink_to(tmp_path / "elsewhere")
+    code, out, err = run_folder_outcome(run, command)
+    words = "00001 is a symbolic link, not a folder of the run"
+    if command == "score":
+        assert_score_error((code, out, err), words)
+    else:
+        assert_one_line_error(code, out, err, words)
 
 
 def gif_bytes() -> bytes:
@@ -2206,8 +2236,7 @@ def settings_then_silence():
     import socket
     import threading
 
-    from minit2i.batch.ray_engine import HTTP2_PREFACE, SETTINGS, frame
-
+    preface, empty_settings = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n", bytes([0, 0, 0, 4, 0, 0, 0, 0, 0])  # RFC 9113
     listener = socket.create_server(("127.0.0.1", 0))
     listener.settimeout(60)
     called, held = threading.Event(), []
@@ -2216,8 +2245,8 @@ def settings_then_silence():
         with contextlib.suppress(OSError):
             connection, _ = listener.accept()
             held.append(connection)
-            connection.recv(len(HTTP2_PREFACE) + 9, socket.MSG_WAITALL)
-            connection.sendall(frame(SETTINGS, 0, 0, b""))
+            connection.recv(len(preface + empty_settings), socket.MSG_WAITALL)
+            connection.sendall(empty_settings)
             if connection.recv(1024):
                 called.set()
 
@@ -2306,6 +2335,97 @@ def test_a_name_lookup_that_gets_no_answer_ends_at_its_deadline_or_a_signal(tmp_
     assert not (tmp_path / "run").exists()
 
 
+# The main thread deaf to signals for a minute inside `signals_end_within` (as in C: here the two
+# signals are held on it, so that another thread takes them), marked when it gets there.
+DEAF_MAIN_THREAD = """
+import pathlib, signal, sys, time
+from minit2i.console import guarded
+from minit2i.waits import signals_end_within
+
+def command():
+    with signals_end_within(2):
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+        pathlib.Path(sys.argv[1]).touch()
+        time.sleep(60)
+
+sys.exit(guarded("minit2i", command))
+"""
+
+
+@pytest.mark.parametrize("signum, status, last", [(signal.SIGTERM, 143, "minit2i: terminated"),
+                                                  (signal.SIGINT, 130, "minit2i: interrupted")])
+def test_a_signal_ends_a_main_thread_that_waits_in_c_within_its_grace(tmp_path, signum, status, last):
+    """What ends ray.init's waits in C (30 s seen after a SIGTERM to the process group): the signal
+    is seen at once, and the process ends as its handler would have 2 s later (a hang guard of 30 s)."""
+    marker = tmp_path / "deaf"
+    process = subprocess.Popen([sys.executable, "-c", DEAF_MAIN_THREAD, str(marker)], stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, preexec_fn=ctrl_c_as_at_a_terminal)
+    try:
+        for _ in range(300):
+            if marker.exists() or process.poll() is not None:
+                break
+            time.sleep(0.1)
+        assert marker.exists(), process.communicate()
+        process.send_signal(signum)
+        _, err = process.communicate(timeout=30)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    assert process.returncode == status and err.decode().splitlines() == [last], err
+
+
+# ray.init, marked when it is called (the file named first), then the CLI (the other arguments).
+RAY_INIT_MARKED = """
+import pathlib, sys
+import ray
+
+start_cluster = ray.init
+
+def marked_init(*args, **kwargs):
+    pathlib.Path(sys.argv[1]).touch()
+    return start_cluster(*args, **kwargs)
+
+ray.init = marked_init
+from minit2i.cli import main
+sys.exit(main(sys.argv[2:]))
+"""
+
+
+@needs_ray
+@pytest.mark.parametrize("to_group", [False, True], ids=["to the process", "to its process group"])
+def test_sigterm_while_ray_starts_a_local_cluster_ends_the_run_in_one_line(tmp_path, to_group):
+    """SIGTERM seconds into ray.init starting a local cluster: exit status 15 with no message (the
+    handler ray.init puts in, a bare sys.exit), or, sent to the process group, no exit within 25 s
+    (ray.init waiting in C for the processes the signal had ended). Now `minit2i: terminated`, 143,
+    within seconds (a hang guard of 30 s), and no run folder."""
+    prompts, marker = tmp_path / "prompts.txt", tmp_path / "ray-init"
+    prompts.write_text("a red circle\n")
+    environment = {key: value for key, value in os.environ.items() if key != "RAY_ADDRESS"}
+    process = subprocess.Popen([sys.executable, "-c", RAY_INIT_MARKED, str(marker), "batch", str(prompts), "--out",
+                                str(tmp_path / "run"), "--engine", "ray", *EVAL_STEPS], stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, env=environment, start_new_session=True)
+    try:
+        for _ in range(600):
+            if marker.exists() or process.poll() is not None:
+                break
+            time.sleep(0.1)
+        assert marker.exists(), process.communicate()
+        time.sleep(3)  # into ray.init: its handler set, the cluster's processes starting
+        if to_group:
+            os.killpg(process.pid, signal.SIGTERM)
+        else:
+            process.send_signal(signal.SIGTERM)
+        _, err = process.communicate(timeout=30)
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+    assert process.returncode == 143, err
+    assert err.decode().splitlines()[-1] == "minit2i: terminated"
+    assert not (tmp_path / "run").exists()
+
+
 RUN_PARTS = ["run.json", "manifest.jsonl", "00001/metadata.jsonl", "00001/samples/0002.png", "00002", "dpg", "flat"]
 # What each command may write in the run folder (a rerun: anything).
 WRITTEN_BY = {"dpg": ("dpg",), "flat": ("flat",), "score": ("score.md", "score.json", "score-misses.png")}
@@ -2374,7 +2494,8 @@ def test_generated_dpg_item_ids(scored_run, ids):
 # network answers every outside address, Ray itself would be tried on the others.
 ray_addresses = st.one_of(st.text(max_size=24), st.builds(
     "{}{}:{}".format, st.sampled_from(["", "ray://", "http://"]),
-    st.sampled_from(["127.0.0.1", "localhost", "[::1]", "::1", "nonsense.invalid", "", "-", "a b"]),
+    st.sampled_from(["127.0.0.1", "localhost", "[::1]", "::1", "nonsense.invalid", "", "-", "a b", "head..cluster",
+                     ".head", f"{'a' * 64}.cluster", "x" * 253]),
     st.sampled_from(["1", "0", "65536", "99999", "", "x", "-1"])))
 
 

@@ -29,8 +29,9 @@ from pathlib import Path
 import numpy as np
 
 from minit2i.core.checks import read_limited
+from minit2i.console import Terminated
 from minit2i.core.errors import MiniT2IError
-from minit2i.hosts import addresses
+from minit2i.waits import addresses, signals_end_within
 
 from .worker import Job, Painter, Spec
 
@@ -55,6 +56,9 @@ LAST_CLUSTER_FIX = ("start it again (ray start --head), or stop what is left of 
 # How long a cluster's address is given to answer (a TCP connection, then a gRPC handshake, each):
 # a head on the same network answers in milliseconds; Ray itself would wait for minutes.
 ANSWER_SECONDS = 10
+# How long ray.init is given to return to Python after Ctrl-C or SIGTERM: it returns within a second
+# unless it waits in C, where it can stay for half a minute.
+SIGNAL_GRACE_SECONDS = 5
 
 
 class RayPainter:
@@ -240,18 +244,27 @@ def joined_cluster(spec: Spec, workers: int | None, address: str | None):
         logging.getLogger(name).setLevel(logging.ERROR)
     started = not ray.is_initialized()
     if started:
-        # ray.init makes SIGTERM a bare sys.exit (a traceback from Ray's threads, no clean-up): the
-        # handler it found (the CLI's, which ends the run as Ctrl-C does) is put back.
+        # ray.init makes SIGTERM a bare sys.exit as it starts (status 15, no message, no clean-up):
+        # that exit is the CLI's SIGTERM, and the handler it replaced (the CLI's, which ends the run
+        # as Ctrl-C does) is put back, whatever ray.init ends with. It can wait in C for tens of
+        # seconds, deaf to signals, for a cluster whose processes a SIGTERM to the process group
+        # ended: a signal ends it within SIGNAL_GRACE_SECONDS (the run folder is not yet touched).
         terminate = signal.getsignal(signal.SIGTERM)
         try:
-            ray.init(address=address, include_dashboard=False, log_to_driver=False, logging_level=logging.ERROR)
-            if threading.current_thread() is threading.main_thread():
-                signal.signal(signal.SIGTERM, terminate)
+            with signals_end_within(SIGNAL_GRACE_SECONDS):
+                ray.init(address=address, include_dashboard=False, log_to_driver=False, logging_level=logging.ERROR)
+        except SystemExit as exit_:
+            if exit_.code != signal.SIGTERM:
+                raise
+            raise Terminated from None
         except (ConnectionError, ValueError, RuntimeError, TimeoutError) as err:
             reason = " ".join(str(err).split())
             raise MiniT2IError(f"cannot join the Ray cluster at {address or 'this machine'}: {reason[:300]}; check "
                                "that it runs (ray status), and for a cluster with token authentication (Ray's "
                                "default) set RAY_AUTH_MODE=token") from None
+        finally:
+            if threading.current_thread() is threading.main_thread():
+                signal.signal(signal.SIGTERM, terminate)
     try:
         gpus = 1 if spec.backend in GPU_BACKENDS else 0
         nodes = [node["Resources"] for node in ray.nodes() if node.get("Alive")]
@@ -263,8 +276,9 @@ def joined_cluster(spec: Spec, workers: int | None, address: str | None):
 
 
 def on_ray(work: list[list[Job]], spec: Spec, actors: int, gpus: int) -> Iterator[tuple]:
-    """Each group drawn on the joined cluster by a pool of `actors` actors of `spec.threads` CPUs
-    and `gpus` GPUs each."""
+    """Each group drawn on the joined cluster by a pool of `actors` actors (no more than the
+    groups: Ray Data warns of each actor left without one) of `spec.threads` CPUs and `gpus` GPUs
+    each."""
     import ray.data
 
     context = ray.data.DataContext.get_current()
@@ -278,7 +292,8 @@ def on_ray(work: list[list[Job]], spec: Spec, actors: int, gpus: int) -> Iterato
         warnings.filterwarnings("ignore", message="`ray_remote_args` is deprecated")
         drawn = ray.data.from_items(rows, override_num_blocks=len(rows)).map_batches(
             RayPainter, fn_constructor_kwargs={"spec": spec}, batch_size=1,
-            compute=ray.data.ActorPoolStrategy(size=actors), num_cpus=spec.threads, num_gpus=gpus, max_restarts=0)
+            compute=ray.data.ActorPoolStrategy(size=min(actors, len(rows))), num_cpus=spec.threads, num_gpus=gpus,
+            max_restarts=0)
     try:
         for batch in drawn.iter_batches(batch_size=None, batch_format="numpy"):
             for number, pixels, setup in zip(batch["number"], batch["pixels"], batch["setup"]):

@@ -182,9 +182,18 @@ def read_entries(manifest, path: Path, root: Path) -> tuple[dict[tuple[int, int]
     return entries, length
 
 
+def inside(root: Path, relative: str) -> Path:
+    """root / relative, each folder between them checked to be a folder of the run, not a link
+    (`plain_folder`): a file of the run is never read through a link to another folder."""
+    folder = root
+    for part in Path(relative).parts[:-1]:
+        folder = plain_folder(folder / part, create=False)
+    return root / relative
+
+
 def read_metadata(root: Path, index: int) -> dict:
     """The metadata.jsonl of prompt `index` (its line of the prompt file), read as a file from outside."""
-    path = root / metadata_path(index)
+    path = inside(root, metadata_path(index))
     return json_line(path, 1, read_limited(path, "metadata", LINE_LIMIT, follow_links=False), "metadata")
 
 
@@ -198,9 +207,9 @@ class Run:
 
     def image(self, entry: dict) -> tuple[bytes, np.ndarray]:
         """(PNG bytes, uint8 [H, W, 3]) of a manifest entry's image, checked before it is decoded: a
-        plain file of the size a PNG of the run's size can have, the bytes its line records, a PNG
-        of the run's size."""
-        path = self.root / entry["path"]
+        plain file in plain folders (`inside`) of the size a PNG of the run's size can have, the
+        bytes its line records, a PNG of the run's size."""
+        path = inside(self.root, entry["path"])
         width, height = image_size(self.record)
         data = read_limited(path, "image", png_limit(width, height), follow_links=False)
         if sha256_hex(data) != entry["sha256"]:
