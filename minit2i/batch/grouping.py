@@ -17,10 +17,12 @@ from .store import RUN_FILE, read_record
 # On the GPU the rows of a group fill a device that two rows leave mostly idle: the default is
 # the largest power of two up to this that the free device memory holds.
 GPU_DEFAULT_LIMIT = 16
-# The default where grouping gains nothing: NumPy's matmul runs a stack one image's rows at a
-# time (the same BLAS calls, grouped or not), and cudasim runs every CUDA thread as a fiber on
-# the CPU, so rows cost what they cost alone (benchmarks/batch.py).
+# The default on the CPU. NumPy's matmul runs a stack one image's rows at a time (the same BLAS
+# calls, grouped or not: no gain measured, benchmarks/batch.py); cudasim is for tests, and alone
+# its images are the bytes `generate` draws (its GEMMs' bits depend on the rows of a group).
 ALONE = 1
+REASONS = {"numpy": "the numpy backend draws no faster in groups",
+           "cudasim": "on cudasim one image a forward draws the bytes generate draws"}
 
 
 def recorded_batch_size(out: Path) -> int | None:
@@ -47,7 +49,7 @@ def chosen_batch_size(asked: int | None, recorded: int | None, backend: str, req
     if recorded is not None:
         return recorded, "as the run folder's run.json records"
     if backend != "cupy":
-        return ALONE, f"the {backend} backend draws no faster in groups"
+        return ALONE, REASONS[backend]
     size = GPU_DEFAULT_LIMIT
     while most is not None and size > max(most, 1):
         size //= 2
