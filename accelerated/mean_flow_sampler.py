@@ -45,8 +45,12 @@ def sample_mean_flow_on_device(denoise: Callable, noise, context, mask, steps: i
         work.factor.fill(np.float32(f))
 
     times = mean_flow_time_grid(steps)
-    after_step = (lambda i: callback(StepInfo(i, float(times[i]), work.state, work.outputs["x0"]))) if callback else None
-    run_steps(work, zip(step_lengths(steps), mean_flow_step_factors(steps)), write_scalars, use_graph, after_step)
+
+    def after_step(i):
+        callback(StepInfo(i, float(times[i]), work.state, work.outputs["x0"]))
+
+    run_steps(work, zip(step_lengths(steps), mean_flow_step_factors(steps)), write_scalars, use_graph,
+              after_step if callback else None)
     return work.state
 
 

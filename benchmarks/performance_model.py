@@ -838,6 +838,6 @@ def group_table(a: Assumptions = Assumptions(), size: int = 512, device: Device 
         for images in GROUP_SIZES:
             seconds = set_seconds(config, size, steps, images, GENEVAL_IMAGES, device, 2, a)
             rate = images / (group_ms(config, size, steps, images, device, 2, a) / 1e3)
-            rows.append(f"| {label} | {steps} | {images} | {rate:.1f} | {seconds / 60:.2f} min | {floor / 60:.2f} min | "
-                        f"{seconds / floor:.2f} | {SET_TARGETS[label]:.1f}x |")
+            rows.append(f"| {label} | {steps} | {images} | {rate:.1f} | {seconds / 60:.2f} min | "
+                        f"{floor / 60:.2f} min | {seconds / floor:.2f} | {SET_TARGETS[label]:.1f}x |")
     return rows

@@ -95,7 +95,8 @@ def test_a_runner_captures_one_step_per_group_shape_and_replays_it(tiny, monkeyp
     captures, launches = [], []
     real_capture, real_launch = sampler.capture, sampler.CapturedStep.launch
     monkeypatch.setattr(sampler, "capture", lambda step, stream: captures.append(1) or real_capture(step, stream))
-    monkeypatch.setattr(sampler.CapturedStep, "launch", lambda self, stream: launches.append(1) or real_launch(self, stream))
+    monkeypatch.setattr(sampler.CapturedStep, "launch",
+                        lambda self, stream: launches.append(1) or real_launch(self, stream))
     runner = RUNNER(tiny.mmjit, tiny.t5, "fp32")
     draw(tiny, runner, [0, 1, 2])
     second = draw(tiny, runner, [3, 4, 0])

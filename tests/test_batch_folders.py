@@ -67,7 +67,8 @@ def test_dpg_benchs_folder_drawn_as_shipped_is_read_back_by_its_own_scorer(tmp_p
     metadata = [json.loads((out / f"{index:05d}/metadata.jsonl").read_text()) for index in range(3)]
     assert [entry["id"] for entry in metadata] == ["1", "256", "partiprompts12"]
     prompts = dpg_bench_prompts(folder)
-    assert {entry["id"]: entry["prompt"] for entry in metadata} == {stem: text.strip() for stem, text in prompts.items()}
+    assert {entry["id"]: entry["prompt"] for entry in metadata} == {stem: text.strip()
+                                                                     for stem, text in prompts.items()}
     scored = dpg_bench_grids(str(out / "dpg"), set(prompts), SIZE)
     assert sorted(scored) == sorted(prompts)
     for index, entry in enumerate(metadata):
