@@ -595,6 +595,7 @@ def test_loopback_addresses(host, loopback):
     assert is_loopback(host) is loopback
 
 
+@needs_gradio
 def test_a_server_on_all_addresses_warns_in_one_line():
     with started("--host", "0.0.0.0") as (server, _):
         server.terminate()
@@ -624,6 +625,7 @@ def test_the_pictures_folder_keeps_the_newest_within_its_limit(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["hash7", "hash8", "hash9"]
 
 
+@needs_gradio  # the extra is asked for before the model flags are read
 @pytest.mark.parametrize(("flags", "message"), [
     (["--jax-tree", "ema"], "--jax-tree chooses a tree of a JAX (Orbax) checkpoint, but"),
     (["--t5", "demo"], "--model is missing: pass --model (e.g. MiniT2I/MiniT2I) with --t5, or neither"),
