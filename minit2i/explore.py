@@ -39,7 +39,6 @@ from .arguments import add_model_arguments, model_paths
 from .console import LINE_LIMIT, emit, printable
 from .code_pages import CodePages
 from .demo_models import DEMO_MODELS
-from .waits import LOOKUP_SECONDS, addresses
 from .explore_tutor import (
     ATTENTION_SINKS,
     CONCEPTS_ROUTE,
@@ -62,6 +61,7 @@ from .explore_tutor import (
 from .insides import finished_x0_pixels, step_pictures
 from .page_guard import TEMP_VARIABLE, PageGuard, is_loopback, pictures_folder, prune
 from .pipeline import BACKENDS, REQUEST_RANGES, ModelFiles, is_student, sampling_defaults
+from .waits import LOOKUP_SECONDS, addresses
 
 DEFAULT_HOST = "127.0.0.1"  # this machine only: the page runs any prompt on it
 DEFAULT_PORT = 7860  # Gradio's
