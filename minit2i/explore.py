@@ -51,18 +51,21 @@ from .explore_tutor import (
     look_again,
     look_for,
     other_model,
+    picked_step,
     run_request,
     sample_run,
+    served_code,
     strip,
     time_line,
 )
 from .insides import finished_x0_pixels, step_pictures
 from .page_guard import TEMP_VARIABLE, PageGuard, is_loopback, pictures_folder, prune
-from .pipeline import BACKENDS, ModelFiles, is_student, sampling_defaults
+from .pipeline import BACKENDS, REQUEST_RANGES, ModelFiles, is_student, sampling_defaults
 
 DEFAULT_HOST = "127.0.0.1"  # this machine only: the page runs any prompt on it
 DEFAULT_PORT = 7860  # Gradio's
 PRECISION = "fp32"  # what every backend runs
+STEPS_RANGE = REQUEST_RANGES["steps"][1]
 # The interval fields of a model that has none (hidden on the page).
 UNUSED_INTERVAL = (0.0, 1.0)
 # The heat maps: each patch drawn as a square of this many pixels.
@@ -78,24 +81,33 @@ PAGE_CSS = ("img { image-rendering: pixelated; } "
             # The x0 strip's chosen step (explore_tutor.strip marks its caption).
             "#x0-steps .thumbnail-item:has(img[alt^='\u25b6']) { outline: 3px solid #f97316; } "
             # A link to code on the concepts page looks like a link, not only like code.
-            "#concepts a code { color: var(--link-text-color); text-decoration: underline; }")
+            "#concepts a code { color: var(--link-text-color); text-decoration: underline; } "
+            # A figure of the concepts page scales to the column, keeping the proportions its width and
+            # height give it before it loads.
+            "#concepts img { max-width: 100%; height: auto; }")
 # Gradio draws a page after the browser has loaded it, so the browser's own jump to a link's #id
-# finds nothing: jump when the heading appears, and again while the figures above it load, until
-# the reader scrolls (every page of the server, the concepts page and its links above all).
+# finds nothing: jump when the heading appears (however long the page takes to draw), and again
+# whenever the page's height changes (its maths and fonts arrive) until the reader scrolls. The
+# figures keep their place before they load (their sizes are given, `figure_tag`), so nothing moves.
 JUMP_TO_ANCHOR = """<script>
 (() => {
-  let reader = false, since = Date.now();
+  let reader = false;
   for (const kind of ["wheel", "keydown", "touchstart", "mousedown"]) {
     window.addEventListener(kind, () => { reader = true; }, {passive: true});
   }
   const jump = () => {
-    const id = decodeURIComponent(location.hash.slice(1));
-    const target = id && document.getElementById(id);
+    let id = location.hash.slice(1);
+    try { id = decodeURIComponent(id); } catch (malformed) {}
+    const target = !reader && id && document.getElementById(id);
     if (target) target.scrollIntoView();
-    if (id && !reader && Date.now() - since < 5000) setTimeout(jump, 200);
+    return target;
   };
-  window.addEventListener("hashchange", () => { reader = false; since = Date.now(); jump(); });
-  jump();
+  const wait = (since) => {
+    if (!jump() && !reader && Date.now() - since < 120000) setTimeout(() => wait(since), 200);
+  };
+  new ResizeObserver(jump).observe(document.documentElement);
+  window.addEventListener("hashchange", () => { reader = false; wait(Date.now()); });
+  wait(Date.now());
 })();
 </script>"""
 
@@ -192,7 +204,8 @@ def launch_settings(gradio, host: str, port: int) -> dict:
                                         font_mono=["ui-monospace", "monospace"])
     return {"server_name": host, "server_port": port, "share": False, "ssr_mode": False, "quiet": True,
             "theme": local_fonts, "css": PAGE_CSS, "head": JUMP_TO_ANCHOR,
-            "app_kwargs": {"middleware": [Middleware(PageGuard, loopback=is_loopback(host)), Middleware(CodePages)]}}
+            "app_kwargs": {"middleware": [Middleware(PageGuard, loopback=is_loopback(host)),
+                                          Middleware(CodePages, served=served_code())]}}
 
 
 def model_sources(args) -> dict[str, dict]:
@@ -271,6 +284,17 @@ def page_settings(models: Models, prompt, model_name, backend_name, seed, steps,
 def whole(value):
     """A float that holds a whole number as that int (6.0 -> 6); anything else unchanged."""
     return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
+def slider_fit(steps, step) -> tuple[int, int | None] | None:
+    """The step slider's (maximum, value) for the steps field's `steps` and the slider's `step`,
+    as a client sent them (any JSON): None where `steps` is not a number of steps (checked as
+    Generate checks it; Generate will say what is wrong with it), the value None (left as it is)
+    where `step` is not a whole number in that range either."""
+    steps, step = whole(steps), whole(step)
+    if not STEPS_RANGE.contains(steps):
+        return None
+    return steps, min(step, steps) if STEPS_RANGE.contains(step) else None
 
 
 class Stopped(Exception):
@@ -490,25 +514,33 @@ def build_page(gradio, models: Models, default: str, pictures: Path | None = Non
                   api_name="generate", preprocess=False)
 
         def fit_step(steps, step):
-            """The slider over the steps of the run to come."""
-            steps, step = whole(steps), whole(step)
-            if not isinstance(steps, int) or steps < FIRST:
-                return gr.skip()  # Generate will say what is wrong with it
-            return gr.Slider(maximum=steps, value=min(step, steps) if isinstance(step, int) else gr.skip())
+            """The slider over the steps of the run to come (`slider_fit`)."""
+            fit = slider_fit(steps, step)
+            if fit is None:
+                return gr.skip()
+            maximum, value = fit
+            return gr.Slider(maximum=maximum, value=gr.skip() if value is None else value)
 
-        def pick_step(chosen):
-            """The step of the strip's picture clicked (Gradio hands over the click's event data)."""
-            return chosen.index + FIRST
+        def pick_step(session, chosen):
+            """The step of the strip's picture clicked, from the click's event data (checked:
+            `picked_step`), or one line in the status."""
+            if session.run is None:
+                return [gr.skip()] * 2
+            try:
+                # The event's data as the client sent it: gr.SelectData would index it unchecked.
+                return [gr.skip(), picked_step(chosen._data, session.run.request.steps)]
+            except MiniT2IError as err:
+                return [error_status(err), gr.skip()]
 
         # The class itself, not the string that postponed annotations make of it: Gradio finds its
         # event-data parameter by the annotation, and `gr` is not a name of this module.
-        pick_step.__annotations__ = {"chosen": gr.SelectData}
+        pick_step.__annotations__ = {"chosen": gr.EventData}
 
         step.change(select, [kept, step, block], [status, *looked], api_name=False, preprocess=False,
                     trigger_mode="always_last")
         block.blur(select, [kept, step, block], [status, *looked], api_name=False, preprocess=False)
         block.submit(select, [kept, step, block], [status, *looked], api_name=False, preprocess=False)
-        x0_steps.select(pick_step, None, [step], api_name=False, preprocess=False)
+        x0_steps.select(pick_step, [kept], [status, step], api_name=False, preprocess=False)
         steps.change(fit_step, [steps, step], [step], api_name=False, preprocess=False)
         model.change(choose_model, [model], [status, steps, guidance, interval_row, t_min, t_max, width, height, step,
                                              block], api_name="defaults", preprocess=False)

@@ -11,6 +11,9 @@ the walkthrough; `insides` counts from 0, as the code does.
 from __future__ import annotations
 
 import base64
+import functools
+import html
+import io
 import itertools
 import re
 import threading
@@ -18,9 +21,11 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 
+from PIL import Image
+
 from minit2i.core.errors import MiniT2IError
 
-from .code_pages import code_link
+from .code_pages import RELATIVE_LINK, allow_list, code_link, linked_path, repository_folders
 from .insides import (
     KEPT_RUN_LIMIT,
     FinishedRun,
@@ -38,6 +43,9 @@ from .pipeline import Request, check_backend, is_student
 # The page's numbers for steps and blocks start here (the docs' convention).
 FIRST = 1
 CONCEPTS_ROUTE = "concepts"  # the concepts page, served beside the explore page
+# The docs pages the explore server shows beside its own (in docs/): /code/ serves the source files
+# they link to, and only those (`served_code`).
+SHOWN_PAGES = ("concepts.md",)
 # How long a session's kept run outlives its last request (Gradio drops the state then).
 KEPT_FOR_S = 3600
 # The velocity panel's claim: at every step the velocity's pixels correlate at least this much with
@@ -70,28 +78,43 @@ def concepts_sections(text: str) -> dict[int, tuple[str, str]]:
             for heading, number in re.findall(r"^## ((\d+)\. .*)$", text, re.MULTILINE)}
 
 
-def concepts_markdown(folder: Path | None = None) -> str:
-    """docs/concepts.md as the explore server shows it: its figures inlined (data: URIs, so the
-    page needs no file route), its links within the page pointed at Gradio's heading ids, its
-    links to source files at the server's own pages of them (`code_pages`: at the function a
-    link names), and its links to other pages of the docs, which the server does not have, left
-    as text."""
-    folder = folder or concepts_dir()
-    text = (folder / "concepts.md").read_text()
+@functools.cache
+def served_code() -> dict[str, str]:
+    """{repository path: text} of the source files /code/ serves (`code_pages.allow_list`): those
+    the SHOWN_PAGES link to, read once, when the server builds its pages."""
+    return allow_list([(concepts_dir() / page).read_text() for page in SHOWN_PAGES], repository_folders())
 
-    def figure(match):
-        data = base64.b64encode((folder / match.group(2)).read_bytes()).decode()
-        return f"![{match.group(1)}](data:image/png;base64,{data})"
+
+def figure_tag(alt: str, png: bytes) -> str:
+    """A figure of a docs page as the served page shows it: inlined (a data: URI), with its width
+    and height, so that the page keeps the figure's place before the browser has decoded it (a link
+    to a heading below it stays right however late the figure comes)."""
+    with Image.open(io.BytesIO(png), formats=["PNG"]) as image:
+        width, height = image.size
+    data = base64.b64encode(png).decode()
+    return (f'<img alt="{html.escape(alt)}" src="data:image/png;base64,{data}" width="{width}" '
+            f'height="{height}">')
+
+
+def concepts_markdown() -> str:
+    """docs/concepts.md as the explore server shows it: its figures inlined with their sizes
+    (`figure_tag`), its links within the page pointed at Gradio's heading ids, its links to
+    source files at the server's own pages of them (`code_pages`: at the function a link names),
+    and its links to other pages of the docs, which the server does not have, left as text."""
+    folder = concepts_dir()
+    text = (folder / "concepts.md").read_text()
+    served = served_code()
 
     def link(match):
         label, target = match.group(1), match.group(2)
         name = re.fullmatch(r"`(\w+)`", label)
-        served = code_link(target.removeprefix("../").split("#")[0], name and name[1])
-        return f"[{label}]({served})" if served else label
+        served_link = code_link(linked_path(target), name and name[1], served)
+        return f"[{label}]({served_link})" if served_link else label
 
-    text = re.sub(r"!\[([^\]]*)\]\((figures/[^)\s]+\.png)\)", figure, text)
+    text = re.sub(r"!\[([^\]]*)\]\((figures/[^)\s]+\.png)\)",
+                  lambda match: figure_tag(match.group(1), (folder / match.group(2)).read_bytes()), text)
     text = re.sub(r"\]\(#([\w-]+)\)", r"](#h-\1)", text)  # the page's own headings, as Gradio names them
-    return re.sub(r"(?<!!)\[([^\]]+)\]\((?!https?:|#|data:)([^)]+)\)", link, text)
+    return RELATIVE_LINK.sub(link, text)
 
 
 def concept_link(section: int, text: str | None = None) -> str:
@@ -222,6 +245,16 @@ def sample_run(models, name: str, backend: str, precision: str, on_step, prompt:
     request = run_request(models, name, backend, precision, prompt, step=step, block=block, **settings)
     pipe = models.pipeline(name, backend)
     return sample_and_keep(pipe.model, request, pipe.runner, models.pipeline(name, "numpy").runner, on_step)
+
+
+def picked_step(event_data, steps: int) -> int:
+    """The page's step (from 1) of the x0 strip's picture a select event names: its data as a client
+    sent it (any JSON; a click sends {"index": i, ...}, i from 0), checked as the slider's value
+    against the run's `steps`."""
+    index = event_data.get("index") if isinstance(event_data, dict) else event_data
+    step = index + FIRST if isinstance(index, int) and not isinstance(index, bool) else index
+    check_position(step, steps, "step", "the run's steps", first=FIRST)
+    return step
 
 
 def look_again(models, kept: Kept, step: int, block: int) -> Insides:

@@ -9,6 +9,7 @@ import socket
 import sys
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -404,6 +405,119 @@ def declared_body_status(url: str, path: str, length: int) -> int:
         connection.close()
 
 
+def raw_get(url: str, path: str) -> tuple[int, bytes]:
+    """(status, body) of a GET of `path` sent as it is written (no client rewrites it)."""
+    import http.client
+    from urllib.parse import urlsplit
+
+    address = urlsplit(url)
+    connection = http.client.HTTPConnection(address.hostname, address.port, timeout=60)
+    try:
+        connection.putrequest("GET", path)
+        connection.endheaders()
+        reply = connection.getresponse()
+        return reply.status, reply.read()
+    finally:
+        connection.close()
+
+
+def assert_one_line_404(url: str, path: str) -> None:
+    status, body = raw_get(url, path)
+    assert status == 404 and body.count(b"\n") == 1 and body.startswith(b"no source file "), (path[:80], body[:200])
+
+
+def test_code_serves_no_file_named_by_an_absolute_path(page):
+    """/code//ABSOLUTE or /code/%2F... named any source file of the machine: this test file was served."""
+    _, url, _ = page
+    me = str(Path(__file__).resolve())
+    for path in (f"/code/{me}", "/code/" + urllib.parse.quote(me, safe=""), "/code/" + me.replace("/", "//")):
+        assert_one_line_404(url, path)
+
+
+def test_code_serves_no_folder_of_the_checkout_outside_its_allow_list(page):
+    """tests/, benchmarks/ (and every other top-level folder, untracked ones and .venv/ included:
+    tests/test_code_pages.py lists them all) were served; the page a concepts link opens still is."""
+    _, url, _ = page
+    for path in ("/code/tests/test_explore.py", "/code/benchmarks/batch.py", "/code/core/files.py"):
+        assert_one_line_404(url, path)
+    status, body = raw_get(url, "/code/reference/sampler.py")
+    assert status == 200 and b'id="sample"' in body
+
+
+def test_odd_code_paths_are_one_line_404s_with_nothing_in_the_terminal(page, tmp_path):
+    """A NUL byte, a name over 255 bytes, a link loop and 3,000 segments were each a 500 and a
+    40-line traceback on the server's stderr."""
+    server, url, _ = page
+    terminal(server)
+    loop = tmp_path / "loop.py"
+    loop.symlink_to(loop)
+    for path in ("/code/scripts/a%00b.py", "/code/scripts/" + "a" * 300 + ".py", f"/code/{loop}",
+                 "/code/scripts/" + "a/" * 3000 + "x.py", "/code/reference/%00", "/code/%ff%fe.py"):
+        assert_one_line_404(url, path)
+    assert terminal(server) == ""
+
+
+def page_event(url: str, session: str, elem_id: str, event: str, data: list, event_data=None) -> dict:
+    """The last message of the page's `event` of its component `elem_id` (found in the page's
+    config), sent over Gradio's queue as a client may, `event_data` included, in `session`."""
+    with urllib.request.urlopen(url + "config", timeout=60) as reply:
+        config = json.loads(reply.read())
+    component = next(c["id"] for c in config["components"] if c.get("props", {}).get("elem_id") == elem_id)
+    fn_index = next(d["id"] for d in config["dependencies"] if [component, event] in d["targets"])
+    body = {"data": data, "fn_index": fn_index, "trigger_id": component, "session_hash": session,
+            "event_data": event_data}
+    join = urllib.request.Request(url + "gradio_api/queue/join", data=json.dumps(body).encode(),
+                                  headers={"Content-Type": "application/json"})
+    urllib.request.urlopen(join, timeout=60).close()
+    with urllib.request.urlopen(f"{url}gradio_api/queue/data?session_hash={session}", timeout=REQUEST_LIMIT_S) as reply:
+        for line in reply:
+            message = json.loads(line.removeprefix(b"data: ")) if line.startswith(b"data: ") else {}
+            if message.get("msg") in ("process_completed", "unexpected_error", "close_stream"):
+                return message
+    raise AssertionError(f"the {event} event of #{elem_id} never completed")
+
+
+@pytest.fixture(scope="module")
+def kept_session(page):
+    """A page session (its id) that generated a run of STEPS steps."""
+    import uuid
+
+    _, url, _ = page
+    session = uuid.uuid4().hex
+    done = page_event(url, session, "generate", "click", [*(REQUEST | {"steps": STEPS}).values(), None])
+    assert done["success"] and done["output"]["data"][0] == f"demo, seed {SEED}: done", done
+    return session
+
+
+@pytest.mark.parametrize("index", ["2", None, [1], 2**70, 1.5, True, -1, STEPS])
+def test_a_forged_strip_click_is_one_line_and_completes(page, kept_session, index):
+    """A click on the x0 strip whose event data names no picture of the run (a string, null, a list,
+    an integer past 64 bits, ...): the slider's check, one line in the status, where it was a
+    traceback, or an answer that never came; a real click's index still moves the slider."""
+    server, url, _ = page
+    terminal(server)
+    for event_data in ({"index": index, "value": None}, index):
+        done = page_event(url, kept_session, "x0-steps", "select", [None], event_data)
+        assert done["msg"] == "process_completed" and done["success"], done
+        status = done["output"]["data"][0]
+        assert status.startswith("**error:** step ") and f"is outside 1..{STEPS}" in status and "\n" not in status
+    assert terminal(server) == ""
+    done = page_event(url, kept_session, "x0-steps", "select", [None], {"index": 1, "value": None})
+    assert done["success"] and done["output"]["data"][1] == 2
+
+
+@pytest.mark.parametrize("steps", [True, 10**30, "6", None, [6], -1, float("nan")])
+def test_a_forged_number_of_steps_leaves_the_slider_and_completes(page, kept_session, steps):
+    """The steps field's change with `true` or 10^30 was a traceback or an answer that never came:
+    now a value that is not a number of steps leaves the slider as it is (Generate says why)."""
+    server, url, _ = page
+    terminal(server)
+    done = page_event(url, kept_session, "steps", "change", [steps, 2])
+    assert done["msg"] == "process_completed" and done["success"], done
+    assert done["output"]["data"] == [{"__type__": "update"}]
+    assert terminal(server) == ""
+
+
 @pytest.mark.parametrize(("host", "loopback"), [("127.0.0.1", True), ("localhost", True), ("::1", True),
                                                 ("[::1]", True), ("127.1.2.3", True), ("0.0.0.0", False),
                                                 ("::", False), ("192.168.1.5", False), ("example.com", False)])
@@ -460,16 +574,17 @@ def test_the_served_concepts_page_carries_its_figures_and_no_dead_links():
     import re
 
     from minit2i.code_pages import CODE_ROUTE, answer
-    from minit2i.explore_tutor import concepts_dir, concepts_markdown, section_anchor
+    from minit2i.explore_tutor import concepts_dir, concepts_markdown, section_anchor, served_code
 
     source = (concepts_dir() / "concepts.md").read_text()
     served = concepts_markdown()
     figures = re.findall(r"!\[[^\]]*\]\(figures/", source)
-    assert len(figures) >= 6 and served.count("](data:image/png;base64,") == len(figures)
+    assert len(figures) >= 6 and len(re.findall(r'<img alt="[^"]*" src="data:image/png;base64,[^"]+" '
+                                                 r'width="[1-9]\d*" height="[1-9]\d*">', served)) == len(figures)
     code = re.findall(r"(?<!!)\[[^\]]+\]\(((?!data:|#)[^)]*)\)", served)
     assert len(code) >= 40 and all(link.startswith(f"{CODE_ROUTE}/") for link in code)
     for link in set(code):
-        status, _, page = answer("/" + link.split("#")[0])
+        status, _, page = answer("/" + link.split("#")[0], served_code())
         assert status == 200, link
         if "#" in link:
             assert f'id="{link.split("#")[1]}"' in page, link
@@ -480,17 +595,20 @@ def test_the_served_concepts_page_carries_its_figures_and_no_dead_links():
     assert within and set(within) <= anchors  # "References: below" goes to the references heading
 
 
-def test_a_code_page_serves_source_files_only():
-    """/code/PATH answers a source file of the repository's package folders (or, in a checkout,
-    scripts/); anything else, a path leaving its folder included, is a 404 of one line."""
+def test_a_code_page_serves_the_source_files_the_concepts_page_links():
+    """/code/PATH answers a source file the concepts page links, of the repository's package
+    folders (or, in a checkout, scripts/ and notebooks/); anything else, a path leaving its
+    folder included, is a 404 of one line (tests/test_code_pages.py tries every kind)."""
     from minit2i.code_pages import answer
+    from minit2i.explore_tutor import served_code
 
-    status, kind, page = answer("/code/reference/sampler.py")
+    status, kind, page = answer("/code/reference/sampler.py", served_code())
     assert (status, kind) == (200, "text/html; charset=utf-8") and 'id="time_grid"' in page and 'id="L1"' in page
-    assert answer("/code/scripts/concept_figures.py")[0] == 200  # a checkout
+    assert answer("/code/scripts/concept_figures.py", served_code())[0] == 200  # a checkout
     for path in ("/code/reference/../pyproject.toml", "/code/../../etc/passwd", "/code/docs/concepts.md",
-                 "/code/reference/no_such.py", "/code/reference", "/code/reference/%2e%2e/core/files.py"):
-        status, _, body = answer(path)
+                 "/code/reference/no_such.py", "/code/reference", "/code/reference/%2e%2e/core/files.py",
+                 "/code/core/files.py", "/code/tests/test_explore.py"):
+        status, _, body = answer(path, served_code())
         assert status == 404 and body.count("\n") == 1, path
 
 

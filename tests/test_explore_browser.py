@@ -233,6 +233,77 @@ def test_every_panel_links_its_concepts_section_served_by_the_page(page):
         WebDriverWait(page, PAGE_LIMIT_S).until(lambda d: d.find_elements(By.ID, "generate"))
 
 
+# Run before the page's own scripts: every inlined figure the page draws (Gradio's Markdown sets it
+# as HTML) gets the address of a silent server instead (a connection that never answers), so the
+# browser keeps it loading, as on a slow machine, until `releaseFigures()` gives it its picture.
+HOLD_FIGURES = """
+(() => {
+  const html = Object.getOwnPropertyDescriptor(Element.prototype, "innerHTML");
+  const held = [];
+  Object.defineProperty(Element.prototype, "innerHTML", {configurable: true, get: html.get, set(text) {
+    html.set.call(this, typeof text !== "string" ? text : text.replace(/src="(data:image\\/png[^"]*)"/g,
+      (_, data) => `src="SILENT/${held.push(data) - 1}.png"`));
+  }});
+  window.releaseFigures = () => {
+    for (const figure of document.querySelectorAll("img[src^='SILENT/']")) {
+      figure.src = held[parseInt(figure.getAttribute("src").slice("SILENT/".length))];
+    }
+  };
+})();
+"""
+
+
+def document_top(driver, element_id: str) -> float:
+    """Where the element's top lies in the page (not the window), in CSS pixels."""
+    return driver.execute_script("return document.getElementById(arguments[0]).getBoundingClientRect().top"
+                                 " + window.scrollY", element_id)
+
+
+def test_a_section_link_lands_right_while_the_figures_above_it_load_late(page):
+    """The link to the deepest section a panel links, opened while every figure of the concepts
+    page is still loading (held by HOLD_FIGURES, as a slow machine would hold them): each figure
+    already takes its place (its width and height given, the CSS height its width times the
+    figure's proportions, to a pixel), the heading is in the window, and once the figures come
+    the heading has not moved in the page (to a pixel) and is still in the window. The figures
+    used to come without a size: each arriving one pushed the heading down, out of the window
+    once the page's script had stopped jumping (after 5 s; on a machine at load 4-5)."""
+    import socket
+
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    from minit2i.explore_tutor import LOOK_FOR, concepts_dir, concepts_sections
+
+    sections = concepts_sections((concepts_dir() / "concepts.md").read_text())
+    anchor = sections[max(section for _, section in LOOK_FOR.values())][1]
+    home = page.current_url
+    figures = "#concepts img"
+    with socket.create_server(("127.0.0.1", 0)) as silent:  # listens, never accepts: a request that never ends
+        source = HOLD_FIGURES.replace("SILENT", f"http://127.0.0.1:{silent.getsockname()[1]}")
+        script = page.execute_cdp_cmd("Page.addScriptToEvaluateOnNewDocument", {"source": source})["identifier"]
+        try:
+            page.get("about:blank")
+            page.get(f"{home}concepts#{anchor}")
+            WebDriverWait(page, PAGE_LIMIT_S).until(lambda d: heading_in_view(d, anchor) and len(
+                d.find_elements(By.CSS_SELECTOR, f"{figures}[src^='http://127.0.0.1']")) >= 6)
+            held = page.execute_script(
+                "return [...document.querySelectorAll(arguments[0])].map(f => [f.naturalWidth, f.width, f.height,"
+                " +f.getAttribute('width'), +f.getAttribute('height')])", figures)
+            assert all(natural == 0 for natural, *_ in held), held  # none has come yet
+            for _, width, height, given_width, given_height in held:
+                assert given_width > 0 and height > 0 and abs(height - width * given_height / given_width) <= 1, held
+            before = document_top(page, anchor)
+            page.execute_script("releaseFigures()")
+            WebDriverWait(page, PAGE_LIMIT_S).until(lambda d: d.execute_script(
+                "return [...document.querySelectorAll(arguments[0])].every(f => f.complete && f.naturalWidth > 0)",
+                figures))
+            assert abs(document_top(page, anchor) - before) <= 1 and heading_in_view(page, anchor)
+        finally:
+            page.execute_cdp_cmd("Page.removeScriptToEvaluateOnNewDocument", {"identifier": script})
+            page.get(home)
+            WebDriverWait(page, PAGE_LIMIT_S).until(lambda d: d.find_elements(By.ID, "generate"))
+
+
 def test_a_link_to_code_opens_the_function_it_names(page):
     """The concepts page's link to `sample` opens the server's page of reference/sampler.py with the
     line `def sample(` inside the window."""
