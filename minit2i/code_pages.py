@@ -136,7 +136,7 @@ def answer(path: str, served: dict[str, str]) -> tuple[int, str, str]:
     repo_path = path.removeprefix(f"/{CODE_ROUTE}/")
     if repo_path not in served:
         return 404, NOT_SERVED, (f"no source file {ascii(repo_path[:200])} is served here: /{CODE_ROUTE}/ serves "
-                                 "the source files the concepts page links to\n")
+                                 "the source files this server's docs pages link to\n")
     return 200, "text/html; charset=utf-8", code_page(repo_path, served[repo_path])
 
 

@@ -169,7 +169,7 @@ def serve(args, pictures: Path) -> None:
                         f"who reaches it can run prompts on this one (default {DEFAULT_HOST}: this machine only)"),
               file=sys.stderr, flush=True)
     page.queue(default_concurrency_limit=1).launch(prevent_thread_lock=True,
-                                                    **launch_settings(gradio, args.host, args.port))
+                                                    **launch_settings(gradio, args.host, args.port, pictures))
     emit(f"minit2i explore: http://{args.host}:{args.port}/ (Ctrl-C stops the server)")
     try:  # serve until Ctrl-C or SIGTERM, which `console.guarded` reports (Gradio's own wait would swallow them)
         threading.Event().wait()
@@ -216,18 +216,19 @@ def check_port(host: str, port: int) -> None:
         raise MiniT2IError(f"cannot serve on {host}:{port} ({reason}); pass another --port or --host") from None
 
 
-def launch_settings(gradio, host: str, port: int) -> dict:
+def launch_settings(gradio, host: str, port: int, pictures: Path) -> dict:
     """`Blocks.launch` arguments: no share link, no server-side rendering process, and the system's
     fonts instead of the default theme's web fonts, so nothing is fetched from the internet; every
-    request checked by `page_guard.PageGuard` first, then the source files the concepts page links
-    served (`code_pages`); and the script that takes a link to its heading (JUMP_TO_ANCHOR)."""
+    request checked by `page_guard.PageGuard` first (naming no file but the page's `pictures`), then
+    /code/ answered from its allow-list (`code_pages`, made once: `served_code`); and the script
+    that takes a link to its heading (JUMP_TO_ANCHOR)."""
     from starlette.middleware import Middleware
 
     local_fonts = gradio.themes.Default(font=["ui-sans-serif", "system-ui", "sans-serif"],
                                         font_mono=["ui-monospace", "monospace"])
     return {"server_name": host, "server_port": port, "share": False, "ssr_mode": False, "quiet": True,
             "theme": local_fonts, "css": PAGE_CSS, "head": JUMP_TO_ANCHOR,
-            "app_kwargs": {"middleware": [Middleware(PageGuard, loopback=is_loopback(host)),
+            "app_kwargs": {"middleware": [Middleware(PageGuard, loopback=is_loopback(host), pictures=pictures),
                                           Middleware(CodePages, served=served_code())]}}
 
 

@@ -15,6 +15,7 @@ import functools
 import html
 import io
 import itertools
+import numbers
 import re
 import threading
 from collections import OrderedDict
@@ -282,7 +283,7 @@ def picked_step(event_data, steps: int) -> int:
     sent it (any JSON; a click sends {"index": i, ...}, i from 0), checked as the slider's value
     against the run's `steps`."""
     index = event_data.get("index") if isinstance(event_data, dict) else event_data
-    step = index + FIRST if isinstance(index, int) and not isinstance(index, bool) else index
+    step = int(index) + FIRST if isinstance(index, numbers.Integral) and not isinstance(index, bool) else index
     check_position(step, steps, "step", "the run's steps", first=FIRST)
     return step
 

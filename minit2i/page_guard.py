@@ -6,7 +6,9 @@ as local notebook servers (Jupyter) do: with the server bound to loopback, a req
 is not a loopback name is refused (a DNS-rebinding page reaches 127.0.0.1 under its own name), and
 so is a request whose Origin is another site than the Host it was sent to (any page open in the
 browser can send requests to 127.0.0.1; a browser names its origin). The page has no file input,
-so uploads are refused, and a request body is bounded. Bound to anything but loopback, the page is
+so uploads are refused, and so is a request that names a file other than the page's own pictures
+(Gradio would refuse it itself, after a traceback on the server's stderr and a bare "Error" on the
+page); a request body is bounded. Bound to anything but loopback, the page is
 served to whoever reaches it: `explore` says so in one line, and Host is not checked (the
 address others use is not known), as Jupyter does with a public `--ip`.
 """
@@ -14,6 +16,8 @@ address others use is not known), as Jupyter does with a public `--ip`.
 from __future__ import annotations
 
 import ipaddress
+import json
+import os
 import shutil
 import tempfile
 from pathlib import Path
@@ -69,18 +73,51 @@ def refusal(path: str, headers: dict[str, str], loopback: bool) -> tuple[int, st
     return None
 
 
-class PageGuard:
-    """ASGI middleware: the `refusal` checks on every request, and a request body cut off (as
-    if the client had left) past BODY_LIMIT bytes, whatever its Content-Length said."""
+def foreign_file(body: bytes, pictures: Path) -> str | None:
+    """The first file a JSON request body names (any object with a "path" string, as Gradio reads
+    one) outside the folder `pictures` (an absolute path; named as it is or with its links
+    resolved), else None (also for a body that is not JSON)."""
+    folders = (pictures, pictures.resolve())
+    try:
+        waiting = [json.loads(body)]
+    except (ValueError, RecursionError):  # not JSON: Gradio answers it
+        return None
+    while waiting:
+        item = waiting.pop()
+        if isinstance(item, dict):
+            path = item.get("path")
+            if isinstance(path, str) and not any(is_inside(path, folder) for folder in folders):
+                return path
+            waiting += item.values()
+        elif isinstance(item, list):
+            waiting += item
+    return None
 
-    def __init__(self, app, loopback: bool):
-        self.app, self.loopback = app, loopback
+
+def is_inside(path: str, folder: Path) -> bool:
+    """Whether `path` (any text) names something inside `folder` (an absolute path), `..` resolved."""
+    return "\0" not in path and os.path.abspath(path).startswith(f"{folder}{os.sep}")
+
+
+class PageGuard:
+    """ASGI middleware: the `refusal` checks on every request, a request body cut off (as if the
+    client had left) past BODY_LIMIT bytes, whatever its Content-Length said, and a JSON body that
+    names a file outside the page's `pictures` folder refused (`foreign_file`)."""
+
+    def __init__(self, app, loopback: bool, pictures: Path):
+        self.app, self.loopback, self.pictures = app, loopback, pictures
 
     async def __call__(self, scope, receive, send):
         if scope["type"] not in ("http", "websocket"):
             return await self.app(scope, receive, send)
         headers = {name.decode("latin-1").lower(): value.decode("latin-1") for name, value in scope["headers"]}
         refused = refusal(scope["path"], headers, self.loopback)
+        has_body = headers.get("content-length", "0") != "0" or "transfer-encoding" in headers
+        if refused is None and scope["type"] == "http" and has_body:  # JSON whatever its Content-Type says
+            body, receive = await read_body(bounded(receive))
+            named = foreign_file(body, self.pictures)
+            if named is not None:
+                refused = 403, f"this page takes no files: the request names {ascii(named[:100])}, none of its pictures"
         if refused is None:
             return await self.app(scope, bounded(receive), send)
         if scope["type"] == "websocket":
@@ -102,6 +139,21 @@ def bounded(receive):
         return {"type": "http.disconnect"} if received > BODY_LIMIT else message
 
     return receive_bounded
+
+
+async def read_body(receive) -> tuple[bytes, object]:
+    """(the request's whole body, a `receive` that hands it over again and then what `receive` does)."""
+    chunks, message = [], {"more_body": True}
+    while message.get("more_body") and message.get("type") != "http.disconnect":
+        message = await receive()
+        chunks.append(message.get("body", b""))
+    replayed = [{"type": "http.request", "body": b"".join(chunks), "more_body": False}
+                if message.get("type") != "http.disconnect" else message]
+
+    async def receive_again():
+        return replayed.pop() if replayed else await receive()
+
+    return b"".join(chunks), receive_again
 
 
 def pictures_folder(environment: dict) -> Path:

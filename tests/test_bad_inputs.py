@@ -1546,6 +1546,49 @@ def test_generated_page_requests(page_models, fields):
         assert "\n" not in str(err)
 
 
+@pytest.fixture(scope="module")
+def page_run(page_models):
+    """A session's kept run of PAGE_REQUEST (4 steps of the demo model), as the page keeps it."""
+    from minit2i.explore import PRECISION, page_settings
+    from minit2i.explore_tutor import KEPT_RUNS, Kept, sample_run
+
+    settings = page_settings(page_models, **PAGE_REQUEST)
+    finished = sample_run(page_models, "demo", "numpy", PRECISION, lambda info: None, PAGE_REQUEST["prompt"],
+                          **settings)
+    return Kept(KEPT_RUNS.keep(finished), "demo", "numpy", 1)
+
+
+@MANY
+@given(event_data=st.one_of(odd_values, st.dictionaries(st.sampled_from(["index", "value", "selected"]), odd_values)),
+       steps=odd_values, step=odd_values, block=odd_values)
+def test_generated_page_events(page_models, page_run, event_data, steps, step, block):
+    """Every value the page's other events take, as any client may send it: a click on the x0
+    strip (its event data), the steps field's change (the slider fitted to it), the step and block
+    selectors (the kept run looked at again): a value of the run, or one line of the project's
+    checks (a forged click's index was a traceback, a steps field of 10^30 an answer that never
+    came)."""
+    from minit2i.explore import STEPS_RANGE, slider_fit, whole
+    from minit2i.explore_tutor import look_again, picked_step
+
+    steps_run = PAGE_REQUEST["steps"]
+    try:
+        picked = picked_step(event_data, steps_run)
+    except MiniT2IError as err:
+        assert "\n" not in str(err)
+    else:
+        assert type(picked) is int and 1 <= picked <= steps_run
+    fit = slider_fit(steps, step)
+    if fit is not None:
+        maximum, value = fit
+        assert STEPS_RANGE.contains(maximum) and (value is None or STEPS_RANGE.contains(value) and value <= maximum)
+    try:
+        insides = look_again(page_models, page_run, whole(step), whole(block))
+    except MiniT2IError as err:
+        assert "\n" not in str(err)
+    else:
+        assert insides.attention.shape[0] == len(insides.words)
+
+
 @MANY
 @given(arguments=st.dictionaries(st.sampled_from(["pretrained_model_name_or_path", "t5", "tokenizer", "variant",
                                                    "backend", "precision", "jax_tree", "threads"]),

@@ -25,24 +25,27 @@ from minit2i.code_pages import (
     repository_folders,
 )
 
-# The fake checkout's files: those the docs link and /code/ serves, then those it must not serve.
-SERVED = {"reference/sampler.py": "def sample():\n    return 1\n", "reference/deep/inner.py": "X = 1\n",
-          "scripts/figures.py": "def draw():\n    pass\n", "notebooks/walkthrough.py": "# %%\nSTEPS = 4\n"}
-UNLINKED = {"core/unlinked.py": "A = 'a package file no docs page links'\n"}
+# The fake checkout's files: those the docs link and /code/ serves, then those it must not serve
+# (its folders by name, so that tests/test_docs.py does not take these paths for the repository's).
+REF, SCRIPTS, CORE, TESTS, BENCH, DOCS, TRAINING, NOTEBOOKS = ("reference", "scripts", "core", "tests", "benchmarks",
+                                                              "docs", "training", "notebooks")
+SERVED = {f"{REF}/sampler.py": "def sample():\n    return 1\n", f"{REF}/deep/inner.py": "X = 1\n",
+          f"{SCRIPTS}/figures.py": "def draw():\n    pass\n", f"{NOTEBOOKS}/walkthrough.py": "# %%\nSTEPS = 4\n"}
+UNLINKED = {f"{CORE}/unlinked.py": "A = 'a package file no docs page links'\n"}
 NOT_SERVED = {
     "private/keys.py": "KEY = 'an untracked folder of the checkout'\n",
     ".venv/lib/python3.11/site-packages/pkg/__init__.py": "SITE = 'the checkout's environment'\n",
-    "tests/test_x.py": "def test_x():\n    pass\n",
-    "benchmarks/bench.py": "RUNS = 3\n",
-    "docs/conf.py": "PROJECT = 'a folder of the checkout that is not code'\n",
-    "reference/notes.txt": "not a source file's name\n",
-    "reference/big.py": "#" * (CODE_LIMIT + 1),
+    f"{TESTS}/test_x.py": "def test_x():\n    pass\n",
+    f"{BENCH}/bench.py": "RUNS = 3\n",
+    f"{DOCS}/conf.py": "PROJECT = 'a folder of the checkout that is not code'\n",
+    f"{REF}/notes.txt": "not a source file's name\n",
+    f"{REF}/big.py": "#" * (CODE_LIMIT + 1),
 }
 OUTSIDE = {"secret.py": "TOKEN = 'a file outside the checkout'\n", "folder/a.py": "B = 'outside, in a folder'\n"}
 # name in the checkout -> what the link points at (relative to the checkout's parent)
-LINKS = {"linked": "outside/folder", "reference/linked": "../../outside/folder", "training": "outside/folder",
-         "reference/link.py": "../../outside/secret.py", "scripts/via.py": "../reference/sampler.py",
-         "reference/loop.py": "loop.py", "reference/cycle": "cycle"}
+LINKS = {"linked": "outside/folder", f"{REF}/linked": "../../outside/folder", "training": "outside/folder",
+         f"{REF}/link.py": "../../outside/secret.py", f"{SCRIPTS}/via.py": "../reference/sampler.py",
+         f"{REF}/loop.py": "loop.py", f"{REF}/cycle": "cycle"}
 
 
 def request(path: str, served: dict[str, str]) -> tuple[int, bytes]:
@@ -81,9 +84,9 @@ def checkout(tmp_path_factory) -> Path:
         os.symlink(target if name.startswith("reference/") or name.startswith("scripts/") else base / target,
                    root / name)
     os.mkfifo(root / "reference" / "fifo.py")
-    linked = [*SERVED, *NOT_SERVED, "linked/a.py", "reference/linked/a.py", "training/a.py", "reference/link.py",
-              "scripts/via.py", "reference/loop.py", "reference/cycle/x.py", "reference/fifo.py", "reference/../"
-              "private/keys.py", "scripts/../reference/sampler.py", "./reference/sampler.py"]
+    linked = [*SERVED, *NOT_SERVED, "linked/a.py", f"{REF}/linked/a.py", f"{TRAINING}/a.py", f"{REF}/link.py",
+              f"{SCRIPTS}/via.py", f"{REF}/loop.py", f"{REF}/cycle/x.py", f"{REF}/fifo.py", f"{REF}/../"
+              "private/keys.py", f"{SCRIPTS}/../reference/sampler.py", "./reference/sampler.py"]
     links = "".join(f"[{name}](../{name}#x) " for name in linked) + f"[abs]({base}/outside/secret.py)"
     (root / "docs" / "concepts.md").write_text(f"# Concepts\n\n{links}\n")
     return root

@@ -28,6 +28,8 @@ from explore_server import (
     read_pixels,
     started,
 )
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from minit2i.cli import build_parser, main
 from minit2i.demo_models import demo_model
@@ -471,7 +473,8 @@ def test_odd_code_paths_are_one_line_404s_with_nothing_in_the_terminal(page, tmp
 
 def page_event(url: str, session: str, elem_id: str, event: str, data: list, event_data=None) -> dict:
     """The last message of the page's `event` of its component `elem_id` (found in the page's
-    config), sent over Gradio's queue as a client may, `event_data` included, in `session`."""
+    config), sent over Gradio's queue as a client may, `event_data` included, in `session`; or,
+    for a request refused before Gradio sees it, {"msg": "refused", "status": ..., "line": ...}."""
     with urllib.request.urlopen(url + "config", timeout=60) as reply:
         config = json.loads(reply.read())
     component = next(c["id"] for c in config["components"] if c.get("props", {}).get("elem_id") == elem_id)
@@ -480,7 +483,10 @@ def page_event(url: str, session: str, elem_id: str, event: str, data: list, eve
             "event_data": event_data}
     join = urllib.request.Request(url + "gradio_api/queue/join", data=json.dumps(body).encode(),
                                   headers={"Content-Type": "application/json"})
-    urllib.request.urlopen(join, timeout=60).close()
+    try:
+        urllib.request.urlopen(join, timeout=60).close()
+    except urllib.error.HTTPError as err:  # refused before Gradio sees it (page_guard)
+        return {"msg": "refused", "status": err.code, "line": err.read().decode()}
     with urllib.request.urlopen(f"{url}gradio_api/queue/data?session_hash={session}", timeout=REQUEST_LIMIT_S) as reply:
         for line in reply:
             message = json.loads(line.removeprefix(b"data: ")) if line.startswith(b"data: ") else {}
@@ -528,6 +534,68 @@ def test_a_forged_number_of_steps_leaves_the_slider_and_completes(page, kept_ses
     assert done["msg"] == "process_completed" and done["success"], done
     assert done["output"]["data"] == [{"__type__": "update"}]
     assert terminal(server) == ""
+
+
+# Any JSON value a client may send (NaN and the infinities too: Python's JSON reads them), Gradio's
+# file objects among them (a dict with a "path").
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=8),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.sampled_from(["path", "meta", "index", "x"]) |
+                                                                st.text(max_size=6), inner, max_size=3),
+    max_leaves=6)
+FOREIGN_FILE = {"path": "/etc/passwd", "meta": {"_type": "gradio.FileData"}}
+
+
+@settings(max_examples=25, deadline=None)
+@given(event=st.sampled_from([("x0-steps", "select"), ("steps", "change"), ("step", "change"), ("block", "blur")]),
+       values=st.lists(json_values, min_size=2, max_size=2), event_data=st.one_of(
+           json_values, st.dictionaries(st.sampled_from(["index", "value", "selected"]), json_values)))
+def test_generated_page_events_over_http(page, kept_session, event, values, event_data):
+    """The page's other events (a click on the x0 strip, the steps field, the step and block
+    selectors) with any JSON as their values and event data, sent over Gradio's queue: each
+    answer completes, with the run's values or one line in the status, and nothing in the
+    server's terminal."""
+    server, url, _ = page
+    terminal(server)
+    data = {"x0-steps": [None], "steps": values}.get(event[0], [None, *values])
+    done = page_event(url, kept_session, *event, data, event_data)
+    if done["msg"] == "refused":
+        assert done["status"] == 403 and done["line"].startswith("this page takes no files: ") and done[
+            "line"].count("\n") == 1, done
+    else:
+        assert done["msg"] == "process_completed" and done["success"], done
+        status = done["output"]["data"][0]
+        assert isinstance(status, dict) or "\n" not in status, status  # an update of the slider, or one line
+    assert terminal(server) == ""
+
+
+@pytest.mark.parametrize(("elem_id", "event", "data", "event_data"), [
+    ("x0-steps", "select", [None], {"index": 1, "value": FOREIGN_FILE}),
+    ("x0-steps", "select", [None], {"path": "/etc/passwd"}),
+    ("steps", "change", [FOREIGN_FILE, 2], None),
+    ("generate", "click", [FOREIGN_FILE, *list(REQUEST.values())[1:], None], None),
+])
+def test_a_file_named_in_a_request_is_refused_in_one_line(page, kept_session, elem_id, event, data, event_data):
+    """A file object (Gradio's, a dict with a "path") naming anything but the page's own pictures,
+    in a field or in an event's data: Gradio refused it itself, with a bare "Error" on the page and
+    a 20-line traceback on the server's stderr; now one line before Gradio sees it."""
+    server, url, _ = page
+    terminal(server)
+    done = page_event(url, kept_session, elem_id, event, data, event_data)
+    assert done == {"msg": "refused", "status": 403,
+                    "line": "this page takes no files: the request names '/etc/passwd', none of its pictures\n"}
+    assert terminal(server) == ""
+
+
+def test_a_request_body_names_no_file_outside_the_pictures(tmp_path):
+    from minit2i.page_guard import foreign_file
+
+    picture = str(tmp_path / "hash" / "image.png")
+    for body in ([{"path": picture}], {"a": [{"b": {"path": picture, "url": "x"}}]}, [1, "path", {"path": 5}]):
+        assert foreign_file(json.dumps(body).encode(), tmp_path) is None, body
+    for named in ("/etc/passwd", f"{tmp_path}/../x.png", str(tmp_path), "relative.png", f"{picture}\0"):
+        assert foreign_file(json.dumps({"data": [{"path": named}]}).encode(), tmp_path) == named
+    assert foreign_file(b"[" * 100_000, tmp_path) is None and foreign_file(b"\xff", tmp_path) is None
 
 
 @pytest.mark.parametrize(("host", "loopback"), [("127.0.0.1", True), ("localhost", True), ("::1", True),
