@@ -514,7 +514,7 @@ def build_page(gradio, models: Models, default: str, pictures: Path | None = Non
                     *stage_shown(run_kept, insides, step_number, block_number, key)]
 
         def generate(prompt, model_name, backend_name, seed, steps, guidance, t_min, t_max, width, height, step,
-                     block, session, stage,
+                     block, stage, session,
                      progress=gr.Progress()):  # noqa: B008 (Gradio finds its progress bar by this default)
             """Nothing new on the page after each sampling step (the progress bar moves), then every panel."""
             try:
@@ -579,7 +579,7 @@ def build_page(gradio, models: Models, default: str, pictures: Path | None = Non
                                                                     chosen["steps"]))]
 
         run.click(generate, [prompt, model, backend, seed, steps, guidance, t_min, t_max, width, height, step, block,
-                             kept, architecture],
+                             architecture, kept],
                   [status, image, timings, x0_steps, attention, cond, uncond, guided, stage_image, stage_about,
                    *panels, time, kept, runs, architecture, velocity_look],
                   api_name="generate", preprocess=False)

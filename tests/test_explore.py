@@ -547,17 +547,19 @@ FOREIGN_FILE = {"path": "/etc/passwd", "meta": {"_type": "gradio.FileData"}}
 
 
 @settings(max_examples=25, deadline=None)
-@given(event=st.sampled_from([("x0-steps", "select"), ("steps", "change"), ("step", "change"), ("block", "blur")]),
-       values=st.lists(json_values, min_size=2, max_size=2), event_data=st.one_of(
+@given(event=st.sampled_from([("x0-steps", "select"), ("steps", "change"), ("step", "change"), ("block", "blur"),
+                              ("architecture", "change")]),
+       values=st.lists(json_values, min_size=3, max_size=3), event_data=st.one_of(
            json_values, st.dictionaries(st.sampled_from(["index", "value", "selected"]), json_values)))
 def test_generated_page_events_over_http(page, kept_session, event, values, event_data):
     """The page's other events (a click on the x0 strip, the steps field, the step and block
-    selectors) with any JSON as their values and event data, sent over Gradio's queue: each
+    selectors, the architecture's stage) with any JSON as their values and event data, sent over
+    Gradio's queue: each
     answer completes, with the run's values or one line in the status, and nothing in the
     server's terminal."""
     server, url, _ = page
     terminal(server)
-    data = {"x0-steps": [None], "steps": values}.get(event[0], [None, *values])
+    data = {"x0-steps": [None], "steps": values[:2]}.get(event[0], [None, *values])  # the kept run, step, block, stage
     done = page_event(url, kept_session, *event, data, event_data)
     if done["msg"] == "refused":
         assert done["status"] == 403 and done["line"].startswith("this page takes no files: ") and done[
