@@ -54,7 +54,11 @@ MAX_GRID_Y = 65535  # the most blocks a grid's y dimension may have
 # use them and define none (tests/test_kernel_sources.py checks both).
 ATTENTION_WARPS = 4  # attention.cu: 4 warps x 8 query rows per block
 ATTENTION_ROWS_PER_WARP = 8
-MMA_WARPS = 4  # attention_tc.cu: 16 query rows per warp (the m of mma.sync m16n8k16)
+MMA_WARPS = 4  # attention_tc.cu: warps of a block, each with MMA_ATOMS[Dp] atoms of 16 query rows (mma's m)
+# attention_tc.cu: m16 atoms a warp keeps, by padded head dim. Two at Dp 64: each ldmatrix'd K or V
+# fragment then feeds two MMAs (FlashAttention-2's 32 rows a warp); one at Dp 128, whose O
+# accumulators would not fit twice in a thread's registers.
+MMA_ATOMS = {64: 2, 128: 1}
 # attention_tc.cu: keys per double-buffered K/V tile. 64 would halve the barriers but needs ~150
 # registers a thread (S is 16 x 64 fp32 per warp), so 3 blocks per SM instead of 4.
 MMA_KEY_TILE = 32
@@ -70,11 +74,13 @@ KERNEL_CONSTANTS = {
     # thread instead of spilling on sm_90 (tests/test_kernels_compile.py).
     "MIN_BLOCKS_PER_SM": 3,
     "MMA_WARPS": MMA_WARPS,
-    "MMA_ROWS": MMA_WARPS * 16,
+    "MMA_ATOMS_D64": MMA_ATOMS[64],
+    "MMA_ATOMS_D128": MMA_ATOMS[128],
     "MMA_KEY_TILE": MMA_KEY_TILE,
-    # Resident blocks per SM the register budget is set for (__launch_bounds__): 4 x 24 KiB of
-    # shared memory and <= 128 registers a thread at Dh <= 64; 2 x 48 KiB at Dh <= 128.
-    "MMA_MIN_BLOCKS_D64": 4,
+    # Resident blocks per SM the register budget is set for (__launch_bounds__): 2 x 32 KiB of
+    # shared memory and <= 255 registers a thread at Dh <= 64 (two atoms a warp need ~208; at 3
+    # blocks, 168, ptxas spills); 2 x 48 KiB at Dh <= 128.
+    "MMA_MIN_BLOCKS_D64": 2,
     "MMA_MIN_BLOCKS_D128": 2,
     "MAX_PAIRS_PER_LANE": MAX_HEAD_DIM // 64,  # rope.cu: 32 lanes x 2 pairs x 2 values
     # rmsnorm.cu: 16-byte packs a lane keeps in registers, so rows up to 32 x 8 packs (2048 fp16 / bf16
@@ -310,11 +316,16 @@ def mma_head_dim(head_dim: int) -> int:
     return next(padded for padded in MMA_HEAD_DIMS if head_dim <= padded)
 
 
+def mma_rows(head_dim: int) -> int:
+    """Query rows a block of the tensor-core kernel takes: its warps' atoms of 16."""
+    return MMA_WARPS * 16 * MMA_ATOMS[mma_head_dim(head_dim)]
+
+
 def attention_shared_bytes(head_dim: int, dtype) -> int:
     """Dynamic shared memory of the attention kernel for `dtype` (see the two sources' layouts)."""
     if np.dtype(dtype).name in TENSOR_CORE_DTYPES:
-        # Q [MMA_ROWS, Dp], K and V [2 buffers, MMA_KEY_TILE, Dp], 16-bit
-        return 2 * (KERNEL_CONSTANTS["MMA_ROWS"] + 4 * MMA_KEY_TILE) * mma_head_dim(head_dim)
+        # Q [mma_rows, Dp], K and V [2 buffers, MMA_KEY_TILE, Dp], 16-bit
+        return 2 * (mma_rows(head_dim) + 4 * MMA_KEY_TILE) * mma_head_dim(head_dim)
     # Q [ROWS_PER_BLOCK, Dh], K [KEY_TILE, Dh + 1] (padded against bank conflicts), V [KEY_TILE, Dh]
     return 4 * (KERNEL_CONSTANTS["ROWS_PER_BLOCK"] * head_dim + KEY_TILE * (2 * head_dim + 1))
 
@@ -347,7 +358,7 @@ def attention(q, k, v, scale: float, bias=None, key_mask=None):
             raise MiniT2IError(f"fp16/bf16 attention needs a head_dim that is a multiple of 4, not {head_dim}; "
                                "use fp32 precision")
         name = "flash_attention_tc" if mma_head_dim(head_dim) == 64 else "flash_attention_tc_d128"
-        kernel, rows, warps = _kernel("attention_tc.cu", name, dtype), KERNEL_CONSTANTS["MMA_ROWS"], MMA_WARPS
+        kernel, rows, warps = _kernel("attention_tc.cu", name, dtype), mma_rows(head_dim), MMA_WARPS
     else:
         kernel, rows, warps = (_kernel("attention.cu", "flash_attention", dtype), KERNEL_CONSTANTS["ROWS_PER_BLOCK"],
                                ATTENTION_WARPS)

@@ -46,83 +46,181 @@ A100 = Device("A100 SXM", 312.0, 19.5, 2.0)
 
 
 # ---------------------------------------------------------------------------------------------
-# The attention kernels, instruction by instruction (an H200: the GPU they were measured on)
+# The attention kernels, pipe by pipe (an H200: the GPU they were measured on)
 
 
 @dataclass(frozen=True)
 class Chip:
-    """What an issue model needs of a GPU: SMs, warp schedulers per SM, the sustained clock, the
-    latency of a global load that hits L2 (K and V of a head are re-read from L2 by every query
-    block) and of one that goes to DRAM, and of a dependent warp shuffle."""
+    """What the issue and pipe models need of a GPU. `clock_ghz` is the SM clock of the run
+    being modelled, a parameter: scripts/gpu-check logs it during its timed runs, and Nsight
+    Compute locks it to the base clock (NCU_CLOCK_GHZ) unless run with --clock-control none.
+    Pipe rates are per SM and cycle, latencies in cycles (all assumptions, none measured here):
+    mma.sync m16n8k16 (4,096 FLOP) at two thirds of one per cycle, the rate wgmma's dense peak
+    implies (989 TFLOP/s = 132 SMs x 1.83 GHz x 4,096; Hopper microbenchmarks, arXiv 2402.13499,
+    put mma.sync at 60-70 % of it); 16 MUFU lanes (a warp's MUFU.EX2 takes 2 SM cycles); one
+    shared-memory wavefront (128 bytes); 40 bytes from L2 (10 TB/s over 132 SMs at 1.98 GHz); a
+    dependent HMMA ~33 cycles, a barrier once every warp is there ~30, a shuffle ~30, an L2 hit
+    ~270; a DRAM round trip ~505 ns (1,000 cycles at 1.98 GHz; within the 450-600 ns
+    pointer-chasing microbenchmarks report for A100 and H100 HBM, loaded), in time, not cycles:
+    memory does not slow down with the SM clock."""
 
     name: str
     sms: int
     schedulers: int
     clock_ghz: float
     l2_latency_cycles: int
-    dram_latency_cycles: int
+    dram_latency_ns: float
     shuffle_cycles: int
+    hmma_per_cycle: float = 2 / 3
+    mufu_lanes_per_cycle: int = 16
+    shared_wavefronts_per_cycle: int = 1
+    l2_bytes_per_cycle: float = 40.0
+    hmma_cycles: int = 33
+    barrier_cycles: int = 30
+
+    @property
+    def dram_latency_cycles(self) -> float:
+        return self.dram_latency_ns * self.clock_ghz
 
 
-# The H100 SXM has the same SMs and clock, so the same issue-model prediction. DRAM latency: a
-# loaded round trip of ~500 ns, an assumption (pointer-chasing microbenchmarks put A100 and H100
-# HBM at roughly 450-600 ns); a dependent shuffle ~30 cycles (SHFL's latency, like the ~25-33 of
-# the microbenchmark literature); neither is measured here.
-H200_CHIP = Chip("H200 SXM", 132, 4, 1.98, 270, dram_latency_cycles=1000, shuffle_cycles=30)
+# The H100 SXM has the same SMs and clock, so the same attention prediction.
+H200_CHIP = Chip("H200 SXM", 132, 4, 1.98, 270, dram_latency_ns=505, shuffle_cycles=30)
+NCU_CLOCK_GHZ = 1.35  # the H200's SM clock under ncu's default clock control (its report: "SM Frequency 1.35 GHz")
 
 
 @dataclass(frozen=True)
 class AttentionKernel:
-    """One attention kernel as its SASS shows it (tests/test_kernels_compile.py reads the SASS).
-
-    instructions: warp instructions one warp executes per key tile (the key-tile loop's body,
-    its inner loops at their trip counts, the branches B/16 does not take left out);
-    exposed_cycles: cycles per key tile in which a warp waits on a dependent long-latency result
-    that no other warp of its scheduler covers (every warp of a block reaches the same phase
-    between two barriers, and ~1 block per scheduler is resident)."""
+    """One attention kernel: its launch geometry (`blocks_per_sm` resident at most), per warp and
+    key tile the instructions it issues by class (HMMA, LDSM, LDGSTS, MUFU, rest, total), per
+    block and tile the shared-memory wavefronts and the bytes it reads from L2 (K and V of the
+    head: every query block re-reads them), and the latency of a tile that no other warp covers
+    (`exposed_cycles`: every warp of a block goes through the same phases between its barriers)."""
 
     name: str
     rows_per_block: int
     key_tile: int
     warps: int
     blocks_per_sm: int
-    instructions: int
-    exposed_cycles: int
+    per_warp_tile: dict[str, float]
+    shared_wavefronts: float
+    l2_bytes: float
+    exposed_cycles: float
 
 
-# attention_tc.cu before FlashAttention-2 (WMMA): a 1,780-instruction key-tile loop whose K/V
-# staging loop (36 instructions: a 16-bit LDG, its STS, an integer division by Dp) runs 16 times
-# for K and 16 for V, the score loop (2 x 4 x ~70, fragments through generic LD: 32 per 16 MMAs),
-# the rescale of O in shared memory (16 rows x ~70) and P V (4 x 210): ~4,800 per tile. Its
-# staging is synchronous: 32 dependent L2 round trips per thread per tile, plus ~1,500 cycles of
-# shared-memory round trips (O's rescale, the score store and reload, generic loads before MMAs).
-WMMA_ATTENTION = AttentionKernel("WMMA (before)", 64, 32, 4, 4, 4800, 32 * H200_CHIP.l2_latency_cycles + 1500)
-# attention_tc.cu now: a 1,057-instruction loop of which B/16's whole tiles skip the 538 of the
-# bias/mask logits, run the two cp.async loops (70 instructions, the 16- or 8-byte branch taken)
-# twice each, and skip Q's loads after the first tile: ~530. Copies are asynchronous and a tile
-# ahead; what stays exposed: S's 4 chains of 4 HMMA (~130 cycles), the softmax's MUFU.EX2 and 4
-# shuffles (~150), P V's chains of 2 (~65), LDSM waits (~60) and 2 barriers (~200).
-MMA_ATTENTION = AttentionKernel("mma.sync (FlashAttention-2)", 64, 32, 4, 4, 530, 600)
+def exposed_tile_cycles(barriers: int, padded: int, key_tile: int, chip: Chip = H200_CHIP) -> float:
+    """A warp's wait in a tile that its neighbours, in the same phase, do not cover: its barriers,
+    S's chain of padded / 16 dependent HMMA, the quad's two max shuffles, P V's chain of
+    key_tile / 16 HMMA (copies run a tile ahead: no load latency)."""
+    return (barriers * chip.barrier_cycles + (padded // 16 + key_tile // 16) * chip.hmma_cycles
+            + 2 * chip.shuffle_cycles)
+
+
+def wavefronts_per_instruction(opcode: str) -> int:
+    """Conflict-free shared-memory wavefronts of one warp instruction: ldmatrix a matrix each
+    (.4, .2), a 16-byte cp.async 4 (quarter warps), an 8-byte one 2 (cudasim counts them the
+    same way, and finds no excess in attention_tc.cu: tests/test_cudasim_counters.py)."""
+    if opcode.startswith("LDSM"):
+        return int(opcode.rsplit(".", 1)[-1])
+    if opcode.startswith("LDGSTS"):
+        return 4 if opcode.endswith(".128") else 2
+    return 0
+
+
+def mma_attention_kernel(trip, padded: int = 64, chip: Chip = H200_CHIP) -> AttentionKernel:
+    """attention_tc.cu from B/16's trip through its key-tile loop (cudasim.nvrtc.loop_trip of its
+    sm_90 SASS): every count comes from the machine code and kernels.py's launch constants."""
+    from minit2i.accelerated import kernels
+
+    counts, warps = trip.by_class(), kernels.MMA_WARPS
+    copy_bytes = sum(16 if i.opcode.endswith(".128") else 8 for i in trip.path if i.opcode.startswith("LDGSTS"))
+    return AttentionKernel(
+        "mma.sync, two atoms a warp (now)", kernels.mma_rows(padded), kernels.MMA_KEY_TILE, warps,
+        kernels.KERNEL_CONSTANTS["MMA_MIN_BLOCKS_D64" if padded == 64 else "MMA_MIN_BLOCKS_D128"], counts,
+        warps * sum(wavefronts_per_instruction(i.opcode) for i in trip.path), warps * 32 * copy_bytes,
+        exposed_tile_cycles(trip.count("BAR"), padded, kernels.MMA_KEY_TILE, chip))
+
+
+def b16_attention_trip(arch: str = "sm_90"):
+    """B/16's trip through attention_tc.cu's bf16 key-tile loop, compiled with NVRTC and ptxas (the
+    [compile] extra) with the options CuPy adds that change code (-ftz=true)."""
+    from minit2i.accelerated.kernels import NVRTC_OPTIONS, kernel_source
+    from minit2i.cudasim import nvrtc
+
+    ptx = nvrtc.compile_ptx(kernel_source("attention_tc.cu"), "attention_tc.cu", arch.replace("sm_", "compute_"),
+                            (*NVRTC_OPTIONS, "-ftz=true"))
+    code = nvrtc.sass(nvrtc.cubin(ptx, arch))["flash_attention_tc_bf16"]
+    return nvrtc.loop_trip(nvrtc.key_tile_loops(code)[16])
+
+
+# The WMMA kernel the H200 measured (before FlashAttention-2), from its ncu report at
+# [2, 12, 1280, 64] bf16: 480 blocks of 4 warps, 4 resident per SM, 1.26 instructions per cycle
+# over 1,319,587 cycles per SM, 59,166,720 shared-memory wavefronts (52 % excess). Its staging
+# was synchronous: per tile 32 dependent L2 round trips a thread (a 16-bit load, its store), and
+# ~1,500 cycles of shared-memory round trips (O's rescale, the scores stored and reloaded).
+WMMA_NCU = {"blocks": 480, "warps": 4, "ipc": 1.26, "cycles": 1_319_587, "wavefronts": 59_166_720}
+
+
+def wmma_attention_kernel(chip: Chip = H200_CHIP) -> AttentionKernel:
+    m = WMMA_NCU
+    tiles = 1280 // 32
+    warps_per_sm = m["blocks"] * m["warps"] / chip.sms
+    instructions = m["ipc"] * m["cycles"] / warps_per_sm / tiles
+    hmma = (32 // 8) * (64 // 16) + (32 // 16) * (64 // 8)  # 16 rows a warp, m16n8k16 steps of S and of P V
+    return AttentionKernel("WMMA (before)", 64, 32, m["warps"], 4,
+                           {"HMMA": hmma, "MUFU": 32 // 2 + 2, "total": instructions},
+                           m["wavefronts"] / m["blocks"] / tiles, 2 * 32 * 64 * 2,
+                           32 * chip.l2_latency_cycles + 1500)
+
+
+# FlashAttention-2's forward kernel at head dim 64, as PyTorch's SDPA runs it (Dao-AILab
+# flash-attention, csrc/flash_attn/src: Br = Bc = 128, 4 warps of 2 m16 atoms, ~255 registers:
+# 2 blocks per SM; Q re-read from shared memory every tile). Not compiled here: its instructions
+# are taken as 3.5 per HMMA (the 3-4 of its SASS at this head dim), its MMAs and exponentials
+# from its tile (per warp and 128-key tile: 256 HMMA; 2 atoms x (64 + 2) MUFU.EX2 a thread).
+def flash_attention2_kernel(chip: Chip = H200_CHIP) -> AttentionKernel:
+    hmma = 2 * ((128 // 8) * (64 // 16) + (128 // 16) * (64 // 8))
+    ldsm = (128 // 8) * (64 // 32) + (128 // 16) * (64 // 16) + 2 * 64 // 16
+    return AttentionKernel("FlashAttention-2 (SDPA)", 128, 128, 4, 2,
+                           {"HMMA": hmma, "MUFU": 2 * (64 + 2), "total": 3.5 * hmma},
+                           4 * (4 * ldsm + 2 * 128 * 64 * 2 // 128 // 4), 2 * 128 * 64 * 2,
+                           exposed_tile_cycles(2, 64, 128, chip))
+
+
+def attention_pipes(kernel: AttentionKernel, blocks: int, chip: Chip = H200_CHIP) -> dict[str, float]:
+    """Cycles per key tile on the busiest SM, which holds `blocks` blocks, per limit: issue (an
+    instruction per scheduler per cycle); the tensor pipe and MUFU together (a warp's exponentials
+    wait for its S and its P V for them: FlashAttention-2 does not overlap the two, which is what
+    FlashAttention-3, arXiv 2407.08608, adds); shared-memory wavefronts; L2 bytes."""
+    warps, per = blocks * kernel.warps, kernel.per_warp_tile
+    return {"issue": warps * per["total"] / chip.schedulers,
+            "tensor + MUFU": warps * (per["HMMA"] / chip.hmma_per_cycle + per["MUFU"] * 32 / chip.mufu_lanes_per_cycle),
+            "shared memory": blocks * kernel.shared_wavefronts / chip.shared_wavefronts_per_cycle,
+            "L2": blocks * kernel.l2_bytes / chip.l2_bytes_per_cycle}
 
 
 def attention_kernel_us(kernel: AttentionKernel, batch: int, heads: int, length: int, chip: Chip = H200_CHIP) -> float:
-    """Issue model of one launch at [batch, heads, length, Dh <= 64]: per key tile an SM issues
-    the instructions of its resident warps (one per scheduler per cycle) and, on top, a warp's
-    exposed latency (not overlapped: barriers keep a block's warps in the same phase); the grid
-    runs in ceil(blocks / resident slots) waves. SM time = waves x tiles x (issue + exposed)."""
+    """GPU time of one launch at [batch, heads, length, Dh]: the grid's waves of resident blocks;
+    in each, the busiest SM's blocks (ceil(blocks / SMs), at most `blocks_per_sm`: the launch ends
+    with it) take per key tile the binding pipe limit plus the exposed latency, after one DRAM
+    round trip for the first tile's copies."""
     blocks = -(-length // kernel.rows_per_block) * batch * heads
     slots = chip.sms * kernel.blocks_per_sm
     waves = -(-blocks // slots)
-    warps_per_sm = kernel.warps * min(kernel.blocks_per_sm, blocks / chip.sms)
+    busiest = min(kernel.blocks_per_sm, -(-blocks // (chip.sms * waves)))
     tiles = -(-length // kernel.key_tile)
-    issue = warps_per_sm * kernel.instructions / chip.schedulers
-    return waves * tiles * (issue + kernel.exposed_cycles) / (chip.clock_ghz * 1e3)
+    tile = max(attention_pipes(kernel, busiest, chip).values()) + kernel.exposed_cycles
+    return waves * (tiles * tile + chip.dram_latency_cycles) / (chip.clock_ghz * 1e3)
 
 
+def binding_pipe(kernel: AttentionKernel, batch: int, heads: int, length: int, chip: Chip = H200_CHIP) -> str:
+    blocks = -(-length // kernel.rows_per_block) * batch * heads
+    busiest = min(kernel.blocks_per_sm, -(-blocks // chip.sms))
+    pipes = attention_pipes(kernel, busiest, chip)
+    return max(pipes, key=pipes.get)
 
 
-def attention_tc_efficiency(kernel: AttentionKernel = MMA_ATTENTION, device: Device = H200) -> float:
-    """The tensor-core share the issue model predicts for `kernel` at B/16's joint attention
+def attention_tc_efficiency(kernel: AttentionKernel, device: Device = H200) -> float:
+    """The tensor-core share the model predicts for `kernel` at B/16's joint attention
     [2, 12, 1280, 64] (4 B H L^2 Dh FLOPs): what the roofline tables assume for the tensor-core
     attention (`Assumptions.attention_tc`)."""
     flops = 4.0 * 2 * 12 * 1280**2 * 64
@@ -135,7 +233,7 @@ class Assumptions:
 
     gemm: float = 0.70  # cuBLAS on these mid-size shapes (M = 512..2048, K, N = 768..4096)
     gemm_fp32: float = 0.80  # SGEMM without TF32 is compute-bound and well tuned
-    attention_tc: float = attention_tc_efficiency()  # the tensor-core kernel, as the issue model above has it
+    attention_tc: float = 0.30  # the tensor-core kernel: the pipe model's share (attention_tc_efficiency), rounded
     attention_fp32: float = 0.40  # the CUDA-core kernel
     sdpa: float = 0.45  # PyTorch SDPA (FlashAttention-2 kernels)
     memory: float = 0.70  # bandwidth-bound elementwise / norm kernels
@@ -351,11 +449,20 @@ def torch_run_ms(config, size, steps, device, item, a: Assumptions) -> float:
     return steps * step_ms(components, device, item, a, a.torch_launch_us, replayed=False)
 
 
-# Measured on one H200 with the WMMA attention and the fused kernels before 16-byte packs (CUDA
-# events, each row side by side in one call, random B/16 weights, 10 steps at 512 x 512, CFG 6,
-# bf16): the sampler, one attention launch at [2, 12, 1280, 64], and three fused kernels at the
-# image stream's shapes (benchmarks/gpu.py's kernel_cases), 2-3.5x the roofline's prediction.
-H200_MEASURED = {"sampler_ms": 151.7, "attention_us": 623.0, "rms_norm_us": 9.2, "swiglu_us": 26.3, "qkv_heads_us": 20.9}
+# Measured on one H200 (its first run): by CUDA events, side by side in one call (random B/16
+# weights, 10 steps at 512 x 512, CFG 6, bf16), the sampler with the WMMA attention and the fused
+# kernels before their 16-byte packs, and one attention launch at [2, 12, 1280, 64] (20 launches
+# each): the WMMA kernel's and torch SDPA's (FlashAttention-2). By Nsight Compute
+# (gpu__time_duration, at its locked 1.35 GHz SM clock, caches flushed before each launch; GPU
+# time only) three of those fused kernels at the image stream's shapes (benchmarks/gpu.py's
+# kernel_cases).
+H200_MEASURED = {"sampler_ms": 151.7, "attention_us": 623.0, "sdpa_us": 29.6}
+H200_NCU_US = {"rms_norm": 9.2, "swiglu": 26.3, "qkv_heads": 20.9}
+# How far this model may land from each of those measurements (model / measured) for it to stand:
+# attention within 30 %; the memory-bound launches, microseconds long, within 0.5-1.5x (their
+# ramp-up and drain, which no term models, is a large share of them).
+ATTENTION_BAND = (0.7, 1.3)
+MEMORY_BAND = (0.5, 1.5)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -480,12 +587,6 @@ def qkv_heads_now(tokens: int, heads: int, head_dim: int, item: int = 2) -> Memo
                         2 * tokens * 3 * heads * head_dim * item)
 
 
-# The Python wrapper's time between the two events benchmarks/gpu.py records around one call
-# (checks, the output's allocation, the RawKernel launch): assumed; qkv_heads's timed call also
-# allocates and fills its zero bias (cp.zeros: a second launch).
-EVENT_HOST_US = 5.0
-
-
 def cfg_image_rows(config: MMJiTConfig, size: int) -> int:
     """The image stream's token rows in one batched CFG forward (the conditional and unconditional halves)."""
     return 2 * (size // config.patch_size) ** 2
@@ -503,15 +604,17 @@ def fused_kernel_launches(config: MMJiTConfig = MMJIT_B16, size: int = 512, item
             "qkv_heads": qkv_heads_now(tokens, heads, dh, item)}
 
 
-def measured_cases(config: MMJiTConfig = MMJIT_B16,
-                   size: int = 512) -> dict[str, tuple[MemoryLaunch, MemoryLaunch, float]]:
-    """{kernel: (before, now, host µs inside the timing)} at the shapes H200_MEASURED was timed at."""
+def measured_cases(config: MMJiTConfig = MMJIT_B16, size: int = 512) -> dict[str, tuple[MemoryLaunch, MemoryLaunch]]:
+    """{kernel: (before, now)} at the shapes of H200_NCU_US."""
     tokens = cfg_image_rows(config, size)
     d, hidden, heads, dh = config.hidden_size, config.mlp_hidden, config.num_heads, config.head_dim
     now = fused_kernel_launches(config, size)
-    return {"rms_norm": (rms_norm_before(tokens, d), now["rms_norm"], EVENT_HOST_US),
-            "swiglu": (swiglu_before(tokens, hidden), now["swiglu"], EVENT_HOST_US),
-            "qkv_heads": (qkv_heads_before(tokens, heads, dh), now["qkv_heads"], 2 * EVENT_HOST_US)}
+    return {"rms_norm": (rms_norm_before(tokens, d), now["rms_norm"]),
+            "swiglu": (swiglu_before(tokens, hidden), now["swiglu"]),
+            "qkv_heads": (qkv_heads_before(tokens, heads, dh), now["qkv_heads"])}
+
+
+NCU_CHIP = replace(H200_CHIP, clock_ghz=NCU_CLOCK_GHZ)  # the H200 as Nsight Compute ran it
 
 
 def small_kernel_launches(config: MMJiTConfig = MMJIT_B16,
@@ -529,17 +632,17 @@ def small_kernel_launches(config: MMJiTConfig = MMJIT_B16,
     return found
 
 
-def sampler_ms(config: MMJiTConfig = MMJIT_B16, steps: int = 10, new_attention: bool = True,
+def sampler_ms(new_attention: AttentionKernel | None = None, config: MMJiTConfig = MMJIT_B16, steps: int = 10,
                new_small_kernels: bool = True, device: Device = H200) -> float:
-    """The measured H200 sampler (graph replay: GPU time only) with each joint attention at the
-    issue model's prediction for the FlashAttention-2 kernel instead of the measured 623 µs, and
-    each launch of the four fused kernels at this model's time for the kernels now instead of
-    before (both modelled, at each launch's own shape). On an H100 (the same SMs and clock, 3.35
-    instead of 4.8 TB/s) every byte the memory-bound launches of a step move (forward_components)
-    takes that much longer."""
+    """The measured H200 sampler (graph replay: GPU time only) with each joint attention at this
+    model's time for `new_attention` (if given) instead of the measured 623 µs, and each launch of
+    the four fused kernels at this model's time for the kernels now instead of before (both
+    modelled, at each launch's own shape). On an H100 (the same SMs and clock, 3.35 instead of
+    4.8 TB/s) every byte the memory-bound launches of a step move (forward_components) takes
+    that much longer."""
     per_step = 0.0
-    if new_attention:
-        new_us = attention_kernel_us(MMA_ATTENTION, 2, 12, 1280)
+    if new_attention is not None:
+        new_us = attention_kernel_us(new_attention, 2, 12, 1280)
         per_step += config.depth_double * (new_us - H200_MEASURED["attention_us"])
     if new_small_kernels:
         per_step += sum(count * (memory_launch_us(now) - memory_launch_us(before))
@@ -550,39 +653,50 @@ def sampler_ms(config: MMJiTConfig = MMJIT_B16, steps: int = 10, new_attention: 
     return H200_MEASURED["sampler_ms"] + steps * per_step / 1e3
 
 
-def attention_model_table() -> list[str]:
-    rows = ["| kernel | instructions / warp / tile | exposed cycles / tile | predicted µs | measured µs |",
-            "|---|---|---|---|---|"]
-    for kernel, measured in ((WMMA_ATTENTION, f"{H200_MEASURED['attention_us']:.0f}"), (MMA_ATTENTION, "not yet")):
-        rows.append(f"| {kernel.name} | {kernel.instructions} | {kernel.exposed_cycles} | "
-                    f"{attention_kernel_us(kernel, 2, 12, 1280):.0f} | {measured} |")
+def attention_fits(new: AttentionKernel) -> list[tuple[AttentionKernel, float | None]]:
+    """(kernel, measured µs or None) of the attention table: the two measured, then the new one."""
+    return [(wmma_attention_kernel(), H200_MEASURED["attention_us"]),
+            (flash_attention2_kernel(), H200_MEASURED["sdpa_us"]), (new, None)]
+
+
+def attention_model_table(new: AttentionKernel) -> list[str]:
+    rows = ["| kernel | blocks per SM (busiest) | instructions / warp / tile | HMMA | MUFU | issue | tensor + MUFU | "
+            "shared memory | L2 | exposed | binding | predicted µs | measured µs | predicted / measured |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for kernel, measured in attention_fits(new):
+        blocks = -(-1280 // kernel.rows_per_block) * 24
+        busiest = min(kernel.blocks_per_sm, -(-blocks // H200_CHIP.sms))
+        pipes = attention_pipes(kernel, busiest)
+        us = attention_kernel_us(kernel, 2, 12, 1280)
+        per = kernel.per_warp_tile
+        rows.append(f"| {kernel.name} | {busiest} | {per['total']:.0f} | {per['HMMA']:.0f} | {per['MUFU']:.0f} | "
+                    + " | ".join(f"{pipes[name]:.0f}" for name in ("issue", "tensor + MUFU", "shared memory", "L2"))
+                    + f" | {kernel.exposed_cycles:.0f} | {binding_pipe(kernel, 2, 12, 1280)} | {us:.1f} | "
+                    + (f"{measured:.1f} | {us / measured:.2f} |" if measured else "not yet | - |"))
     return rows
 
 
 def memory_model_table() -> list[str]:
     rows = ["| kernel | blocks (resident / SM) | DRAM + L2 trips, shuffles / warp | instructions / warp | "
-            "chain cycles | predicted GPU µs | + host µs | measured µs | predicted / measured | DRAM time µs | "
-            "GPU / DRAM time |",
+            "chain cycles at 1.35 GHz | predicted µs at 1.35 GHz | ncu µs | predicted / measured | "
+            "predicted µs at 1.98 GHz | DRAM time µs | GPU / DRAM time |",
             "|---|---|---|---|---|---|---|---|---|---|---|"]
-    for name, (before, now, host) in measured_cases().items():
-        for launch, measured in ((before, H200_MEASURED[f"{name}_us"]), (now, None)):
-            gpu = memory_launch_us(launch)
-            timed = f"{gpu + host:.1f}" if measured else "-"
-            ratio = f"{(gpu + host) / measured:.2f}" if measured else "-"
+    for name, (before, now) in measured_cases().items():
+        for launch, measured in ((before, H200_NCU_US[name]), (now, None)):
+            at_ncu, gpu = memory_launch_us(launch, NCU_CHIP), memory_launch_us(launch)
+            ratio = f"{at_ncu / measured:.2f}" if measured else "-"
             rows.append(f"| {launch.name} | {launch.blocks} ({launch.resident}) | "
                         f"{launch.dram_trips} + {launch.l2_trips}, {launch.shuffles} | {launch.instructions} | "
-                        f"{launch.chain_cycles(H200_CHIP)} | {gpu:.1f} | "
-                        f"{timed} | {measured if measured else 'not yet'} | {ratio} | {dram_us(launch):.1f} | "
-                        f"{gpu / dram_us(launch):.2f} |")
+                        f"{launch.chain_cycles(NCU_CHIP):.0f} | {at_ncu:.1f} | {measured if measured else 'not yet'} | "
+                        f"{ratio} | {gpu:.1f} | {dram_us(launch):.1f} | {gpu / dram_us(launch):.2f} |")
     return rows
 
 
-def sampler_model_table() -> list[str]:
+def sampler_model_table(new: AttentionKernel) -> list[str]:
     return ["| 10-step B/16 sampler, bf16 | H200 ms | H100 ms |", "|---|---|---|",
             f"| measured on the H200 (WMMA attention, fused kernels before) | {H200_MEASURED['sampler_ms']:.1f} | |",
-            f"| with the FlashAttention-2 kernel | {sampler_ms(new_small_kernels=False):.1f} | "
-            f"{sampler_ms(new_small_kernels=False, device=H100):.1f} |",
-            f"| and the fused kernels in 16-byte packs | {sampler_ms():.1f} | {sampler_ms(device=H100):.1f} |"]
+            f"| with the fused kernels in 16-byte packs | {sampler_ms():.1f} | {sampler_ms(device=H100):.1f} |",
+            f"| and the attention kernel now | {sampler_ms(new):.1f} | {sampler_ms(new, device=H100):.1f} |"]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -655,14 +769,18 @@ def tables() -> dict[str, list[str]]:
         "10 steps, 512x512, predicted": summary_table(),
         "One 512x512 image with the default steps on an H100 SXM, T5 included, predicted": image_table(),
         "Sensitivity of the B/16 bf16 H100 prediction": sensitivity_table(),
-        "Attention at [2, 12, 1280, 64] bf16 on the H200, issue model": attention_model_table(),
         "The fused memory-bound kernels on the H200, round trip by round trip": memory_model_table(),
-        "The 10-step sampler on the H200 and the H100 with the new kernels": sampler_model_table(),
     }
 
 
+def kernel_tables(new: AttentionKernel) -> dict[str, list[str]]:
+    """The tables of docs/performance-model.md that need the attention kernel's machine code."""
+    return {"Attention at [2, 12, 1280, 64] bf16 on the H200, pipe by pipe": attention_model_table(new),
+            "The 10-step sampler on the H200 and the H100 with the new kernels": sampler_model_table(new)}
+
+
 def main() -> int:
-    for heading, rows in tables().items():
+    for heading, rows in (tables() | kernel_tables(mma_attention_kernel(b16_attention_trip()))).items():
         print(f"### {heading}\n")
         print("\n".join(rows) + "\n")
     return 0

@@ -21,6 +21,11 @@ address and the values (or the buffer, the offset and its size). For these launc
 argument buffers are copied into mappings of their own between guards of reserved address
 space, so an access even far past one is named after it; it is stopped before it happens, as is
 any access outside the memory a kernel may touch.
+Inside `counting()` each launch (of the build with detectors) also counts what Nsight Compute
+counts, named after the ncu metric each stands for: shared-memory requests, wavefronts and bank
+conflicts of ld/st.shared, ldmatrix and cp.async's shared writes; global requests, 32-byte
+sectors and bytes; HMMA, MUFU.EX2 and BAR instructions (runtime.cpp, "Counters"). The counts
+are the same under every schedule (checked when several run).
 Words that only float `atomicAdd`s wrote may differ between schedules by the rounding of the
 adds' order (as on a GPU, from run to run): they are compared within the bound that rounding
 allows (`_atomic_bound`), every other byte exactly.
@@ -33,6 +38,7 @@ import os
 import threading
 import weakref
 from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -47,7 +53,8 @@ PAGE_BYTES = 4096  # a guarded copy keeps its array's address modulo this: the s
 SCALAR_CTYPES = {"float32": ctypes.c_float, "float64": ctypes.c_double, "int32": ctypes.c_int32,
                  "uint32": ctypes.c_uint32, "int64": ctypes.c_int64, "uint64": ctypes.c_uint64, "bool": ctypes.c_bool}
 
-_active = {"schedules": ("in-order",), "seed": 0, "detectors": os.environ.get("CUDASIM_DETECTORS", "1") != "0"}
+_active = {"schedules": ("in-order",), "seed": 0, "detectors": os.environ.get("CUDASIM_DETECTORS", "1") != "0",
+           "counted": None}
 _lock = threading.Lock()  # the runtime keeps one launch's state in globals
 
 
@@ -82,6 +89,35 @@ def detectors(enabled: bool = True):
         yield
     finally:
         _active["detectors"] = saved
+
+
+@dataclass(frozen=True)
+class LaunchCounts:
+    """What one launch counted: its kernel, grid and block, and {ncu metric name: count}."""
+
+    kernel: str
+    grid: tuple[int, int, int]
+    block: tuple[int, int, int]
+    counts: dict[str, int]
+
+    def per_request(self, numerator: str, denominator: str) -> float:
+        """counts[numerator] / counts[denominator], e.g. wavefronts or sectors per request."""
+        return self.counts[numerator] / self.counts[denominator]
+
+
+@contextmanager
+def counting():
+    """Count what Nsight Compute counts for every launch inside the block (which needs the
+    detectors' build); yields the list that receives each launch's LaunchCounts, in order."""
+    if not _active["detectors"]:
+        raise KernelError("counting needs the detectors' build: do not turn them off (cudasim.detectors(False) "
+                          "or CUDASIM_DETECTORS=0) around cudasim.counting()")
+    saved = _active["counted"]
+    _active["counted"] = launches = []
+    try:
+        yield launches
+    finally:
+        _active["counted"] = saved
 
 
 class Module:
@@ -135,10 +171,15 @@ class Kernel:
         grid, block = _dims(grid), _dims(block)
         arrays = {str(p): np.asarray(a) for p, a in zip(self.signature.params, args) if p.pointer}
         with _lock:
+            self._counted = []
             if len(_active["schedules"]) == 1:
                 self._run(values, arrays, grid, block, shared_mem, _active["schedules"][0])
             else:
                 self._run_all_schedules(values, arrays, grid, block, shared_mem)
+        if _active["counted"] is not None and self._counted:
+            if any(counts != self._counted[0] for counts in self._counted):
+                raise KernelError(f"kernel {self.name}: its counts differ between schedules: {self._counted}")
+            _active["counted"].append(LaunchCounts(self.name, grid, block, self._counted[0]))
 
     def check(self, grid, block, args, shared_mem: int = 0) -> list:
         """Refuse a launch a GPU would refuse or misread; the arguments as ctypes values."""
@@ -213,6 +254,8 @@ class Kernel:
         sizes = (ctypes.c_size_t * count)(*[a.nbytes for a in arrays.values()])
         names = (ctypes.c_char_p * count)(*[param.encode() for param in arrays])
         error = ctypes.create_string_buffer(4096)
+        counting_now = _active["counted"] is not None and self.module.detecting()
+        dll.cudasim_count(ctypes.c_int(counting_now))
         status = dll.cudasim_launch(
             ctypes.cast(getattr(dll, f"cudasim_kernel_{self.name}"), ctypes.c_void_p), pointers, self.name.encode(),
             (ctypes.c_uint * 3)(*grid), (ctypes.c_uint * 3)(*block), ctypes.c_size_t(shared_mem),
@@ -222,6 +265,8 @@ class Kernel:
             message = (f"kernel {self.name}, {source_lines(library, error.value.decode())} (schedule {schedule}; "
                        f"line numbers refer to {library.source_path})")
             raise (RaceError if status == 2 else KernelError)(message)
+        if counting_now:
+            self._counted.append(_counts(dll))
 
     def _run_all_schedules(self, values, arrays, grid, block, shared_mem):
         """Each schedule from the same starting bytes; keep the first schedule's results."""
@@ -273,6 +318,26 @@ def guarded_copies(arrays: dict[str, np.ndarray], dll: ctypes.CDLL):
     finally:
         for start, copy, size in staged:
             ctypes.memmove(start, copy, size)
+
+
+def device_array(values) -> np.ndarray:
+    """A copy of `values` at a 256-byte aligned address, as cudaMalloc returns (NumPy aligns to 16
+    or 64 bytes: a sector count or a vector access depends on it)."""
+    values = np.ascontiguousarray(values)
+    raw = np.empty(values.nbytes + 256, np.uint8)
+    start = -raw.ctypes.data % 256
+    array = raw[start:start + values.nbytes].view(values.dtype).reshape(values.shape)
+    array[...] = values
+    return array
+
+
+def _counts(dll) -> dict[str, int]:
+    """The last launch's counters, by their ncu metric names."""
+    dll.cudasim_counter_names.restype = ctypes.c_char_p
+    names = dll.cudasim_counter_names().decode().split()
+    values = (ctypes.c_uint64 * len(names))()
+    dll.cudasim_counts(values)
+    return dict(zip(names, map(int, values)))
 
 
 def _guarded_memory(dll, length: int) -> np.ndarray:

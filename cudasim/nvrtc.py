@@ -115,17 +115,33 @@ def resources(ptx: str, arch: str) -> dict[str, Resources]:
     return parse_ptxas(result.stderr, arch)
 
 
+def cubin(ptx: str, arch: str) -> bytes:
+    """Assemble `ptx` for `arch` (e.g. "sm_90") with ptxas: the cubin."""
+    ptxas = _found("ptxas", _pathfinder().find_nvidia_binary_utility("ptxas"))
+    with tempfile.TemporaryDirectory() as folder:
+        path, out = Path(folder) / "kernels.ptx", Path(folder) / "out.cubin"
+        path.write_text(ptx)
+        result = subprocess.run([str(ptxas), f"-arch={arch}", str(path), "-o", str(out)], capture_output=True,
+                                text=True)
+        if result.returncode != 0:
+            raise NvrtcError(f"ptxas failed for {arch}:\n{result.stderr}")
+        return out.read_bytes()
+
+
 @dataclass(frozen=True)
 class Instruction:
     """One SASS instruction: its byte offset in the kernel, its opcode with modifiers (e.g.
-    HMMA.16816.F32.BF16) and, for a branch, the offset it jumps to."""
+    HMMA.16816.F32.BF16), for a branch the offset it jumps to, whether a predicate guards it
+    (@P0, @!UP1: a guarded branch may fall through) and its operands as printed."""
 
     offset: int
     opcode: str
     target: int | None = None
+    predicated: bool = False
+    operands: str = ""
 
 
-SASS_LINE = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(?:@!?U?P[T0-9]+\s+)?([A-Z][A-Z0-9_]*(?:\.[A-Z0-9_]+)*)([^;]*);")
+SASS_LINE = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(@!?U?P[T0-9]+\s+)?([A-Z][A-Z0-9_]*(?:\.[A-Z0-9_]+)*)([^;]*);")
 
 
 def sass(cubin: bytes) -> dict[str, list[Instruction]]:
@@ -158,8 +174,10 @@ def parse_sass(text: str) -> dict[str, list[Instruction]]:
     for block in re.split(r"\n\s*Function : ", text)[1:]:
         instructions = []
         for match in SASS_LINE.finditer(block):
-            branch = re.fullmatch(r"\s*0x([0-9a-f]+)\s*", match.group(3)) if match.group(2).startswith("BRA") else None
-            instructions.append(Instruction(int(match.group(1), 16), match.group(2), int(branch.group(1), 16) if branch else None))
+            offset, guard, opcode, operands = match.groups()
+            branch = re.fullmatch(r"\s*0x([0-9a-f]+)\s*", operands) if opcode.startswith("BRA") else None
+            instructions.append(Instruction(int(offset, 16), opcode, int(branch.group(1), 16) if branch else None,
+                                            guard is not None, operands.strip()))
         kernels[block.split("\n", 1)[0].strip()] = instructions
     return kernels
 
@@ -168,6 +186,88 @@ def loop_bodies(instructions: list[Instruction]) -> list[list[Instruction]]:
     """The bodies of the kernel's loops: from the target of each backward branch to the branch."""
     return [[i for i in instructions if branch.target <= i.offset <= branch.offset]
             for branch in instructions if branch.target is not None and branch.target < branch.offset]
+
+
+INSTRUCTION_CLASSES = ("HMMA", "LDSM", "LDGSTS", "MUFU")  # the classes a trip is counted by, and the rest
+
+
+@dataclass(frozen=True)
+class LoopTrip:
+    """The instructions a warp issues in one trip through a loop, in order (a predicated-off
+    instruction still takes its issue slot, so it counts)."""
+
+    path: tuple[Instruction, ...]
+
+    def count(self, opcode_class: str) -> int:
+        """Instructions whose opcode is `opcode_class` or starts with it and a dot (HMMA: HMMA.16816.F32)."""
+        return sum(i.opcode == opcode_class or i.opcode.startswith(opcode_class + ".") for i in self.path)
+
+    def by_class(self) -> dict[str, int]:
+        """{HMMA, LDSM, LDGSTS, MUFU, rest, total: instructions}."""
+        counts = {name: self.count(name) for name in INSTRUCTION_CLASSES}
+        return counts | {"rest": len(self.path) - sum(counts.values()), "total": len(self.path)}
+
+
+def loop_trip(loop: list[Instruction], must_issue: str = "LDGSTS", never: str = "LDG") -> LoopTrip:
+    """The shortest trip through `loop` (one of `loop_bodies`: from its first instruction to its
+    backward branch, taken) that issues every `must_issue`-class instruction of the loop and no
+    `never`-class one.
+
+    For the tensor-core attention's key-tile loop this is B/16's path: a tile that stages the
+    next one (every LDGSTS), reads no bias or key mask (no LDG), and otherwise takes the fewest
+    instructions: not the first tile's Q loads, not the per-key logits of a partial tile. A
+    loop inside the loop is refused (ValueError): its trip count is not in the code.
+    """
+    def is_class(i: Instruction, name: str) -> bool:
+        return i.opcode == name or i.opcode.startswith(name + ".")
+
+    index = {i.offset: n for n, i in enumerate(loop)}
+    needed, last = sum(is_class(i, must_issue) for i in loop), len(loop) - 1
+    # best[n][m]: the shortest path reaching instruction n having issued m `must_issue` ones, and its predecessor
+    best: list[dict[int, tuple[int, tuple[int, int] | None]]] = [{} for _ in loop]
+    best[0][0] = (0, None)
+    finished: dict[int, tuple[int, tuple[int, int]]] = {}
+    for n, i in enumerate(loop):
+        if is_class(i, never):
+            continue
+        successors = []
+        if i.target is not None and n != last:
+            if i.target < i.offset:
+                raise ValueError(f"the loop holds a loop (backward branch at {i.offset:#x}); unroll it")
+            if i.target in index:
+                successors.append(index[i.target])
+            if i.predicated:
+                successors.append(n + 1)
+        elif not i.opcode.startswith("EXIT") or i.predicated:
+            successors.append(n + 1)
+        for m, (length, _) in list(best[n].items()):
+            m_after = m + is_class(i, must_issue)
+            if n == last:
+                if m_after not in finished or length + 1 < finished[m_after][0]:
+                    finished[m_after] = (length + 1, (n, m))
+                continue
+            for successor in successors:
+                known = best[successor].get(m_after)
+                if known is None or length + 1 < known[0]:
+                    best[successor][m_after] = (length + 1, (n, m))
+    if needed not in finished:
+        raise ValueError(f"no trip through the loop issues all its {needed} {must_issue} and no {never}")
+    path, step = [], finished[needed][1]
+    while step is not None:
+        path.append(loop[step[0]])
+        step = best[step[0]][step[1]][1]
+    return LoopTrip(tuple(reversed(path)))
+
+
+def key_tile_loops(instructions: list[Instruction]) -> dict[int, list[Instruction]]:
+    """The tensor-core attention's key-tile loops (the loops holding HMMA), by the bytes of their
+    cp.async copies: 16 (LDGSTS...128, rows 16-byte aligned) and 8 (LDGSTS...64)."""
+    loops = {}
+    for body in loop_bodies(instructions):
+        copies = {i.opcode.rsplit(".", 1)[-1] for i in body if i.opcode.startswith("LDGSTS")}
+        if any(i.opcode.startswith("HMMA") for i in body) and len(copies) == 1:
+            loops[int(copies.pop()) // 8] = body
+    return loops
 
 
 def parse_ptxas(log: str, arch: str) -> dict[str, Resources]:

@@ -741,6 +741,172 @@ void check_bounds(const unsigned char* p, size_t size, bool write, const void* p
     if (where || misaligned) stop_out_of_bounds(p, size, write, pc, r, where);
 }
 
+// ------------------------------------------------------------------------------------------
+// Counters
+//
+// With counting on (cudasim_count), a launch of a build with detectors counts what Nsight
+// Compute counts, under the name of the ncu metric each stands for (COUNTERS). A warp's memory
+// instruction is one request: the lanes' accesses from one instruction of the kernel's code (the
+// hook's return address, or a PTX emulation's call site), the k-th of each lane's accesses there
+// forming the k-th request of the warp (lanes run the same code, so in step; a divergent loop,
+// whose lanes run it a different number of times, is still grouped by trip). Requests are
+// gathered per block and measured when it ends:
+// * shared memory: 32 banks of 4 bytes. An access of up to 4 bytes a lane is served for the whole
+//   warp at once, one of 8 bytes half a warp at a time (2 phases of 16 lanes), one of 16 bytes a
+//   quarter warp at a time (4 phases of 8 lanes): ldmatrix (8 row addresses a matrix) and
+//   cp.async's 16-byte shared writes alike. A phase needs as many wavefronts as the most distinct
+//   4-byte words one bank must deliver (lanes reading one word share it: a broadcast); its ideal
+//   is 1, and the excess is ncu's bank conflicts.
+// * global memory: a request touches the 32-byte sectors its lanes' bytes fall in; lanes that
+//   read one sector share it (coalescing).
+// Atomics, and the emulation's own bookkeeping (the uncounted scope), count as nothing.
+#define CUDASIM_COUNTERS(X)                                                                                        \
+    X(SHARED_LD_REQUESTS, "smsp__inst_executed_op_shared_ld.sum")                                                  \
+    X(SHARED_LD_WAVEFRONTS, "l1tex__data_pipe_lsu_wavefronts_mem_shared_op_ld.sum")                                \
+    X(SHARED_LD_CONFLICTS, "l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_ld.sum")                             \
+    X(SHARED_ST_REQUESTS, "smsp__inst_executed_op_shared_st.sum")                                                  \
+    X(SHARED_ST_WAVEFRONTS, "l1tex__data_pipe_lsu_wavefronts_mem_shared_op_st.sum")                                \
+    X(SHARED_ST_CONFLICTS, "l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_st.sum")                             \
+    X(LDSM_REQUESTS, "smsp__inst_executed_op_ldsm.sum")                                                            \
+    X(LDSM_WAVEFRONTS, "l1tex__data_pipe_lsu_wavefronts_mem_shared_op_ldsm.sum")                                   \
+    X(LDSM_CONFLICTS, "l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_ldsm.sum")                                \
+    X(LDGSTS_REQUESTS, "smsp__inst_executed_op_ldgsts.sum")                                                        \
+    X(LDGSTS_SHARED_WAVEFRONTS, "l1tex__data_pipe_lsu_wavefronts_mem_shared_op_ldgsts.sum")                        \
+    X(LDGSTS_SHARED_CONFLICTS, "l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_ldgsts.sum")                     \
+    X(LDGSTS_SECTORS, "l1tex__t_sectors_pipe_lsu_mem_global_op_ldgsts.sum")                                        \
+    X(LDGSTS_BYTES, "cudasim__bytes_requested_global_op_ldgsts.sum")                                               \
+    X(GLOBAL_LD_REQUESTS, "l1tex__t_requests_pipe_lsu_mem_global_op_ld.sum")                                       \
+    X(GLOBAL_LD_SECTORS, "l1tex__t_sectors_pipe_lsu_mem_global_op_ld.sum")                                         \
+    X(GLOBAL_LD_BYTES, "cudasim__bytes_requested_global_op_ld.sum")                                                \
+    X(GLOBAL_ST_REQUESTS, "l1tex__t_requests_pipe_lsu_mem_global_op_st.sum")                                       \
+    X(GLOBAL_ST_SECTORS, "l1tex__t_sectors_pipe_lsu_mem_global_op_st.sum")                                         \
+    X(GLOBAL_ST_BYTES, "cudasim__bytes_requested_global_op_st.sum")                                                \
+    X(HMMA, "sass__inst_executed_per_opcode.HMMA")                                                                 \
+    X(MUFU_EX2, "sass__inst_executed_per_opcode.MUFU.EX2")                                                         \
+    X(BAR, "sass__inst_executed_per_opcode.BAR")
+#define CUDASIM_COUNTER_ENUM(id, name) id,
+enum Counter { CUDASIM_COUNTERS(CUDASIM_COUNTER_ENUM) COUNTER_COUNT };
+#undef CUDASIM_COUNTER_ENUM
+
+bool counting = false;  // this launch counts
+uint64_t counts[COUNTER_COUNT];
+int uncounted_depth = 0;
+
+// The lanes of one request: each lane's address (and, for cp.async, its global source), as given.
+struct Request {
+    RequestKind kind;
+    int bytes = 0;
+    uint32_t lanes = 0;  // the lanes that took part
+    uintptr_t address[32], source[32];
+};
+
+struct RequestKey {
+    uint64_t site;
+    uint32_t warp, occurrence;
+    bool operator==(const RequestKey& o) const { return site == o.site && warp == o.warp && occurrence == o.occurrence; }
+};
+struct RequestKeyHash {
+    size_t operator()(const RequestKey& k) const { return std::hash<uint64_t>()(k.site * 0x9e3779b97f4a7c15ull ^ k.warp << 20 ^ k.occurrence); }
+};
+std::unordered_map<RequestKey, Request, RequestKeyHash> block_requests;
+std::unordered_map<RequestKey, uint32_t, RequestKeyHash> lane_occurrences;  // (site, thread, 0): its accesses there so far
+
+// Wavefronts of a shared-memory request whose lanes access `bytes` each (see above): {wavefronts, ideal}.
+std::pair<uint64_t, uint64_t> shared_wavefronts(const uintptr_t* address, uint32_t lanes, int bytes) {
+    const int phase_lanes = bytes <= 4 ? 32 : 32 * 4 / bytes;
+    uint64_t wavefronts = 0, ideal = 0;
+    for (int first = 0; first < 32; first += phase_lanes) {
+        std::vector<uintptr_t> words[32];  // per bank, the distinct words it delivers
+        bool active = false;
+        for (int lane = first; lane < first + phase_lanes; ++lane) {
+            if (!(lanes >> lane & 1u)) continue;
+            active = true;
+            for (uintptr_t word = address[lane] / 4; word <= (address[lane] + bytes - 1) / 4; ++word) {
+                std::vector<uintptr_t>& bank = words[word % 32];
+                if (std::find(bank.begin(), bank.end(), word) == bank.end()) bank.push_back(word);
+            }
+        }
+        size_t most = 0;
+        for (const auto& bank : words) most = std::max(most, bank.size());
+        wavefronts += most;
+        ideal += active;
+    }
+    return {wavefronts, ideal};
+}
+
+// Distinct 32-byte sectors of the lanes' `bytes` each from `address` (0: a lane that reads nothing).
+uint64_t sectors(const uintptr_t* address, uint32_t lanes, int bytes) {
+    std::vector<uintptr_t> seen;
+    for (int lane = 0; lane < 32; ++lane) {
+        if (!(lanes >> lane & 1u) || !address[lane]) continue;
+        for (uintptr_t s = address[lane] / 32; s <= (address[lane] + bytes - 1) / 32; ++s)
+            if (std::find(seen.begin(), seen.end(), s) == seen.end()) seen.push_back(s);
+    }
+    return seen.size();
+}
+
+uint64_t requested_bytes(const uintptr_t* address, uint32_t lanes, int bytes) {
+    uint64_t total = 0;
+    for (int lane = 0; lane < 32; ++lane) total += (lanes >> lane & 1u) && address[lane] ? bytes : 0;
+    return total;
+}
+
+void count_shared(const Request& r, Counter requests, Counter wavefronts, Counter conflicts) {
+    const auto [found, ideal] = shared_wavefronts(r.address, r.lanes, r.bytes);
+    counts[requests] += 1;
+    counts[wavefronts] += found;
+    counts[conflicts] += found - ideal;
+}
+
+void count_request(const Request& r) {
+    switch (r.kind) {
+        case REQUEST_SHARED_LD: return count_shared(r, SHARED_LD_REQUESTS, SHARED_LD_WAVEFRONTS, SHARED_LD_CONFLICTS);
+        case REQUEST_SHARED_ST: return count_shared(r, SHARED_ST_REQUESTS, SHARED_ST_WAVEFRONTS, SHARED_ST_CONFLICTS);
+        case REQUEST_LDSM: return count_shared(r, LDSM_REQUESTS, LDSM_WAVEFRONTS, LDSM_CONFLICTS);
+        case REQUEST_LDGSTS:
+            count_shared(r, LDGSTS_REQUESTS, LDGSTS_SHARED_WAVEFRONTS, LDGSTS_SHARED_CONFLICTS);
+            counts[LDGSTS_SECTORS] += sectors(r.source, r.lanes, r.bytes);
+            counts[LDGSTS_BYTES] += requested_bytes(r.source, r.lanes, r.bytes);
+            return;
+        case REQUEST_GLOBAL_LD:
+        case REQUEST_GLOBAL_ST: {
+            const bool load = r.kind == REQUEST_GLOBAL_LD;
+            counts[load ? GLOBAL_LD_REQUESTS : GLOBAL_ST_REQUESTS] += 1;
+            counts[load ? GLOBAL_LD_SECTORS : GLOBAL_ST_SECTORS] += sectors(r.address, r.lanes, r.bytes);
+            counts[load ? GLOBAL_LD_BYTES : GLOBAL_ST_BYTES] += requested_bytes(r.address, r.lanes, r.bytes);
+            return;
+        }
+        case REQUEST_EXP2: counts[MUFU_EX2] += 1; return;
+    }
+}
+
+// One lane's part of a request at `site` (running thread, or a warp collective's `lane`).
+void add_to_request(RequestKind kind, uint64_t site, int lane_of_warp, int thread, uintptr_t address, uintptr_t source,
+                    int bytes) {
+    const uint32_t occurrence = lane_occurrences[{site, static_cast<uint32_t>(thread), 0}]++;
+    Request& r = block_requests[{site, static_cast<uint32_t>(thread >> 5), occurrence}];
+    if (!r.lanes) r.kind = kind, r.bytes = bytes;
+    r.lanes |= 1u << lane_of_warp;
+    r.address[lane_of_warp] = address;
+    r.source[lane_of_warp] = source;
+}
+
+// A block has ended: measure its requests.
+void count_block_requests() {
+    for (const auto& [key, request] : block_requests) count_request(request);
+    block_requests.clear();
+    lane_occurrences.clear();
+}
+
+// A plain load or store of the running thread (on_access): shared or global, by its region.
+void count_access(const Region& r, const void* address, size_t size, bool write, const void* pc) {
+    if (!counting || collective_frames || uncounted_depth || atomic_depth) return;
+    const RequestKind kind = r.shared ? (write ? REQUEST_SHARED_ST : REQUEST_SHARED_LD)
+                                      : (write ? REQUEST_GLOBAL_ST : REQUEST_GLOBAL_LD);
+    add_to_request(kind, reinterpret_cast<uintptr_t>(pc), running->linear & 31, running->linear,
+                   reinterpret_cast<uintptr_t>(address), 0, static_cast<int>(size));
+}
+
 // Check one access for bounds and alignment and against the shadow of its bytes, then record it there.
 void on_access(const void* address, size_t size, bool write, const void* pc, bool aligned) {
     settle_write();
@@ -753,6 +919,7 @@ void on_access(const void* address, size_t size, bool write, const void* pc, boo
     check_bounds(bytes, size, write, pc, aligned, region);
     if (!region) return;  // the stack, the runtime's own data
     Region& r = *region;
+    count_access(r, address, size, write, pc);
     const size_t first = bytes - r.base, last = std::min(first + size, r.size);
     const Access access = now(r, pc);
     for (size_t i = first; i < last; ++i) {
@@ -912,6 +1079,7 @@ void try_open_barrier(int threads) {
     for (Fiber& f : fibers) f.wait = Wait::RUNNABLE;
     barrier_arrivals = 0;
     ++barriers;
+    if (counting) counts[BAR] += (threads + 31) / 32;  // each warp executes the barrier
 }
 
 // No fiber can run but some have not exited: say which rendezvous can never complete.
@@ -1093,6 +1261,30 @@ void act_as_lane(int lane) {
 
 void atomic_scope(bool enter) { atomic_depth += enter ? 1 : -1; }
 
+void uncounted(bool enter) { uncounted_depth += enter ? 1 : -1; }
+
+void count_lane(RequestKind kind, uint64_t site, const void* address, const void* source, int bytes) {
+    if (counting && !uncounted_depth)
+        add_to_request(kind, site, running->linear & 31, running->linear, reinterpret_cast<uintptr_t>(address),
+                       reinterpret_cast<uintptr_t>(source), bytes);
+}
+
+void count_warp(RequestKind kind, const void* const* addresses, int lanes, int bytes) {
+    if (!counting) return;
+    Request r;
+    r.kind = kind;
+    r.bytes = bytes;
+    for (int lane = 0; lane < lanes; ++lane) {
+        r.lanes |= 1u << lane;
+        r.address[lane] = reinterpret_cast<uintptr_t>(addresses[lane]);
+    }
+    count_request(r);
+}
+
+void count_mma() {
+    if (counting) counts[HMMA] += 1;
+}
+
 void atomic_float_add(const void* address, size_t size, double magnitude) {
     const auto* word = static_cast<const unsigned char*>(address);
     const Region* region = detecting ? region_of(word) : nullptr;
@@ -1145,11 +1337,15 @@ EXPORT int cudasim_launch(void (*kernel)(void**), void** args, const char* name,
     void* bases[16];
     const int arrays = dynamic_shared_arrays(bases);
     if (CUDASIM_DETECTORS) start_detecting(shared, buffer_bases, buffer_sizes, buffer_names, buffers);
+    std::fill(std::begin(counts), std::end(counts), 0);
+    block_requests.clear();
+    lane_occurrences.clear();
     for (const uint3& b : block_order()) {
         shared_region.stamp = stamp();  // the previous block's accesses are stale
         poison_shared(shared);
         asan_poison_dynamic_tail(bases, arrays, true);
         run_block(b, threads);
+        if (counting) count_block_requests();
         asan_poison_dynamic_tail(bases, arrays, false);
         if (launch.error.empty()) check_dynamic_tail(bases, arrays);
         if (!launch.error.empty()) {
@@ -1162,6 +1358,18 @@ EXPORT int cudasim_launch(void (*kernel)(void**), void** args, const char* name,
     current = nullptr;
     return launch.error.empty() ? 0 : launch.race ? 2 : 1;
 }
+
+// Counting (see "Counters"): on or off for the launches that follow; the counters' ncu names, one a
+// line, in the order cudasim_counts writes the last launch's values.
+EXPORT void cudasim_count(int enable) { counting = enable != 0; }
+
+EXPORT const char* cudasim_counter_names() {
+#define CUDASIM_COUNTER_NAME(id, name) name "\n"
+    return CUDASIM_COUNTERS(CUDASIM_COUNTER_NAME);
+#undef CUDASIM_COUNTER_NAME
+}
+
+EXPORT void cudasim_counts(uint64_t* values) { std::copy(std::begin(counts), std::end(counts), values); }
 
 // Bytes of static __shared__ variables (this module's thread-local block, less the dynamic
 // arrays and the two guards; alignment padding included).

@@ -282,7 +282,7 @@ def test_tensor_core_attention_matches_softmax_attention(precision, batch, heads
                                                          mask_kind, seed):
     """fp16 / bf16 attention on tensor cores (attention_tc.cu: mma.sync, ldmatrix, cp.async)
     against float64 softmax attention, over drawn shapes: lengths that are not multiples of the
-    64-row and 32-key tiles (padded query rows, key columns past lk at -inf), 1-24 heads, head
+    128-row (64 at Dp 128) and 32-key tiles (padded query rows, key columns past lk at -inf), 1-24 heads, head
     dims 52 and 64 (zero-padded to 64), 16 and 128 (the d128 entry point), T5's position bias,
     a partly masked batch row, and ("all") batch row 0 with every key masked (every key at
     finfo.min: the reference and the kernel both average all values).

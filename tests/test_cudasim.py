@@ -21,8 +21,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from minit2i import cudasim
-from minit2i.accelerated.kernels import COMMON_HEADER, KERNEL_DIR, NVRTC_OPTIONS, attention_shared_bytes, kernel_source
-from minit2i.cudasim import KernelError, Module, RaceError, detectors, schedules
+from minit2i.accelerated.kernels import (COMMON_HEADER, KERNEL_DIR, NVRTC_OPTIONS, attention_shared_bytes, kernel_source,
+                                         mma_rows)
+from minit2i.cudasim import KernelError, Module, RaceError, detectors, device_array, schedules
 from minit2i.reference import layers as ref
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
@@ -448,16 +449,6 @@ extern "C" __global__ void divergent(const __half* a, float* d) {
 """
 
 
-def device_array(values) -> np.ndarray:
-    """A copy of `values` at a 256-byte aligned address, as cudaMalloc returns."""
-    values = np.ascontiguousarray(values)
-    raw = np.empty(values.nbytes + 256, np.uint8)
-    start = -raw.ctypes.data % 256
-    array = raw[start:start + values.nbytes].view(values.dtype).reshape(values.shape)
-    array[...] = values
-    return array
-
-
 @pytest.fixture(scope="module")
 def wmma():
     return module(WMMA)
@@ -775,15 +766,15 @@ def test_planted_missing_barrier_before_a_kv_buffer_is_refilled():
     j issues the cp.async of tile j + 2 into the buffer other warps still read with ldmatrix.
     Three tiles of keys and more (150 > 2 x 32), so a buffer is refilled; the detectors see the copy's
     store (cudasim's cp.async marks its destination NaN at the issue) into K's first buffer (after
-    Q's 64 x 64 x 2 = 8192 bytes) and the other warp's ldmatrix read unordered (ptx.cuh is pasted
-    into the source, so both lines are its lines)."""
+    Q's rows x 64 x 2 bytes) and the other warp's ldmatrix read unordered (ptx.cuh is pasted into
+    the source, so both lines are its lines)."""
     kernel = planted("attention_tc.cu", "__syncthreads();  // tile j's buffers", "// tile j's buffers").get_function(
         "flash_attention_tc_f16")
     code = kernel.module.code
     issue, read = line_of(code, "copy.dst[i] = 0xffffffffu;"), line_of(code, 'warp_collective(TRANS ? "ldmatrix .trans"')
     with pytest.raises(RaceError, match=r"kernel flash_attention_tc_f16, block \(0,0,0\): shared memory race \(write after "
                                         r"read\): thread \(\d+,0,0\) writes 4 bytes at 0x[0-9a-f]+ \(dynamic shared memory "
-                                        rf"\+ 8192 bytes\) on line {issue} \(0x[0-9a-f]{{8}} -> 0xffffffff\); thread "
+                                        rf"\+ {2 * mma_rows(16) * 64} bytes\) on line {issue} \(0x[0-9a-f]{{8}} -> 0xffffffff\); thread "
                                         rf"\(\d+,0,0\) read them on line {read}, no __syncthreads between them"):
         kernel((1, 1), (128,), tensor_core_attention_args(150), shared_mem=attention_shared_bytes(16, np.float16))
 

@@ -119,6 +119,10 @@ def test_report_names_every_kernel_and_dtype(report):
         for suffix in ("f32", "f16", "bf16"):
             assert f"| {kernel}_{suffix} |" in summary
     assert "| flash_attention_f32 |" in summary and "| flash_attention_tc_bf16 |" in summary
+    # the attention's counts on cudasim (no ncu beside them here), and no clock to log
+    assert "| ldmatrix excess wavefronts per request | 0.00 | - | - |" in summary
+    assert "instructions per warp and key tile" in summary  # the SASS trip's, or why it was not read
+    assert "SM clock: no GPU (cudasim)" in summary
 
 
 def test_the_user_part_compares_every_demo_png_and_draws_a_batch(report):
@@ -305,3 +309,44 @@ def test_each_sanitizer_tools_summary_is_read(gpu_check, output, errors):
     """memcheck, synccheck and initcheck end with ERROR SUMMARY, racecheck with its own line (as
     printed on an H200: `RACECHECK SUMMARY: 0 hazards displayed (0 errors, 0 warnings)`)."""
     assert gpu_check.sanitizer_errors(output) == errors
+
+
+def test_the_attention_counts_stand_beside_ncus(gpu_check):
+    """Per request, cudasim's counts (at its tile shape) beside ncu's (at B/16's), and the SASS
+    trip's instructions per warp and key tile beside ncu's executed instructions over B/16's 960
+    warps and 40 tiles, flagged past 15 %."""
+    kernel_counts = gpu_check.load_benchmark_module("kernel_counts")
+    ours = {"counts": {"smsp__inst_executed_op_ldsm.sum": 10, "l1tex__data_pipe_lsu_wavefronts_mem_shared_op_ldsm.sum": 40,
+                       "l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_ldsm.sum": 0,
+                       "smsp__inst_executed_op_ldgsts.sum": 5, "l1tex__t_sectors_pipe_lsu_mem_global_op_ldgsts.sum": 80},
+            "trip": {"total": 473}, "b16_warps": 960, "b16_tiles": 40}
+    measured = {"smsp__inst_executed_op_ldsm.sum": 1000, "l1tex__data_pipe_lsu_wavefronts_mem_shared_op_ldsm.sum": 5000,
+                "l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_ldsm.sum": 1000,
+                "smsp__inst_executed_op_ldgsts.sum": 100, "l1tex__t_sectors_pipe_lsu_mem_global_op_ldgsts.sum": 1600,
+                "smsp__inst_executed.sum": 960 * 40 * 500}
+    rows = gpu_check.attention_count_rows(ours, measured, kernel_counts)
+    assert "| ldmatrix wavefronts per request | 4.00 | 5.00 | 1.25 (off by more than 15 %) |" in rows
+    assert "| ldmatrix excess wavefronts per request | 0.00 | 1.00 | - |" in rows
+    assert "| cp.async global sectors per request | 16.00 | 16.00 | 1.00 |" in rows
+    assert "| instructions per warp and key tile (SASS trip) | 473.00 | 500.00 | 1.06 |" in rows
+    assert gpu_check.attention_count_rows(ours, {}, kernel_counts)[-1].endswith("| 473.00 | - | - |")  # no GPU
+
+
+def test_the_sm_clock_is_sampled_while_the_benchmark_runs(gpu_check, tmp_path):
+    """nvidia-smi's samples (a stand-in that prints two and waits) are read once the block ends."""
+    smi = tmp_path / "nvidia-smi"
+    smi.write_text("#!/bin/sh\necho 1980\necho 1965\nexec sleep 60\n")
+    smi.chmod(0o755)
+    with gpu_check.sm_clock_log(str(smi)) as clocks:
+        time.sleep(1)
+    assert clocks == [1980, 1965]
+    assert gpu_check.clock_line(clocks, False) == "SM clock during the runs: 1965-1980 MHz, median 1980 (2 samples)"
+    assert gpu_check.clock_line([], False).startswith("SM clock: not logged")
+
+
+def test_ncu_runs_at_the_clock_and_caches_of_the_timed_runs(gpu_check):
+    assert " ".join(gpu_check.NCU_CONTROL) == "--clock-control none --cache-control none"
+    output = ('"ID","Kernel Name","Metric Name","Metric Unit","Metric Value"\n'
+              '"0","flash_attention_tc_bf16(const __nv_bfloat16 *)","smsp__inst_executed_op_ldsm.sum","","7,680"\n')
+    assert gpu_check.ncu_metrics(output, gpu_check.COUNTED_METRICS) == {
+        "flash_attention_tc_bf16": {"smsp__inst_executed_op_ldsm.sum": 7680.0}}

@@ -17,6 +17,7 @@ import importlib.util
 import re
 import sys
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from types import SimpleNamespace
 
 import numpy as np
@@ -165,10 +166,11 @@ class LoadedCubin:
         pass
 
 
-@pytest.fixture(scope="module")
-def cupy_compiled():
-    """{(source, arch): (the options NVRTC got, cubin)} compiled as `cupy.RawModule(code=...,
-    options=NVRTC_OPTIONS)` compiles on a device of that compute capability.
+@contextmanager
+def cupy_compile_path():
+    """A function text, arch -> (the options NVRTC got, cubin), compiling as
+    `cupy.RawModule(code=text, options=NVRTC_OPTIONS)` compiles on a device of that compute
+    capability.
 
     RawModule calls `cupy._core.core.compile_with_cache` (cupy/_core/raw.pyx: _get_raw_module),
     which assembles CuPy's options (`assemble_cupy_compiler_options`) and hands the source to
@@ -186,22 +188,27 @@ def cupy_compiled():
         seen_options[program.src] = tuple(options)
         return real_compile(program, options, log_stream)
 
-    compiled = {}
+    def compile_for(text: str, arch: str):
+        patch.setattr(compiler, "_get_arch", lambda: arch)  # device.Device().compute_capability
+        module = compiler._compile_module_with_cache(
+            text, core.assemble_cupy_compiler_options(NVRTC_OPTIONS), extra_source=core._get_header_source(),
+            backend="nvrtc")
+        return seen_options[text], module.cubin
+
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("CUPY_CACHE_IN_MEMORY", "1")  # never a stale cubin from the on-disk cache
         patch.setattr(compiler, "function", SimpleNamespace(Module=LoadedCubin))
         patch.setattr(compiler._NVRTCProgram, "compile", recording_compile)
         # memoized per device (it needs a device id); the rule itself is CuPy's
         patch.setattr(compiler, "_get_arch_for_options_for_nvrtc", compiler._get_arch_for_options_for_nvrtc.__wrapped__)
-        for arch in ARCHS:
-            patch.setattr(compiler, "_get_arch", lambda arch=arch: arch)  # device.Device().compute_capability
-            for source in SOURCES:
-                text = kernel_source(source)
-                module = compiler._compile_module_with_cache(
-                    text, core.assemble_cupy_compiler_options(NVRTC_OPTIONS), extra_source=core._get_header_source(),
-                    backend="nvrtc")
-                compiled[source, arch] = seen_options[text], module.cubin
-    return compiled
+        yield compile_for
+
+
+@pytest.fixture(scope="module")
+def cupy_compiled():
+    """{(source, arch): (the options NVRTC got, cubin)} of every source, by CuPy's path."""
+    with cupy_compile_path() as compile_for:
+        return {(source, arch): compile_for(kernel_source(source), arch) for arch in ARCHS for source in SOURCES}
 
 
 @pytest.mark.parametrize("arch", ARCHS)
@@ -247,22 +254,72 @@ def count(instructions, prefix: str) -> int:
 @pytest.mark.parametrize("stem, padded", [("flash_attention_tc", 64), ("flash_attention_tc_d128", 128)])
 @pytest.mark.parametrize("suffix", ["f16", "bf16"])
 def test_tensor_core_attention_machine_code_is_the_design(cupy_sass, arch, stem, padded, suffix):
-    """The key-tile loop (the loop holding the most HMMA) has exactly the MMAs the design implies
-    and all of them: per tile of n = MMA_KEY_TILE keys, S = Q K^T is (n / 8) x (Dp / 16)
-    m16n8k16 steps and P V (n / 16) x (Dp / 8), each one HMMA.16816.F32 (.BF16 for bf16); its
-    operands come by LDSM (Q's Dp / 16 fragments once, K's (n / 8) (Dp / 32) x4 loads, V's
-    (n / 16) (Dp / 16) transposed x4 loads), its K/V tiles by LDGSTS (cp.async) waited for with
-    DEPBAR, and nothing anywhere goes through local memory (LDL/STL: spills or indexed arrays)."""
+    """Two key-tile loops (the loops holding HMMA), one per copy width (16-byte copies when rows
+    are 16-byte aligned, 8-byte ones for head dims like 52), hold all the MMAs the design implies:
+    per tile of n = MMA_KEY_TILE keys and each of a warp's `atoms` m16 atoms, S = Q K^T is
+    (n / 8) x (Dp / 16) m16n8k16 steps and P V (n / 16) x (Dp / 8), each one HMMA.16816.F32
+    (.BF16 for bf16); its operands come by LDSM (Q's atoms x Dp / 16 fragments once, K's (n / 8)
+    (Dp / 32) x4 loads, V's (n / 16) (Dp / 16) transposed x4 loads, each shared by the atoms), its
+    K/V tiles by LDGSTS (cp.async) waited for with DEPBAR, and nothing anywhere goes through local
+    memory (LDL/STL: spills or indexed arrays)."""
     code = cupy_sass[f"{stem}_{suffix}", arch]
-    n = kernels.MMA_KEY_TILE
+    n, atoms = kernels.MMA_KEY_TILE, kernels.MMA_ATOMS[padded]
     hmma = "HMMA.16816.F32.BF16" if suffix == "bf16" else "HMMA.16816.F32"
-    loop = max(nvrtc.loop_bodies(code), key=lambda body: count(body, "HMMA"))
-    design = (n // 8) * (padded // 16) + (n // 16) * (padded // 8)
-    assert count(loop, "HMMA") == count(code, "HMMA") == sum(i.opcode == hmma for i in loop) == design
-    assert count(loop, "LDSM.16.M88.4") == padded // 16 + (n // 8) * (padded // 32)
-    assert count(loop, "LDSM.16.MT88.4") == (n // 16) * (padded // 16)
-    assert count(loop, "LDGSTS") > 0 and count(loop, "DEPBAR") > 0
+    loops = nvrtc.key_tile_loops(code)
+    design = atoms * ((n // 8) * (padded // 16) + (n // 16) * (padded // 8))
+    assert sorted(loops) == [8, 16] and count(code, "HMMA") == 2 * design
+    for loop in loops.values():
+        assert count(loop, "HMMA") == sum(i.opcode == hmma for i in loop) == design
+        assert count(loop, "LDSM.16.M88.4") == atoms * padded // 16 + (n // 8) * (padded // 32)
+        assert count(loop, "LDSM.16.MT88.4") == (n // 16) * (padded // 16)
+        assert count(loop, "LDGSTS") > 0 and count(loop, "DEPBAR") > 0
     assert count(code, "LDL") == count(code, "STL") == 0
+
+
+def b16_trip(code: list[nvrtc.Instruction]) -> nvrtc.LoopTrip:
+    """One key tile along B/16's path (nvrtc.loop_trip): 16-byte copies, no bias or mask, the next
+    tile staged, not the first tile."""
+    return nvrtc.loop_trip(nvrtc.key_tile_loops(code)[16])
+
+
+def assert_one_tile_in_flight(trip: nvrtc.LoopTrip):
+    """cp.async.wait_group 1 (DEPBAR.LE SB0, 0x1): the wait lets tile j + 1's copies stay in
+    flight while tile j is used; wait_group 0 (SB0, 0x0) would wait for them too."""
+    waits = [i.operands for i in trip.path if i.opcode == "DEPBAR.LE"]
+    assert waits == ["SB0, 0x1"], waits
+
+
+@pytest.mark.parametrize("suffix", ["f16", "bf16"])
+def test_tensor_core_attention_key_loop_keeps_one_tile_in_flight(cupy_sass, suffix):
+    assert_one_tile_in_flight(b16_trip(cupy_sass[f"flash_attention_tc_{suffix}", "90"]))
+
+
+@pytest.mark.parametrize("suffix", ["f16", "bf16"])
+def test_tensor_core_attention_key_loop_issues_at_most_8_instructions_per_mma(cupy_sass, suffix):
+    """sm_90, B/16's path (head dim 64, two m16 atoms a warp): per warp and 32-key tile, the
+    design's 64 HMMA, 16 LDSM (K's and V's fragments, each feeding two MMAs: LDSM / HMMA = 0.25;
+    Q's are the first tile's), 4 LDGSTS (2 x 32 rows x 8 chunks / 128 threads) and 36 MUFU.EX2
+    (per atom 16 probabilities and 2 corrections a thread), and at most 8 instructions per HMMA
+    in all (FlashAttention-2 issues 3-4 at this head dim; the old kernel about 15)."""
+    counts = b16_trip(cupy_sass[f"flash_attention_tc_{suffix}", "90"]).by_class()
+    n, atoms = kernels.MMA_KEY_TILE, kernels.MMA_ATOMS[64]
+    assert counts["HMMA"] == atoms * ((n // 8) * 4 + (n // 16) * 8)
+    assert counts["LDSM"] == (n // 8) * 2 + (n // 16) * 4 <= 0.3 * counts["HMMA"]
+    assert counts["LDGSTS"] == 2 * n * 8 // (kernels.MMA_WARPS * 32)
+    assert counts["MUFU"] == atoms * (n // 2 + 2)
+    assert counts["total"] <= 8 * counts["HMMA"], counts
+
+
+def test_planted_wait_for_every_copy_fails_the_wait_depth_check():
+    """cp_async_wait<0> in place of <1>: no copy overlaps a tile's work any more. Every other
+    SASS test and the parity tests pass with it; the wait depth check does not."""
+    text = kernel_source("attention_tc.cu")
+    assert "cp_async_wait<1>();" in text
+    with cupy_compile_path() as compile_for:
+        _, cubin = compile_for(text.replace("cp_async_wait<1>();", "cp_async_wait<0>();"), "90")
+    trip = b16_trip(nvrtc.sass(cubin)["flash_attention_tc_bf16"])
+    with pytest.raises(AssertionError, match="SB0, 0x0"):
+        assert_one_tile_in_flight(trip)
 
 
 @pytest.mark.parametrize("arch", ARCHS)

@@ -124,6 +124,7 @@ __attribute__((no_sanitize("thread"))) void mma_complete(void* const* payloads, 
         for (int i = 0; i < 4; ++i) b[2 * t + (i & 1) + (i >> 1) * 8][g] = element<T>(p->b[i >> 1], i & 1);
         for (int i = 0; i < 4; ++i) c[g + (i >> 1) * 8][2 * t + (i & 1)] = p->d[i];
     }
+    count_mma();
     for (int lane = 0; lane < 32; ++lane) {
         const auto* p = static_cast<const MmaLane<T>*>(payloads[lane]);
         const int g = lane >> 2, t = lane & 3;
@@ -146,6 +147,7 @@ struct LdmatrixLane {
 template <int MATRICES, bool TRANS>
 void ldmatrix_complete(void* const* payloads, int line) {
     uint16_t m[MATRICES][8][8];
+    const void* rows[8 * MATRICES];
     for (int j = 0; j < MATRICES; ++j)
         for (int r = 0; r < 8; ++r) {
             const unsigned char* row = static_cast<const LdmatrixLane*>(payloads[8 * j + r])->row;
@@ -153,10 +155,12 @@ void ldmatrix_complete(void* const* payloads, int line) {
                 fault("ldmatrix on line %d: lane %d's row address %p is not 16-byte aligned", line, 8 * j + r, (const void*)row);
                 return;
             }
+            rows[8 * j + r] = row;
             act_as_lane(8 * j + r);
             for (int c = 0; c < 8; ++c) m[j][r][c] = reinterpret_cast<const uint16_t*>(row)[c];
         }
     act_as_lane(-1);
+    count_warp(REQUEST_LDSM, rows, 8 * MATRICES, 16);  // a matrix's 8 rows of 16 bytes are one phase
     for (int lane = 0; lane < 32; ++lane) {
         const int g = lane >> 2, t = lane & 3;
         for (int j = 0; j < MATRICES; ++j) {
@@ -203,9 +207,17 @@ inline ThreadCopies& my_copies() {
     return mine;
 }
 
+// The emulation's own loads and stores are not the kernel's requests (the copy is counted as one).
+struct Uncounted {
+    Uncounted() { uncounted(true); }
+    ~Uncounted() { uncounted(false); }
+};
+
 inline void issue(void* dst, const void* src, int bytes, bool fill) {
     if (reinterpret_cast<uintptr_t>(dst) % bytes || reinterpret_cast<uintptr_t>(src) % bytes)
         fault("cp.async of %d bytes: %p -> %p is not %d-byte aligned", bytes, src, dst, bytes);
+    count_lane(REQUEST_LDGSTS, uint64_t(REQUEST_LDGSTS) << 56 | bytes, dst, fill ? src : nullptr, bytes);
+    const Uncounted bookkeeping;
     ThreadCopies& mine = my_copies();
     if (mine.count == MAX_PENDING_COPIES) fault("cp.async: more than %d copies pending in one thread", MAX_PENDING_COPIES);
     Copy& copy = mine.copies[mine.count++];
@@ -220,6 +232,7 @@ inline void issue(void* dst, const void* src, int bytes, bool fill) {
 
 // Lands every copy of the groups older than the newest `keep` committed ones.
 inline void wait_groups(int keep) {
+    const Uncounted bookkeeping;
     ThreadCopies& mine = my_copies();
     int kept = 0;
     for (int i = 0; i < mine.count; ++i) {

@@ -83,6 +83,16 @@ void act_as_lane(int lane);
 void atomic_scope(bool enter);
 // For the schedule comparison: a float atomicAdd on `address` (of `size` bytes) made its sum `magnitude`.
 void atomic_float_add(const void* address, size_t size, double magnitude);
+// For the counters (runtime.cpp, "Counters"), which count what Nsight Compute counts: a lane's part
+// of a warp request of `kind` made at `site` (the instruction; a lane's k-th part there joins the
+// warp's k-th request), the whole warp's part of one (ldmatrix: a row address a lane), an mma.
+// The PTX emulation's own loads and stores (its bookkeeping) are made inside an uncounted scope.
+enum RequestKind { REQUEST_SHARED_LD, REQUEST_SHARED_ST, REQUEST_LDSM, REQUEST_LDGSTS, REQUEST_GLOBAL_LD, REQUEST_GLOBAL_ST,
+                   REQUEST_EXP2 };
+void count_lane(RequestKind kind, uint64_t site, const void* address, const void* source, int bytes);
+void count_warp(RequestKind kind, const void* const* addresses, int lanes, int bytes);
+void count_mma();
+void uncounted(bool enter);
 // Which scrambled WMMA element-to-lane layout the running launch uses (one per schedule; mma.h).
 extern int fragment_layout;
 
@@ -125,6 +135,15 @@ struct Shuffle {
 // Math: expf, sqrtf, tanhf, fmaxf, fmaf come from libm (their results may differ from the
 // GPU's by an ulp); the intrinsics below are computed exactly, where the GPU's fast versions
 // approximate.
+// exp2f is counted as the MUFU.EX2 a GPU issues for it (the lanes' calls on one source line, in turn,
+// are the warp's instructions).
+namespace cudasim {
+inline float counted_exp2f(float x, int line) {
+    count_lane(REQUEST_EXP2, uint64_t(REQUEST_EXP2) << 56 | line, nullptr, nullptr, 0);
+    return exp2f(x);
+}
+}  // namespace cudasim
+#define exp2f(x) cudasim::counted_exp2f(x, __LINE__)
 __device__ __forceinline__ float rsqrtf(float x) { return 1.0f / sqrtf(x); }
 __device__ __forceinline__ float __expf(float x) { return expf(x); }
 __device__ __forceinline__ float __fdividef(float a, float b) { return a / b; }
