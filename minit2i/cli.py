@@ -1,4 +1,4 @@
-"""`minit2i` command line: generate, info, batch, explore (and the golden, trace and convert tools).
+"""`minit2i` command line: generate, info, batch, explore, exercise (and the golden, trace and convert tools).
 
 Flag names follow stable-diffusion.cpp's CLI where it has one (-p, -o, -W, -H, -s, -b,
 --steps, --cfg-scale, --diffusion-model/--t5xxl as aliases of --model/--t5).
@@ -16,6 +16,7 @@ from minit2i.core.mmjit_config import DEFAULT_VARIANT
 
 # Every subcommand, named here: a module missing from an install fails the import loudly.
 from . import batch, convert, explore, generate_command, golden, trace
+from .exercises import command as exercise_command
 from .arguments import add_variant_arguments
 from .console import LINE_LIMIT, OneLineFormatter, OneLineParser, emit, guarded, printable
 
@@ -56,7 +57,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = OneLineParser(prog="minit2i", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for add_parser in (generate_command.add_parser, add_info_parser, batch.add_parser, explore.add_parser,
-                       golden.add_parser, trace.add_parser, convert.add_parser):
+                       golden.add_parser, trace.add_parser, convert.add_parser, exercise_command.add_parser):
         add_parser(sub)
     return parser
 

@@ -39,16 +39,18 @@ from .arguments import add_model_arguments, model_paths
 from .console import LINE_LIMIT, emit, printable
 from .code_pages import CodePages
 from .demo_models import DEMO_MODELS
-from .waits import LOOKUP_SECONDS, addresses
+from .explore_architecture import FIRST_SHOWN, checked_stage, stage_choices, stage_links, stage_output
 from .explore_tutor import (
     ATTENTION_SINKS,
     CONCEPTS_ROUTE,
     FIRST,
     KEPT_FOR_S,
     KEPT_RUNS,
+    SHOWN_PAGES,
     Kept,
     compare_label,
-    concepts_markdown,
+    docs_markdown,
+    docs_route,
     look_again,
     look_for,
     other_model,
@@ -58,10 +60,13 @@ from .explore_tutor import (
     served_code,
     strip,
     time_line,
+    velocity_label,
+    velocity_look_for,
 )
 from .insides import finished_x0_pixels, step_pictures
 from .page_guard import TEMP_VARIABLE, PageGuard, is_loopback, pictures_folder, prune
 from .pipeline import BACKENDS, REQUEST_RANGES, ModelFiles, is_student, sampling_defaults
+from .waits import LOOKUP_SECONDS, addresses
 
 DEFAULT_HOST = "127.0.0.1"  # this machine only: the page runs any prompt on it
 DEFAULT_PORT = 7860  # Gradio's
@@ -82,10 +87,28 @@ PAGE_CSS = ("img { image-rendering: pixelated; } "
             # The x0 strip's chosen step (explore_tutor.strip marks its caption).
             "#x0-steps .thumbnail-item:has(img[alt^='\u25b6']) { outline: 3px solid #f97316; } "
             # A link to code on the concepts page looks like a link, not only like code.
-            "#concepts a code { color: var(--link-text-color); text-decoration: underline; } "
+            ".docs-page a code { color: var(--link-text-color); text-decoration: underline; } "
             # A figure of the concepts page scales to the column, keeping the proportions its width and
             # height give it before it loads.
-            "#concepts img { max-width: 100%; height: auto; }")
+            ".docs-page img { max-width: 100%; height: auto; } "
+            # The x0 strip's captions whole at ten pictures a row, the chosen step's with its t.
+            "#x0-steps .caption-label { max-width: none; overflow: visible; text-overflow: clip; "
+            "font-size: 0.75em; padding: 1px 3px; } "
+            # The architecture's stages as a diagram: the text path (T5, the student's prefix, the text
+            # embedder, the preamble) on the left, the image path (the state, the patch embed) on the
+            # right, then the joint blocks, the final layer, x0 and the sampler's step across both.
+            "#architecture .wrap { display: grid; grid-template-columns: 1fr 1fr; gap: 8px 16px; } "
+            "#architecture .wrap > label { margin: 0; position: relative; } "
+            + " ".join(f"#architecture .wrap > label:nth-child({n}) {{ grid-column: 1; grid-row: {n}; }}"
+                       for n in range(1, 5))
+            + " #architecture .wrap > label:nth-child(5) { grid-column: 2; grid-row: 1 / span 2; } "
+            "#architecture .wrap > label:nth-child(6) { grid-column: 2; grid-row: 3 / span 2; } "
+            "#architecture .wrap > label:nth-child(n+7) { grid-column: 1 / span 2; } "
+            "#architecture .wrap > label:nth-child(n+2):not(:nth-child(5))::before { content: '\u2193'; "
+            "position: absolute; top: -9px; left: 50%; font-size: 11px; line-height: 1; opacity: 0.6; } "
+            "#architecture .wrap > label:nth-child(10) { border-style: dashed; } "
+            "#architecture .wrap > label:nth-child(10)::after { content: '\u21ba to x_t'; margin-left: 0.5em; "
+            "opacity: 0.6; }")
 # Gradio draws a page after the browser has loaded it, so the browser's own jump to a link's #id
 # finds nothing: jump when the heading appears (however long the page takes to draw), and again
 # whenever the page's height changes (its maths and fonts arrive) until the reader scrolls. The
@@ -434,11 +457,13 @@ def build_page(gradio, models: Models, default: str, pictures: Path | None = Non
             panels = []
             for name, label in (("state", "the state x_t the step starts from"),
                                 ("x0", "its clean-image prediction x0"),
-                                ("velocity", "the velocity of the step")):
+                                ("velocity", velocity_label(start["student"]))):
                 with gr.Column():
                     panels.append(gr.Image(label=label, format="png", interactive=False, height=SHOWN_SIZE,
                                            elem_id=f"step-{name}", elem_classes="picture"))
-                    gr.Markdown(look_for(name), elem_classes="look-for")
+                    look = gr.Markdown(look_for(velocity_look_for(start["student"]) if name == "velocity" else name),
+                                       elem_classes="look-for", elem_id=f"{name}-look")
+            velocity_look = look  # the last column's: its line changes with the sampler (`velocity_look_for`)
         gr.Markdown("### The clean-image prediction at every step")
         x0_steps = gr.Gallery(label="x0 at every step (click one to look at its step)", format="png", columns=10,
                               elem_id="x0-steps", elem_classes="gallery", allow_preview=False)
@@ -461,61 +486,108 @@ def build_page(gradio, models: Models, default: str, pictures: Path | None = Non
             guided = gr.Image(label="guided", format="png", interactive=False, height=SHOWN_SIZE,
                              elem_id="guided", elem_classes="picture")
         gr.Markdown(look_for("guidance"), elem_classes="look-for")
-        looked = [time, x0_steps, *panels, attention, cond, uncond, guided]
+        gr.Markdown("## The model, stage by stage\nMM-JiT's data flow, drawn from the chosen model's config: each "
+                    "stage with the shape of its output for one image of the run (a base model's sampler runs "
+                    "each forward twice, with and without the prompt). Choose a stage to see its output at the "
+                    "chosen step and double block; the line under it links the idea and the code.")
+        with gr.Row(elem_id="architecture-view"):
+            architecture = gr.Radio(stage_choices(models.files(default).mmjit.config, start["width"],
+                                                  start["height"], start["steps"]),
+                                    value=FIRST_SHOWN, label="MM-JiT, from prompt and noise to the next state",
+                                    elem_id="architecture", scale=3)
+            with gr.Column(scale=2):
+                stage_image = gr.Image(label="the stage's output", format="png", interactive=False,
+                                       height=SHOWN_SIZE, elem_id="stage-output", elem_classes="picture")
+                stage_about = gr.Markdown(stage_links(FIRST_SHOWN), elem_id="stage-about")
+        looked = [time, x0_steps, *panels, attention, cond, uncond, guided, stage_image, stage_about]
 
-        def shown(run_kept: Kept, insides, step_number):
+        def stage_shown(run_kept: Kept, insides, step_number, block_number, key):
+            """(the stage's picture, the line under it) of stage `key` at the page's step and block."""
+            config = models.files(run_kept.model).mmjit.config
+            picture, caption = stage_output(checked_stage(key), insides, run_kept.run, config, step_number - FIRST,
+                                            block_number - FIRST)
+            return [picture, f"**{caption}** (step {step_number}, block {block_number}). {stage_links(key)}"]
+
+        def shown(run_kept: Kept, insides, step_number, block_number, key):
             """The selectors' outputs (`looked`) for `insides` at the page's `step_number`."""
             return [time_line(models, run_kept, step_number), strip(insides.x0_steps, step_number, run_kept.run),
                     *step_pictures(run_kept.run, step_number - FIRST),
                     list(zip(heat_maps(insides.attention), word_captions(insides.words, insides.attention))),
-                    insides.cond_x0, insides.uncond_x0, insides.x0_steps[step_number - FIRST]]
+                    insides.cond_x0, insides.uncond_x0, insides.x0_steps[step_number - FIRST],
+                    *stage_shown(run_kept, insides, step_number, block_number, key)]
 
         def generate(prompt, model_name, backend_name, seed, steps, guidance, t_min, t_max, width, height, step,
-                     block, session, progress=gr.Progress()):  # noqa: B008 (Gradio finds its progress bar by this default)
+                     block, stage, session,
+                     progress=gr.Progress()):  # noqa: B008 (Gradio finds its progress bar by this default)
             """Nothing new on the page after each sampling step (the progress bar moves), then every panel."""
             try:
                 if pictures is not None:
                     prune(pictures)
                 settings = page_settings(models, prompt, model_name, backend_name, seed, steps, guidance, t_min,
                                          t_max, width, height, step, block)
+                checked_stage(stage)
                 finished = yield from sampled(
                     lambda on_step: sample_run(models, model_name, backend_name, PRECISION, on_step, prompt, **settings),
-                    progress, settings["steps"], "sampling", [gr.skip()] * 14)
+                    progress, settings["steps"], "sampling", [gr.skip()] * 18)
                 session = Kept(KEPT_RUNS.keep(finished), model_name, backend_name, session.sampling_runs + 1)
                 insides = look_again(models, session, settings["step"], settings["block"])
             except Exception as err:  # noqa: BLE001 (nothing may escape to Gradio: one line, error_status)
-                yield [error_status(err)] + [gr.skip()] * 13
+                yield [error_status(err)] + [gr.skip()] * 17
                 return
-            seed, step = settings["seed"], settings["step"]
-            line, steps_strip, state, prediction, velocity, *maps = shown(session, insides, step)
+            seed, step, block = settings["seed"], settings["step"], settings["block"]
+            line, steps_strip, state, prediction, velocity, *maps = shown(session, insides, step, block, stage)
+            student = settings["interval"] is not None
+            request = finished.request
             yield [f"{model_name}, seed {seed}: done", insides.image,
                     MiniT2IPipelineOutput([insides.image], insides.result.timings, insides.result.step_times,
                                           backend_name, PRECISION, insides.result.blas_threads).timing_table(),
-                    steps_strip, *maps, state, prediction, velocity, line, session, session.runs_line()]
+                    steps_strip, *maps, state, prediction,
+                    gr.Image(velocity, label=velocity_label(student)), line, session, session.runs_line(),
+                    gr.Radio(choices=stage_choices(models.files(model_name).mmjit.config, request.width,
+                                                   request.height, request.steps)),
+                    look_for(velocity_look_for(student))]
 
-        def select(session, step, block):
+        def select(session, step, block, stage):
             if session.run is None:  # nothing generated yet: the numbers are for the next run
-                return [gr.skip()] * 10
+                return [gr.skip()] * 12
             step, block = whole(step), whole(block)
             try:
                 insides = look_again(models, session, step, block)
+                return [f"step {step}, block {block}: from the finished run",
+                        *shown(session, insides, step, block, stage)]
             except Exception as err:  # noqa: BLE001 (nothing may escape to Gradio: one line, error_status)
-                return [error_status(err)] + [gr.skip()] * 9
-            return [f"step {step}, block {block}: from the finished run", *shown(session, insides, step)]
+                return [error_status(err)] + [gr.skip()] * 11
+
+        def choose_stage(session, step, block, stage):
+            """The chosen stage's output at the page's step and block (the kept run's), or, before any
+            run, the line of links alone."""
+            try:
+                if session.run is None:
+                    return [gr.skip(), gr.skip(), stage_links(checked_stage(stage))]
+                step, block = whole(step), whole(block)
+                insides = look_again(models, session, step, block)
+                return [gr.skip(), *stage_shown(session, insides, step, block, stage)]
+            except Exception as err:  # noqa: BLE001 (nothing may escape to Gradio: one line, error_status)
+                return [error_status(err), gr.skip(), gr.skip()]
 
         def choose_model(model_name):
             try:
                 chosen = settings_for(models, model_name)
+                config = models.files(model_name).mmjit.config
             except Exception as err:  # noqa: BLE001 (nothing may escape to Gradio: one line, error_status)
-                return [error_status(err)] + [gr.skip()] * 9
+                return [error_status(err)] + [gr.skip()] * 10
             return ["", chosen["steps"], chosen["cfg_scale"], gr.Row(visible=chosen["student"]),
                     *chosen["guidance_interval"], chosen["width"], chosen["height"], chosen["step"],
-                    chosen["block"]]
+                    chosen["block"], gr.Radio(choices=stage_choices(config, chosen["width"], chosen["height"],
+                                                                    chosen["steps"]))]
 
         run.click(generate, [prompt, model, backend, seed, steps, guidance, t_min, t_max, width, height, step, block,
-                             kept],
-                  [status, image, timings, x0_steps, attention, cond, uncond, guided, *panels, time, kept, runs],
+                             architecture, kept],
+                  [status, image, timings, x0_steps, attention, cond, uncond, guided, stage_image, stage_about,
+                   *panels, time, kept, runs, architecture, velocity_look],
                   api_name="generate", preprocess=False)
+        architecture.change(choose_stage, [kept, step, block, architecture], [status, stage_image, stage_about],
+                            api_name=False, preprocess=False)
 
         def fit_step(steps, step):
             """The slider over the steps of the run to come (`slider_fit`)."""
@@ -540,20 +612,25 @@ def build_page(gradio, models: Models, default: str, pictures: Path | None = Non
         # event-data parameter by the annotation, and `gr` is not a name of this module.
         pick_step.__annotations__ = {"chosen": gr.EventData}
 
-        step.change(select, [kept, step, block], [status, *looked], api_name=False, preprocess=False,
+        step.change(select, [kept, step, block, architecture], [status, *looked], api_name=False, preprocess=False,
                     trigger_mode="always_last")
-        block.blur(select, [kept, step, block], [status, *looked], api_name=False, preprocess=False)
-        block.submit(select, [kept, step, block], [status, *looked], api_name=False, preprocess=False)
+        block.blur(select, [kept, step, block, architecture], [status, *looked], api_name=False, preprocess=False)
+        block.submit(select, [kept, step, block, architecture], [status, *looked], api_name=False, preprocess=False)
         x0_steps.select(pick_step, [kept], [status, step], api_name=False, preprocess=False)
         steps.change(fit_step, [steps, step], [step], api_name=False, preprocess=False)
         model.change(choose_model, [model], [status, steps, guidance, interval_row, t_min, t_max, width, height, step,
-                                             block], api_name="defaults", preprocess=False)
+                                             block, architecture], api_name="defaults", preprocess=False)
         compare_section(gr, models, default, kept, runs, [prompt, model, backend, seed, steps, guidance, t_min, t_max,
                                                           width, height])
-    with page.route("Concepts", f"/{CONCEPTS_ROUTE}"):  # the page every panel links
-        gr.Markdown(concepts_markdown(), header_links=True, elem_id="concepts",
-                    latex_delimiters=[{"left": "$$", "right": "$$", "display": True},
-                                      {"left": "$", "right": "$", "display": False}])
+    # The concepts page, which every panel links, and the docs pages it links, each at its route.
+    for shown_page in SHOWN_PAGES:
+        title = docs_route(shown_page).replace("-", " ").capitalize()
+        with page.route(title, f"/{docs_route(shown_page)}"):
+            gr.Markdown(docs_markdown(shown_page), header_links=True,
+                        elem_id="concepts" if shown_page == "concepts.md" else f"docs-{docs_route(shown_page)}",
+                        elem_classes="docs-page",
+                        latex_delimiters=[{"left": "$$", "right": "$$", "display": True},
+                                          {"left": "$", "right": "$", "display": False}])
     return page
 
 

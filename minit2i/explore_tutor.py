@@ -44,9 +44,11 @@ from .pipeline import Request, check_backend, is_student
 # The page's numbers for steps and blocks start here (the docs' convention).
 FIRST = 1
 CONCEPTS_ROUTE = "concepts"  # the concepts page, served beside the explore page
-# The docs pages the explore server shows beside its own (in docs/): /code/ serves the source files
-# they link to, and only those (`served_code`).
-SHOWN_PAGES = ("concepts.md",)
+# The docs pages the explore server shows beside its own (in docs/): the concepts page and the pages
+# it links, each at its own route (`docs_route`); /code/ serves the source files they link to, and
+# only those (`served_code`).
+SHOWN_PAGES = ("concepts.md", "sampler.md", "reading-guide.md", "model.md", "demo-model.md", "real-weights.md",
+               "explore.md", "exercises.md")
 # How long a session's kept run outlives its last request (Gradio drops the state then).
 KEPT_FOR_S = 3600
 # The velocity panel's claim: at every step the velocity's pixels correlate at least this much with
@@ -97,17 +99,32 @@ def figure_tag(alt: str, png: bytes) -> str:
             f'height="{height}">')
 
 
+def docs_route(page: str) -> str:
+    """The explore server's route of a page of SHOWN_PAGES: concepts.md at CONCEPTS_ROUTE, each other
+    page at its name ("sampler.md" at "sampler")."""
+    return CONCEPTS_ROUTE if page == "concepts.md" else page.removesuffix(".md")
+
+
 def concepts_markdown() -> str:
-    """docs/concepts.md as the explore server shows it: its figures inlined with their sizes
-    (`figure_tag`), its links within the page pointed at Gradio's heading ids, its links to
+    """docs/concepts.md as the explore server shows it (`docs_markdown`)."""
+    return docs_markdown("concepts.md")
+
+
+def docs_markdown(page: str) -> str:
+    """A page of SHOWN_PAGES as the explore server shows it: its figures inlined with their sizes
+    (`figure_tag`), its links within the page pointed at Gradio's heading ids, its links to the
+    other shown pages at their routes (`docs_route`, at the heading a link names), its links to
     source files at the server's own pages of them (`code_pages`: at the function a link names),
-    and its links to other pages of the docs, which the server does not have, left as text."""
+    and its links to anything else, which the server does not have, left as text."""
     folder = concepts_dir()
-    text = (folder / "concepts.md").read_text()
+    text = (folder / page).read_text()
     served = served_code()
 
     def link(match):
         label, target = match.group(1), match.group(2)
+        other, _, anchor = target.partition("#")
+        if other in SHOWN_PAGES:
+            return f"[{label}]({docs_route(other)}{f'#h-{anchor}' if anchor else ''})"
         name = re.fullmatch(r"`(\w+)`", label)
         served_link = code_link(linked_path(target), name and name[1], served)
         return f"[{label}]({served_link})" if served_link else label
@@ -134,6 +151,9 @@ LOOK_FOR = {
                   f"same picture at every step (its pixels correlate {VELOCITY_AGREEMENT:g} or more with step 1's; "
                   "the line above gives this step's), the image minus the noise, x - n, as a straight path has "
                   "it."), 2),
+    "average_velocity": (("The student's step: its move over the step's length, the average velocity over the whole "
+                          "step (concepts 6), where the teacher's panel shows the velocity at the step's start; "
+                          "four steps, each a secant of the path."), 6),
     "x0_steps": (("Read the strip left to right: the guess sharpens while the state it is made from loses "
                   "its noise."), 2),
     "attention": (("A colour or shape word lights up on the patches where that shape is drawn; change the block "
@@ -149,6 +169,16 @@ ATTENTION_SINKS = (
     "nothing to read from the prompt still puts its weight somewhere, and transformers learn to park it "
     "on frequent tokens that carry little meaning, the sinks (Xiao et al., arXiv:2309.17453). Compare the "
     "content words' maps with each other, not with the sinks'.")
+
+
+def velocity_label(student: bool) -> str:
+    """The velocity panel's label: a Mean Flow student's step follows its average velocity over the step."""
+    return "the average velocity over the step" if student else "the velocity of the step"
+
+
+def velocity_look_for(student: bool) -> str:
+    """The LOOK_FOR entry under the velocity panel for a student's run or a base model's."""
+    return "average_velocity" if student else "velocity"
 
 
 def look_for(panel: str) -> str:

@@ -65,6 +65,7 @@ class Insides:
     cond_x0: np.ndarray  # the conditional prediction at the chosen step
     uncond_x0: np.ndarray  # the unconditional prediction (all-zero text mask) at the chosen step
     result: Result  # the generation itself: its pixels and timings
+    stages: dict  # the conditional forward's stage outputs at the chosen step, by the reference's names
 
 
 @dataclass
@@ -176,7 +177,7 @@ def look_at(model: Model, reference: NumpyRunner, run: FinishedRun, step: int, b
                                              run.mask)
         attention = word_attention(reference, stages, block, run.words, request.height, request.width)
     return Insides(run.result.pixels[0], finished_x0_pixels(run), [word for word, _ in run.words], attention, cond,
-                   uncond, run.result)
+                   uncond, run.result, stages)
 
 
 def inside_request(model: Model | ModelFiles, prompt: str, *, seed: int, steps: int, guidance_scale: float,

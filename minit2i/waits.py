@@ -30,10 +30,9 @@ T = TypeVar("T")
 LOOKUP_SECONDS = 10
 
 
-def waited(call: Callable[[], T], seconds: float | None = None, name: str = "waited call") -> T:
+def waited(call: Callable[[], T], seconds: float, name: str) -> T:
     """`call()`'s result (or its exception), run in a daemon thread named `name` and waited for
-    until it returns, a signal's handler raises, or `seconds` pass (None: no limit): then
-    TimeoutError."""
+    until it returns, a signal's handler raises, or `seconds` pass: then TimeoutError."""
     outcome: list = []
     done = threading.Event()
 
@@ -75,7 +74,11 @@ def signals_end_within(seconds: float, prog: str = "minit2i") -> Iterator[None]:
     to the process group ended): Python's handlers run as ever when the wait returns; past
     `seconds`, a watcher thread, woken by the signal (Python's wakeup file descriptor, written in
     C at once), ends the process as they would have (`signal_ending`'s line and status). Only for
-    blocks that have written nothing yet: the process ends without its clean-up. Main thread only."""
+    blocks that have written nothing yet: the process ends without its clean-up. Off the main
+    thread, which takes no signal, it does nothing."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
     reader, writer = os.pipe()
     os.set_blocking(writer, False)
     previous = signal.set_wakeup_fd(writer, warn_on_full_buffer=False)

@@ -434,11 +434,12 @@ def positions_figure(queries=((8, 8), (3, 12))):
     return figure
 
 
-def text_patch_scores(step: int = 10, block: int = 2, word: str = "red"):
-    """(the demo model's image queries scored against the key of `word`'s first token [grid, grid],
-    with the joint RoPE and with every rotation by angle 0, both mean over heads and divided by
-    sqrt(Dh)) at double block `block` and sampling step `step` (0-based) of PROMPT, seed SEED: the
-    block's own q and k (`joint_qkv`), computed from its inputs twice."""
+def text_patch_weights(step: int = 10, block: int = 2, word: str = "red"):
+    """(the attention weights the demo model's image patches give `word`'s first token [grid, grid],
+    with the joint RoPE and with every rotation by angle 0, both mean over heads; which patches
+    the finished picture's shape covers, bool [grid, grid]) at double block `block` and sampling
+    step `step` (0-based) of PROMPT, seed SEED: the block's own q and k (`joint_qkv`) and the
+    softmax over all its keys (`attention_weights`), computed from its inputs twice."""
     model, runner = load_demo("demo")
     settings = sampling_defaults(model)
     request = inside_request(model, PROMPT, seed=SEED, steps=settings["steps"], guidance_scale=settings["cfg_scale"],
@@ -453,15 +454,28 @@ def text_patch_scores(step: int = 10, block: int = 2, word: str = "red"):
     maps = []
     for tables in (rope, (np.ones_like(rope[0]), np.zeros_like(rope[1]))):
         q, k, _ = joint_qkv(img, txt, runner.mmjit_params["double_blocks"][block], tables, config)
-        scores = np.einsum("hnd,hd->hn", q[0, :, txt.shape[1]:], k[0, :, token]) / np.sqrt(config.head_dim)
-        maps.append(scores.mean(axis=0).reshape(grid, grid))
-    return maps
+        weights = layers.attention_weights(q, k, scale=config.head_dim**-0.5)[0, :, txt.shape[1]:, token]
+        maps.append(weights.mean(axis=0).reshape(grid, grid))
+    return maps[0], maps[1], shape_patches(run.result.pixels[0], config.patch_size)
+
+
+def shape_patches(pixels: np.ndarray, patch: int, levels: int = 60) -> np.ndarray:
+    """bool [H/p, W/p]: the patches of a uint8 [H, W, 3] picture of one shape on a flat background
+    where more than half the pixels are over `levels` away from the picture's median colour."""
+    away = np.abs(pixels.astype(np.int16) - np.median(pixels.reshape(-1, 3), axis=0)).max(axis=-1) > levels
+    h, w = away.shape
+    return away.reshape(h // patch, patch, w // patch, patch).mean(axis=(1, 3)) > 0.5
+
+
+def shape_contrast(weights: np.ndarray, shape: np.ndarray) -> float:
+    """How many times more weight a patch of the shape gets than a patch off it, on average."""
+    return float(weights[shape].mean() / weights[~shape].mean())
 
 
 def joint_rope_figure(text_positions=(0, 4, 12)):
     """What a text-patch score depends on under the joint RoPE: a query of ones at every patch
     against a key of ones at text position l (the pure rotation: without RoPE, 1 everywhere);
-    then the demo model's real scores of every patch against "red", with RoPE and without."""
+    then the demo model's attention weights of every patch on "red", with RoPE and without."""
     config = load_demo("demo")[0].mmjit.config
     grid = config.image_size // config.patch_size
     length = max(text_positions) + 1
@@ -474,13 +488,13 @@ def joint_rope_figure(text_positions=(0, 4, 12)):
         scores = rotated[length:] @ rotated[position] / config.head_dim
         shown = axis.imshow(scores.reshape(grid, grid), cmap="viridis", vmin=-1, vmax=1)
         axis.set_title(f"RoPE only: text position {position}\nagainst every patch", fontsize=9)
-    with_rope, without = text_patch_scores()
-    agreement = np.corrcoef(with_rope.ravel(), without.ravel())[0, 1]
-    low, high = min(with_rope.min(), without.min()), max(with_rope.max(), without.max())
-    for axis, scores, name in ((axes[-2], with_rope, "with RoPE"), (axes[-1], without, "without RoPE")):
-        axis.imshow(scores, cmap="magma", vmin=low, vmax=high)
-        axis.set_title(f'demo: every patch against "red",\n{name} (block 3, step 11)', fontsize=9)
-    axes[-1].set_xlabel(f"correlation of the two maps: {agreement:.3f}", fontsize=9)
+    with_rope, without, shape = text_patch_weights()
+    high = max(with_rope.max(), without.max())
+    for axis, weights, name in ((axes[-2], with_rope, "with RoPE"), (axes[-1], without, "without RoPE")):
+        axis.imshow(weights, cmap="magma", vmin=0, vmax=high)
+        axis.contour(shape, levels=[0.5], colors="#4fc3f7", linewidths=1)
+        axis.set_title(f'demo: attention weight of every patch\non "red", {name} (block 3, step 11)', fontsize=9)
+        axis.set_xlabel(f"on the disc (outlined) {shape_contrast(weights, shape):.1f} x off it", fontsize=9)
     for axis in axes:
         axis.set_xticks([])
         axis.set_yticks([])

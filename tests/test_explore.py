@@ -35,12 +35,13 @@ from minit2i.cli import build_parser, main
 from minit2i.demo_models import demo_model
 from minit2i.core.errors import MiniT2IError
 from minit2i.explore import DEFAULT_HOST, MAP_PATCH_PIXELS, Models, heat_maps, look, model_sources
+from minit2i.explore_architecture import STAGE_KEYS
 from minit2i.explore_tutor import Kept, KeptRuns, look_again
 from minit2i.pipeline import open_model, sampling_defaults
 
 # The page's other inputs, in the order of its generate endpoint; the demo model's guidance.
 REQUEST = {"prompt": PROMPT, "model": "demo", "backend": "numpy", "seed": SEED, "steps": STEPS, "guidance": 2.0,
-           "t_min": 0.2, "t_max": 0.8, "width": 64, "height": 64, "step": 3, "block": 2}
+           "t_min": 0.2, "t_max": 0.8, "width": 64, "height": 64, "step": 3, "block": 2, "stage": "state"}
 
 needs_gradio = pytest.mark.skipif(not HAVE_GRADIO, reason=NO_GRADIO)
 
@@ -186,8 +187,8 @@ def test_five_requests_at_once_queue_and_all_complete(client, tmp_path):
 def test_page_shows_every_panel(client):
     """Steps are numbered from 1, as in the docs: step 3 is the third x0 of the strip, marked there
     with its t (the uniform grid's 2/6), which the line above the panels gives too."""
-    (status, image, timings, x0_steps, attention, cond, uncond, guided, state, x0, velocity, time,
-     runs) = ask(client)
+    (status, image, timings, x0_steps, attention, cond, uncond, guided, stage, stage_about, state, x0, velocity,
+     time, runs, architecture, velocity_look) = ask(client)
     assert status == f"demo, seed {SEED}: done"
     assert timings.startswith("timings (numpy, fp32, BLAS threads 1):") and f"step {STEPS}" in timings
     assert [item["caption"] for item in x0_steps] == [
@@ -197,9 +198,17 @@ def test_page_shows_every_panel(client):
     third = read_pixels(x0_steps[REQUEST["step"] - 1]["image"])
     np.testing.assert_array_equal(read_pixels(guided), third)
     np.testing.assert_array_equal(read_pixels(x0), third)
-    assert not np.array_equal(read_pixels(state), third) and not np.array_equal(read_pixels(velocity), third)
+    # The velocity comes as an update of its panel, its label with it (a student's differs).
+    assert velocity["label"] == "the velocity of the step"
+    assert not np.array_equal(read_pixels(state), third) and not np.array_equal(read_pixels(velocity["value"]), third)
     assert read_pixels(image).shape == read_pixels(cond).shape == read_pixels(uncond).shape == (64, 64, 3)
     assert runs.startswith("sampling runs on this page: ")
+    np.testing.assert_array_equal(read_pixels(stage), read_pixels(state))  # the architecture's chosen stage
+    assert stage_about.startswith(f"**the state x_t step {REQUEST['step']} starts from** (step 3, block 2).")
+    assert velocity_look.startswith("The direction the step moves x_t")
+    # The architecture's stages, each labelled with its shape for this run (explore_architecture).
+    assert [key for _, key in architecture["choices"]] == list(STAGE_KEYS)
+    assert architecture["choices"][4][0] == "noisy state x_t: [1, 3, 64, 64]"
 
 
 def test_compare_shows_both_settings_of_one_prompt_and_seed(client, tmp_path):
@@ -236,7 +245,8 @@ def test_choosing_a_model_fills_in_its_settings(client):
     defaults = sampling_defaults(open_model(*demo_model("demo-mf")[:2]))
     expected = ["", defaults["steps"], defaults["cfg_scale"], *defaults["guidance_interval"], 64, 64,
                 defaults["steps"] // 2 + 1, 3]
-    assert list(client.predict("demo-mf", api_name="/defaults")) == expected
+    *settings, architecture = client.predict("demo-mf", api_name="/defaults")
+    assert settings == expected and architecture["choices"][1][0].startswith("the student's prefix: [1, 20, ")
     assert client.predict("nope", api_name="/defaults")[0].startswith("**error:** unknown model 'nope'")
 
 
@@ -247,6 +257,8 @@ def test_choosing_a_model_fills_in_its_settings(client):
     ({"model": "nope"}, "unknown model 'nope'; choose one of demo, demo-mf"),
     ({"step": 0}, f"step 0 is outside 1..{STEPS}"),
     ({"block": 5}, "block 5 is outside 1..4"),
+    ({"stage": "nope"}, "stage 'nope' is not a stage of the model; choose one of t5, aux_tokens"),
+    ({"stage": [1]}, "stage [1] is not a stage of the model"),
 ])
 def test_bad_input_is_one_message_and_the_next_request_works(client, changes, message):
     """The next request of one step: that it runs is the point, not what it draws."""
@@ -535,17 +547,19 @@ FOREIGN_FILE = {"path": "/etc/passwd", "meta": {"_type": "gradio.FileData"}}
 
 
 @settings(max_examples=25, deadline=None)
-@given(event=st.sampled_from([("x0-steps", "select"), ("steps", "change"), ("step", "change"), ("block", "blur")]),
-       values=st.lists(json_values, min_size=2, max_size=2), event_data=st.one_of(
+@given(event=st.sampled_from([("x0-steps", "select"), ("steps", "change"), ("step", "change"), ("block", "blur"),
+                              ("architecture", "change")]),
+       values=st.lists(json_values, min_size=3, max_size=3), event_data=st.one_of(
            json_values, st.dictionaries(st.sampled_from(["index", "value", "selected"]), json_values)))
 def test_generated_page_events_over_http(page, kept_session, event, values, event_data):
     """The page's other events (a click on the x0 strip, the steps field, the step and block
-    selectors) with any JSON as their values and event data, sent over Gradio's queue: each
+    selectors, the architecture's stage) with any JSON as their values and event data, sent over
+    Gradio's queue: each
     answer completes, with the run's values or one line in the status, and nothing in the
     server's terminal."""
     server, url, _ = page
     terminal(server)
-    data = {"x0-steps": [None], "steps": values}.get(event[0], [None, *values])
+    data = {"x0-steps": [None], "steps": values[:2]}.get(event[0], [None, *values])  # the kept run, step, block, stage
     done = page_event(url, kept_session, *event, data, event_data)
     if done["msg"] == "refused":
         assert done["status"] == 403 and done["line"].startswith("this page takes no files: ") and done[
@@ -595,6 +609,7 @@ def test_loopback_addresses(host, loopback):
     assert is_loopback(host) is loopback
 
 
+@needs_gradio
 def test_a_server_on_all_addresses_warns_in_one_line():
     with started("--host", "0.0.0.0") as (server, _):
         server.terminate()
@@ -624,6 +639,7 @@ def test_the_pictures_folder_keeps_the_newest_within_its_limit(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["hash7", "hash8", "hash9"]
 
 
+@needs_gradio  # the extra is asked for before the model flags are read
 @pytest.mark.parametrize(("flags", "message"), [
     (["--jax-tree", "ema"], "--jax-tree chooses a tree of a JAX (Orbax) checkpoint, but"),
     (["--t5", "demo"], "--model is missing: pass --model (e.g. MiniT2I/MiniT2I) with --t5, or neither"),
@@ -638,18 +654,21 @@ def test_the_served_concepts_page_carries_its_figures_and_no_dead_links():
     """The explore server shows docs/concepts.md itself: every figure inlined (it has no file route),
     links within the page pointing at headings as Gradio names them, links to source files at the
     server's own page of the file, at the definition a link names (each answered, its id on the
-    page), links to other pages of the docs left as their text (those pages are the docs site's)."""
+    page), links to the other docs pages it shows at their routes (at the heading a link names),
+    links to any other page left as their text."""
     import re
 
     from minit2i.code_pages import CODE_ROUTE, answer
-    from minit2i.explore_tutor import concepts_dir, concepts_markdown, section_anchor, served_code
+    from minit2i.explore_tutor import (SHOWN_PAGES, concepts_dir, concepts_markdown, docs_route, section_anchor,
+                                       served_code)
 
     source = (concepts_dir() / "concepts.md").read_text()
     served = concepts_markdown()
     figures = re.findall(r"!\[[^\]]*\]\(figures/", source)
     assert len(figures) >= 6 and len(re.findall(r'<img alt="[^"]*" src="data:image/png;base64,[^"]+" '
                                                  r'width="[1-9]\d*" height="[1-9]\d*">', served)) == len(figures)
-    code = re.findall(r"(?<!!)\[[^\]]+\]\(((?!data:|#)[^)]*)\)", served)
+    code = [link for link in re.findall(r"(?<!!)\[[^\]]+\]\(((?!data:|#)[^)]*)\)", served)
+            if link.split("#")[0] not in {docs_route(page) for page in SHOWN_PAGES}]
     assert len(code) >= 40 and all(link.startswith(f"{CODE_ROUTE}/") for link in code)
     for link in set(code):
         status, _, page = answer("/" + link.split("#")[0], served_code())
@@ -657,7 +676,8 @@ def test_the_served_concepts_page_carries_its_figures_and_no_dead_links():
         if "#" in link:
             assert f'id="{link.split("#")[1]}"' in page, link
     assert "[`sample`](code/reference/sampler.py#sample)" in served
-    assert "reading guide" in served and "](reading-guide.md)" not in served
+    assert "[reading guide](reading-guide)" in served and "](reading-guide.md)" not in served
+    assert "[sampler.md](sampler)" in served and "(demo-model#h-watch-it-learn)" in served
     anchors = {section_anchor(heading) for heading in re.findall(r"^#+ (.*)$", source, re.MULTILINE)}
     within = re.findall(r"\]\(#([^)]*)\)", served)
     assert within and set(within) <= anchors  # "References: below" goes to the references heading
@@ -712,6 +732,9 @@ def test_a_regular_install_ships_the_concepts_page_and_its_figures():
     setup = tomllib.loads((concepts_dir().parent / "pyproject.toml").read_text())["tool"]["setuptools"]
     assert "minit2i.docs_data" in setup["packages"] and setup["package-dir"]["minit2i.docs_data"] == "docs"
     patterns = setup["package-data"]["minit2i.docs_data"]
-    figures = re.findall(r"!\[[^\]]*\]\((figures/[^)]+)\)", (concepts_dir() / "concepts.md").read_text())
-    for name in ["concepts.md", *figures]:
+    from minit2i.explore_tutor import SHOWN_PAGES
+
+    figures = [figure for page in SHOWN_PAGES
+               for figure in re.findall(r"!\[[^\]]*\]\((figures/[^)]+)\)", (concepts_dir() / page).read_text())]
+    for name in [*SHOWN_PAGES, *figures]:
         assert any(fnmatch.fnmatch(name, pattern) for pattern in patterns), name

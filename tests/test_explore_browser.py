@@ -322,3 +322,119 @@ def test_a_link_to_code_opens_the_function_it_names(page):
     finally:
         page.get(home)
         WebDriverWait(page, PAGE_LIMIT_S).until(lambda d: d.find_elements(By.ID, "generate"))
+
+
+def stage_clicked(driver, key: str, caption: str) -> str:
+    """Click the architecture's stage `key` and wait for the line under its output to start with
+    `caption` -> that line."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    driver.find_element(By.CSS_SELECTOR, f'#architecture input[value="{key}"]').click()
+    WebDriverWait(driver, REQUEST_LIMIT_S).until(lambda d: text_of(d, "#stage-about").startswith(caption))
+    return text_of(driver, "#stage-about")
+
+
+def test_the_architecture_draws_each_stage_with_its_shape_and_shows_its_output(page):
+    """At 1280 px: the diagram's ten stages, each labelled with its shape for this run (the demo's
+    config at 64 x 64, STEPS steps), the text path beside the image path and the joint stages
+    across both; a click on a stage shows its output at the chosen step and block (the state and
+    x0 as the step panels show them, a patch map of 16 x 16 patches for the double block's image
+    tokens), with links to its concepts section and to its function's code page, which opens there."""
+    import urllib.request
+
+    from selenium.webdriver.common.by import By
+
+    from minit2i.demo_models import DEMO_MODELS
+    from minit2i.explore_architecture import PATCH_PIXELS, stage_choices
+    from minit2i.pipeline import open_model
+
+    page.set_window_size(1280, 2000)
+    generate(page, "demo, seed 1: done", prompt=PROMPT, seed=1, steps=STEPS, step=STEP, block=BLOCK)
+    config = open_model(*DEMO_MODELS["demo"][:2]).mmjit.config
+    labels = page.find_elements(By.CSS_SELECTOR, "#architecture label")
+    assert [label.text for label in labels] == [text for text, _ in stage_choices(config, 64, 64, STEPS)]
+    assert "patch embed + bottleneck: [1, 256, 48] -> [1, 256, 32] -> [1, 256, 128]" in labels[5].text
+    boxes = [label.rect for label in labels]
+    frame = page.find_element(By.ID, "architecture").rect
+    assert all(frame["x"] <= b["x"] and b["x"] + b["width"] <= frame["x"] + frame["width"] + 1 for b in boxes)
+    assert boxes[0]["x"] + boxes[0]["width"] <= boxes[4]["x"] and boxes[6]["width"] > 1.8 * boxes[0]["width"]
+    assert stage_clicked(page, "state", f"the state x_t step {STEP} starts from (step {STEP}, block {BLOCK})")
+    np.testing.assert_array_equal(shown_pixels(page, "#stage-output img"), shown_pixels(page, "#step-state img"))
+    stage_clicked(page, "x0", "the guided x0 the step moves towards")
+    np.testing.assert_array_equal(shown_pixels(page, "#stage-output img"), shown_pixels(page, "#step-x0 img"))
+    about = stage_clicked(page, "double", f"double block {BLOCK}'s image tokens")
+    assert shown_pixels(page, "#stage-output img").shape == (16 * PATCH_PIXELS, 16 * PATCH_PIXELS, 3)
+    links = [a.get_attribute("href") for a in page.find_elements(By.CSS_SELECTOR, "#stage-about a")]
+    assert "concepts 4" in about and links[0].endswith("/concepts#h-4-the-text-encoder-and-joint-attention")
+    assert links[1].endswith("/code/reference/mmjit.py#double_block")
+    with urllib.request.urlopen(links[1].split("#")[0], timeout=30) as reply:
+        assert 'id="double_block"' in reply.read().decode()
+
+
+def test_the_strip_captions_are_whole_at_1280_px(page):
+    """Twenty steps, ten pictures a row in a 1280-px window: no caption of the x0 strip is cut
+    (its text fits its box), the chosen step's with its t included."""
+    from selenium.webdriver.common.by import By
+
+    page.set_window_size(1280, 2000)
+    generate(page, "demo, seed 1: done", seed=1, steps=20, step=11, block=BLOCK)
+    captions = page.find_elements(By.CSS_SELECTOR, "#x0-steps .caption-label")
+    assert len(captions) == 20 and "\u25b6 11: t 0.50" in [c.text for c in captions]
+    cut = [c.text for c in captions if page.execute_script(
+        "return arguments[0].scrollWidth > arguments[0].clientWidth + 1", c)]
+    assert cut == []
+
+
+def test_the_students_velocity_panel_says_average_velocity_and_its_prefix_is_drawn(page):
+    """demo-mf: the velocity panel's label and line say it is the average velocity over the step,
+    and the architecture draws the student's prefix of 20 tokens in front of the 16 words."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    fill(page, "model", "demo-mf")
+    WebDriverWait(page, REQUEST_LIMIT_S).until(lambda d: text_of(d, '#architecture input[value="aux_tokens"] + span')
+                                               .startswith("the student's prefix: [1, 20, "))
+    for elem_id, value in {"seed": 1, "steps": 4, "step": 2, "block": BLOCK}.items():
+        fill(page, elem_id, value)  # with a run kept, the selectors look at it first
+    WebDriverWait(page, REQUEST_LIMIT_S).until(
+        lambda d: status_of(d) == f"step 2, block {BLOCK}: from the finished run")
+    generate(page, "demo-mf, seed 1: done")
+    assert text_of(page, '#step-velocity [data-testid="block-label"]') == "the average velocity over the step"
+    assert text_of(page, "#velocity-look").startswith("The student's step: its move over the step's length")
+    stage_clicked(page, "aux_tokens", "each token (a row) by feature")
+    assert shown_pixels(page, "#stage-output img").shape[0] == 20 * 3
+    fill(page, "model", "demo")
+    WebDriverWait(page, REQUEST_LIMIT_S).until(lambda d: text_of(d, '#architecture input[value="aux_tokens"] + span')
+                                               == "the student's prefix: none: a base model")
+
+
+def test_the_concepts_pages_links_to_other_docs_pages_land_on_them(page):
+    """The served concepts page links the docs pages it names at the server's own routes, and the
+    one for the sampler shows that page, its links to code answered too."""
+    import urllib.request
+
+    from selenium.webdriver.common.by import By
+
+    from minit2i.explore_tutor import concepts_dir
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    home = page.current_url
+    try:
+        page.get(home.rstrip("/") + "/concepts")
+        WebDriverWait(page, PAGE_LIMIT_S).until(lambda d: d.find_elements(By.CSS_SELECTOR, "#concepts a"))
+        hrefs = {a.get_attribute("href").split("#")[0].rsplit("/", 1)[1]
+                 for a in page.find_elements(By.CSS_SELECTOR, "#concepts a") if "/code/" not in a.get_attribute("href")}
+        assert {"sampler", "reading-guide", "model", "demo-model", "exercises"} <= hrefs
+        title = (concepts_dir() / "sampler.md").read_text().splitlines()[0].lstrip("# ")
+        page.get(page.find_element(By.CSS_SELECTOR, '#concepts a[href="sampler"]').get_attribute("href"))
+        WebDriverWait(page, PAGE_LIMIT_S).until(
+            lambda d: title in "".join(e.text for e in d.find_elements(By.ID, "docs-sampler")))
+        code = [a.get_attribute("href") for a in page.find_elements(By.CSS_SELECTOR, "#docs-sampler a")
+                if "/code/" in a.get_attribute("href")]
+        assert code
+        with urllib.request.urlopen(code[0].split("#")[0], timeout=30) as reply:
+            assert reply.status == 200 and 'id="L1"' in reply.read().decode()
+    finally:
+        page.get(home)
+        WebDriverWait(page, PAGE_LIMIT_S).until(lambda d: d.find_elements(By.ID, "generate"))

@@ -48,6 +48,7 @@ from . import require_torch
 
 require_torch("distill")
 import dataclasses
+import functools
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -63,18 +64,21 @@ from minit2i.core.mean_flow_config import MeanFlowConfig, mean_flow_expected_sha
 from minit2i.core.mmjit_config import MMJiTConfig
 from minit2i.core.weights import nest
 from minit2i.demo_models import DEMO_MODEL_DIR, save_transformer
-from minit2i.pipeline import STUDENT_CFG_SCALE, check_guidance_interval
+from minit2i.pipeline import STUDENT_CFG_SCALE, check_guidance_interval, sampling_defaults
 from minit2i.reference.mean_flow_sampler import MIN_TIME, sample_mean_flow
-from minit2i.reference.sampler import NOISE_SCALE
+from minit2i.reference.sampler import NOISE_SCALE, initial_noise, sample
 
 from . import shapes
-from .evaluate import evaluate_scenes
+from .evaluate import evaluate_scenes, evaluation_scenes, prompt
 from .torch_model import mean_flow_forward, mmjit_forward, t5_encode, to_torch_tree
 from .train import (Run, Schedule, check_arguments, execute, load_export, parse_run_arguments, run_parser,
                     schedule_arguments, weights_digest)
 
 # Standard deviation of the prefix's new weights (the official initialiser of its tokens and embedders).
 PREFIX_INIT_STD = 0.02
+# The progress bar's number (`DistillRun.one_step_error`): the student's single step from pure noise
+# against the teacher's own picture of the same noise, on this many fixed held-in prompts.
+ONE_STEP_PROMPTS = 4
 
 
 @dataclass(frozen=True)
@@ -221,6 +225,7 @@ class DistillRun(Run):
                  guidance_interval: tuple[float, float], init_from: Path | None = None):
         self.teacher_dir = teacher_dir
         teacher = load_export(teacher_dir, "--teacher")
+        self.teacher_sampling = sampling_defaults(teacher)
         self.teacher_tensors = teacher.mmjit.tensors
         self.teacher_config = teacher.mmjit.config
         self.teacher = to_torch_tree(nest(teacher.mmjit.tensors))
@@ -251,6 +256,51 @@ class DistillRun(Run):
         with torch.no_grad():
             return t5_encode(self.t5_params, self.t5, torch.as_tensor(ids), torch.as_tensor(mask))
 
+    def train_step(self) -> dict[str, float]:
+        """A base run's step, and the student's one-step error after it (the progress bar's number)."""
+        return super().train_step() | {"one_step": self.one_step_error()}
+
+    @functools.cached_property
+    def one_step_target(self) -> tuple[np.ndarray, ...]:
+        """(noise, context, mask, the teacher's pictures) of ONE_STEP_PROMPTS fixed held-in prompts:
+        the teacher's own sampler (its steps and guidance) on seed 0's noise, drawn once."""
+        scenes = evaluation_scenes(ONE_STEP_PROMPTS, 1, held_out_prompts=0)
+        ids, mask = self.tokenizer([prompt(scene) for scene, _, _ in scenes])
+        context = self.encode(ids, mask).numpy()
+        size = self.teacher_config.image_size
+        noise = initial_noise(0, len(scenes), self.teacher_config.in_channels, size, size).astype(np.float32)
+
+        def denoise(x, context, mask):
+            with torch.no_grad():
+                return mmjit_forward(self.teacher, self.teacher_config, *map(torch.from_numpy, (x, context, mask))
+                                     ).numpy()
+
+        pictures = sample(denoise, noise, context, mask, self.teacher_sampling["steps"],
+                          self.teacher_sampling["cfg_scale"])
+        return noise, context, mask, pictures
+
+    def one_step_error(self) -> float:
+        """The student's (current weights') single step from the fixed noise against the teacher's
+        pictures of it (`one_step_target`), at the teacher's guidance over the run's interval: the
+        mean squared error per pixel. It falls as the student learns to draw in one step, where the
+        weighted loss stays near 1 (`mean_flow_loss`)."""
+        noise, context, mask, pictures = self.one_step_target
+        drawn = sample_mean_flow(self.student_denoiser(self.params), noise, context, mask, 1,
+                                 self.teacher_sampling["cfg_scale"], self.guidance_interval)
+        return float(np.mean((drawn - pictures) ** 2))
+
+    def student_denoiser(self, weights: dict):
+        """The reference sampler's denoise(x, h, omega, t_min, t_max, context, mask) over the
+        student's flat `weights` (torch, no gradients)."""
+        student = nest(weights)
+
+        def denoise(x, h, omega, t_min, t_max, context, mask):
+            with torch.no_grad():
+                scalars = [torch.from_numpy(np.asarray(v, np.float32)) for v in (h, omega, t_min, t_max)]
+                return mean_flow_forward(student, self.mmjit, torch.from_numpy(x), *scalars,
+                                         torch.from_numpy(context), torch.from_numpy(mask)).numpy()
+        return denoise
+
     def loss(self, step: int) -> tuple[torch.Tensor, dict[str, float]]:
         batch = distill_batch(self.recipe, self.tokenizer, step)
         weighted, error = mean_flow_loss(nest(self.params), self.mmjit, self.teacher, self.teacher_config,
@@ -260,14 +310,7 @@ class DistillRun(Run):
     def evaluate(self, scenes, steps: int, cfg_scale: float) -> dict:
         """The checker's report on the EMA student drawing `scenes` in `steps` steps with
         omega = `cfg_scale` over the run's guidance interval."""
-        student = nest(self.ema)
-
-        def denoise(x, h, omega, t_min, t_max, context, mask):
-            with torch.no_grad():
-                scalars = [torch.from_numpy(np.asarray(v, np.float32)) for v in (h, omega, t_min, t_max)]
-                return mean_flow_forward(student, self.mmjit, torch.from_numpy(x), *scalars,
-                                         torch.from_numpy(context), torch.from_numpy(mask)).numpy()
-
+        denoise = self.student_denoiser(self.ema)
         return evaluate_scenes(scenes, self.tokenizer, lambda ids, mask: self.encode(ids, mask).numpy(),
                                lambda noise, context, mask: sample_mean_flow(denoise, noise, context, mask, steps,
                                                                              cfg_scale, self.guidance_interval))

@@ -628,17 +628,27 @@ def torch_encoder(run: Run):
     return encode
 
 
+def shown_on_the_bar(logged: dict[str, float], losses: list[float]) -> dict[str, str]:
+    """The progress bar's number after a step: a distillation's one-step error as it stands (a fixed
+    batch, so no mean is needed), else the mean of `losses`, the last 50. A distillation's objective
+    is adaptively weighted, each sample's error divided by about itself, so it sits near 1 however
+    well the student does; the one-step error is what falls."""
+    if "one_step" in logged:
+        return {"one_step": f"{logged['one_step']:.4f}"}
+    return {"loss": f"{np.mean(losses):.4f}"}
+
+
 def train_steps(run: Run, desc: str, after_step) -> None:
     """Train `run` from where it stands to its recipe's last step, each step logged (loss, lr, time)
-    and shown on a progress bar (the mean of the last 50 losses); `after_step(bar)` follows each
-    logged step: the caller's checkpoints, evaluations or snapshots."""
+    and shown on a progress bar (`shown_on_the_bar`); `after_step(bar)` follows each logged step:
+    the caller's checkpoints, evaluations or snapshots."""
     bar = tqdm(total=run.recipe.steps, initial=run.step, desc=desc, unit="step", dynamic_ncols=True)
     started, first_step, recent = time.time(), run.step, []
     while run.step < run.recipe.steps:
         logged = run.train_step()
         recent = (recent + [logged["loss"]])[-50:]
         bar.update(1)
-        bar.set_postfix(loss=f"{np.mean(recent):.4f}", lr=f"{learning_rate(run.recipe, run.step):.1e}")
+        bar.set_postfix(shown_on_the_bar(logged, recent) | {"lr": f"{learning_rate(run.recipe, run.step):.1e}"})
         run.log({"step": run.step, **logged, "lr": learning_rate(run.recipe, run.step - 1),
                  "seconds": time.time() - started, "steps_this_session": run.step - first_step})
         after_step(bar)

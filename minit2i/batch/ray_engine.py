@@ -53,8 +53,9 @@ CALLED = "/grpc.health.v1.Health/Check"  # any method: a gRPC server answers eve
 ADDRESS_FILE_LIMIT = 4096  # Ray's file of the last cluster's address: one HOST:PORT
 LAST_CLUSTER_FIX = ("start it again (ray start --head), or stop what is left of it (ray stop) to have a local cluster "
                     "started for the run, or pass --ray-address")
-# How long a cluster's address is given to answer (a TCP connection, then a gRPC handshake, each):
-# a head on the same network answers in milliseconds; Ray itself would wait for minutes.
+# How long a cluster's address is given to answer, all together (the lookup of its host, a TCP
+# connection, the opening of HTTP/2, a gRPC call): a head on the same network answers in
+# milliseconds; Ray itself would wait for minutes.
 ANSWER_SECONDS = 10
 # How long ray.init is given to return to Python after Ctrl-C or SIGTERM: it returns within a second
 # unless it waits in C, where it can stay for half a minute.
