@@ -8,29 +8,15 @@ from __future__ import annotations
 
 import textwrap
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import numpy as np
 import pytest
+from script_modules import load_benchmark
 
 from minit2i.accelerated.kernels import KERNEL_DIR, MMA_KEY_TILE, MMA_WARPS, PTX_HEADER, kernel_source, mma_rows
 from minit2i.cudasim import KernelError, LaunchCounts, Module, counting, detectors, device_array, schedules
 from minit2i.reference import layers as ref
 
-
-def load_script(name: str):
-    """benchmarks/<name>.py as a module."""
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / f"{name}.py"
-    spec = importlib.util.spec_from_file_location(f"benchmark_{name}", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-kernel_counts = load_script("kernel_counts")
+kernel_counts = load_benchmark("kernel_counts")
 
 KERNELS = """
 // One warp reads word (lane * stride) % 1024 of a shared tile, after writing the tile in 32 rows

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import ast
-import importlib.util
 import re
 import shutil
 import subprocess
@@ -12,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from script_modules import load_script
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = sorted([ROOT / "README.md", ROOT / "golden" / "README.md", ROOT / "notebooks" / "README.md",
@@ -125,10 +125,7 @@ def test_every_figure_is_used_and_tracked():
 
 @pytest.fixture(scope="module")
 def figures():
-    spec = importlib.util.spec_from_file_location("make_figures", ROOT / "scripts" / "make_figures.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("make_figures")
 
 
 def test_figure_script_draws_the_demo_figures(figures, tmp_path):
@@ -331,20 +328,6 @@ def test_the_four_vs_twenty_figure_labels_every_state_in_one_time_convention():
     student = [(r, c, title) for r, row in enumerate(titles[1::2]) for c, title in enumerate(row) if title]
     assert len(student) == 4
     assert all(title == titles[2 * r][c] for r, c, title in student)
-
-
-def load_script(name: str):
-    """A module of scripts/ (no package), imported as when it runs from there."""
-    import sys
-
-    sys.path.insert(0, str(ROOT / "scripts"))
-    try:
-        spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-    finally:
-        sys.path.remove(str(ROOT / "scripts"))
-    return module
 
 
 

@@ -13,15 +13,14 @@ What is compiled is `kernel_source(...)`, the exact text CuPy hands to NVRTC (he
 
 from __future__ import annotations
 
-import importlib.util
 import re
-import sys
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
+from script_modules import load_benchmark
 
 from minit2i.accelerated import kernels
 from minit2i.accelerated.kernels import DTYPE_SUFFIXES, KERNEL_DIR, NVRTC_OPTIONS, SOURCES, kernel_source
@@ -131,11 +130,7 @@ def test_the_performance_model_runs_the_fused_kernels_at_their_occupancy(resourc
     """benchmarks/performance_model.py's round-trip model launches the fused kernels with the
     block size of their wrappers and the blocks per SM ptxas's registers give the bf16 entry
     points on sm_90 (the H200 and H100)."""
-    path = KERNEL_DIR.parents[1] / "benchmarks" / "performance_model.py"
-    spec = importlib.util.spec_from_file_location("performance_model", path)
-    model = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = model  # dataclasses look their module up there
-    spec.loader.exec_module(model)
+    model = load_benchmark("performance_model")
     blocks = {stem: threads for stems in EXPECTED_KERNELS.values() for stem, threads in stems.items()}
     for stem, launch in model.fused_kernel_launches().items():
         assert launch.threads == blocks[stem], stem

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+from script_modules import load_benchmark
 
 from minit2i.accelerated import kernels
 from minit2i.accelerated.mean_flow import mean_flow_forward, upload_mean_flow
@@ -22,18 +21,9 @@ from minit2i.pipeline import load_model, make_runner
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def load_script(name: str):
-    """benchmarks/<name>.py as a module."""
-    spec = importlib.util.spec_from_file_location(f"benchmark_{name}", ROOT / "benchmarks" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.fixture(scope="module")
 def model():
-    return load_script("performance_model")
+    return load_benchmark("performance_model")
 
 
 @pytest.fixture(scope="module")
@@ -66,7 +56,7 @@ def test_gemm_and_attention_flops_match_the_benchmark_count(model, config):
     """fp32 (no head-dim padding): the model's FLOPs are benchmarks/gpu.py's forward_flops."""
     components = model.forward_components(config, 512, item=4)
     flops = sum(c.flops for c in components if c.kind in ("gemm", "attention"))
-    assert flops == pytest.approx(load_script("gpu").forward_flops(config, 512, 2), rel=1e-12)
+    assert flops == pytest.approx(load_benchmark("gpu").forward_flops(config, 512, 2), rel=1e-12)
 
 
 def launches(monkeypatch, forward) -> tuple[dict, int]:

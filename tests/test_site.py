@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import ast
 import html
-import importlib.util
 import json
 import os
 import re
@@ -19,6 +18,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from script_modules import load_file
 
 REASON = "the site needs the [docs] extra (mkdocs-material, pymdown-extensions, latex2mathml, jupytext, matplotlib)"
 pytest.importorskip("mkdocs", reason=REASON)
@@ -34,19 +34,8 @@ KERNELS = ROOT / "accelerated" / "kernels"
 NOT_COPIED = shutil.ignore_patterns(".git", ".venv", "build", "__pycache__", ".pytest_cache", ".hypothesis", "*.ipynb")
 
 
-def load(path: Path):
-    """Import a file of a folder that is no package (docsite/, scripts/), its folder on the path as
-    when it runs as a script."""
-    sys.path.insert(0, str(path.parent))
-    spec = importlib.util.spec_from_file_location(path.stem, path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # a dataclass looks its module up there
-    spec.loader.exec_module(module)
-    return module
-
-
-sidebyside = load(ROOT / "docsite" / "sidebyside.py")
-notebook_page = load(ROOT / "docsite" / "notebook_page.py")
+sidebyside = load_file(ROOT / "docsite" / "sidebyside.py")
+notebook_page = load_file(ROOT / "docsite" / "notebook_page.py")
 
 
 def test_a_docstring_is_the_prose_beside_its_function():
@@ -224,7 +213,7 @@ def test_the_concepts_page_shows_every_figure_of_the_concepts_script(site):
     (named in its SHEETS; the script itself needs torch, so its names are read from its text),
     and no other."""
     folder, _ = site
-    concept_figures = load(ROOT / "scripts" / "concept_figures.py")
+    concept_figures = load_file(ROOT / "scripts" / "concept_figures.py")
     sheets = re.findall(r'"(ablation-[\w-]+\.png)"', (ROOT / "scripts" / "ablation_figures.py").read_text())
     shown = shown_figures(folder / "concepts" / "index.html")
     assert len(shown) >= 6 and len(sheets) >= 3
@@ -261,7 +250,7 @@ def test_the_walkthrough_page_folds_its_plotting_code(site):
 
 
 def test_every_figure_of_the_figure_script_is_committed():
-    make_figures = load(ROOT / "scripts" / "make_figures.py")
+    make_figures = load_file(ROOT / "scripts" / "make_figures.py")
     for name in make_figures.figure_makers(make_figures.parse_args([])):
         assert (ROOT / "docs" / "figures" / name).is_file(), name
 
@@ -338,7 +327,7 @@ def test_the_four_vs_twenty_states_are_shown_at_their_own_size_at_1280_pixels(si
     assert found, f"the probe did not run: {result.stderr[-2000:]}"
     shown = {name: (width, natural) for name, width, natural in json.loads(html.unescape(found.group(1)))}
     width, natural = shown["concept-four-vs-twenty.png"]
-    concept_figures = load(ROOT / "scripts" / "concept_figures.py")
+    concept_figures = load_file(ROOT / "scripts" / "concept_figures.py")
     figure = concept_figures.four_vs_twenty_figure()
     figure.set_dpi(100)
     tile = figure.axes[0].get_window_extent().width
