@@ -548,9 +548,11 @@ def build_page(gradio, models: Models, default: str, pictures: Path | None = Non
                     look_for(velocity_look_for(student))]
 
         def select(session, step, block, stage):
-            if session.run is None:  # nothing generated yet: the numbers are for the next run
-                return [gr.skip()] * 12
             step, block = whole(step), whole(block)
+            # Nothing generated yet, or a step past the kept run's last, which the slider allows once
+            # the steps field asks for a longer run: the numbers are for the next run.
+            if session.run is None or (STEPS_RANGE.contains(step) and step > session.run.request.steps):
+                return [gr.skip()] * 12
             try:
                 insides = look_again(models, session, step, block)
                 return [f"step {step}, block {block}: from the finished run",

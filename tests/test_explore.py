@@ -536,6 +536,23 @@ def test_a_forged_number_of_steps_leaves_the_slider_and_completes(page, kept_ses
     assert terminal(server) == ""
 
 
+def test_a_step_past_the_kept_run_is_for_the_next_run_and_changes_nothing(page, kept_session):
+    """With the steps field at more steps than the kept run's, the slider goes past the run's last
+    step: that is the run to come, not an error (the status said `step 11 is outside 1..6` while
+    the next run was being set up, and a Generate pressed then looked as if it had failed); the
+    run's own steps still show, and a step no run can have (0) is still the one line."""
+    server, url, _ = page
+    terminal(server)
+    for step, status in ((STEPS + 1, {"__type__": "update"}), (10_000, {"__type__": "update"}),
+                         (STEPS, f"step {STEPS}, block 1: from the finished run")):
+        done = page_event(url, kept_session, "step", "change", [None, step, 1, "x0"])
+        assert done["msg"] == "process_completed" and done["success"], done
+        assert done["output"]["data"][0] == status, done
+    done = page_event(url, kept_session, "step", "change", [None, 0, 1, "x0"])
+    assert done["output"]["data"][0].startswith(f"**error:** step 0 is outside 1..{STEPS}"), done
+    assert terminal(server) == ""
+
+
 # Any JSON value a client may send (NaN and the infinities too: Python's JSON reads them), Gradio's
 # file objects among them (a dict with a "path").
 json_values = st.recursive(
