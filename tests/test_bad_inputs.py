@@ -2302,6 +2302,16 @@ sys.exit(main(sys.argv[2:]))
 """
 
 
+def wait_for_mark(mark: Path, process: subprocess.Popen):
+    """Wait until the child has made `mark` (it is where the test wants it), at most 30 s (a hang
+    guard: it starts in 2-3 s), or fail with what it printed if it ended first."""
+    for _ in range(300):
+        if mark.exists() or process.poll() is not None:
+            break
+        time.sleep(0.1)
+    assert mark.exists(), process.communicate()
+
+
 @needs_ray
 @pytest.mark.parametrize("signum, status, last", [
     (signal.SIGTERM, 143, "minit2i: terminated"),
@@ -2320,11 +2330,7 @@ def test_a_name_lookup_that_gets_no_answer_ends_at_its_deadline_or_a_signal(tmp_
                                 *EVAL_STEPS], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=environment,
                                preexec_fn=ctrl_c_as_at_a_terminal)
     try:
-        for _ in range(300):
-            if looking.exists() or process.poll() is not None:
-                break
-            time.sleep(0.1)
-        assert looking.exists(), process.communicate()
+        wait_for_mark(looking, process)
         if signum is not None:
             process.send_signal(signum)
         _, err = process.communicate(timeout=30)
@@ -2363,11 +2369,7 @@ def test_a_signal_ends_a_main_thread_that_waits_in_c_within_its_grace(tmp_path, 
     process = subprocess.Popen([sys.executable, "-c", DEAF_MAIN_THREAD, str(marker)], stdout=subprocess.PIPE,
                                stderr=subprocess.PIPE, preexec_fn=ctrl_c_as_at_a_terminal)
     try:
-        for _ in range(300):
-            if marker.exists() or process.poll() is not None:
-                break
-            time.sleep(0.1)
-        assert marker.exists(), process.communicate()
+        wait_for_mark(marker, process)
         process.send_signal(signum)
         _, err = process.communicate(timeout=30)
     finally:
