@@ -2302,14 +2302,23 @@ sys.exit(main(sys.argv[2:]))
 """
 
 
-def wait_for_mark(mark: Path, process: subprocess.Popen):
-    """Wait until the child has made `mark` (it is where the test wants it), at most 30 s (a hang
-    guard: it starts in 2-3 s), or fail with what it printed if it ended first."""
-    for _ in range(300):
-        if mark.exists() or process.poll() is not None:
-            break
-        time.sleep(0.1)
-    assert mark.exists(), process.communicate()
+def signalled_once_marked(process: subprocess.Popen, mark: Path, signum) -> bytes:
+    """Once the child has made `mark` (it is where the test wants it), send it `signum` (None: no
+    signal) and wait for its end -> its stderr. Hang guards of 30 s for each wait (it starts in
+    2-3 s); failing with what it printed if it ends before the mark, killed if it outlives the guard."""
+    try:
+        for _ in range(300):
+            if mark.exists() or process.poll() is not None:
+                break
+            time.sleep(0.1)
+        assert mark.exists(), process.communicate()
+        if signum is not None:
+            process.send_signal(signum)
+        return process.communicate(timeout=30)[1]
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
 
 
 @needs_ray
@@ -2329,15 +2338,7 @@ def test_a_name_lookup_that_gets_no_answer_ends_at_its_deadline_or_a_signal(tmp_
                                 "--out", str(tmp_path / "run"), "--engine", "ray", "--ray-address", "head.example:6379",
                                 *EVAL_STEPS], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=environment,
                                preexec_fn=ctrl_c_as_at_a_terminal)
-    try:
-        wait_for_mark(looking, process)
-        if signum is not None:
-            process.send_signal(signum)
-        _, err = process.communicate(timeout=30)
-    finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait()
+    err = signalled_once_marked(process, looking, signum)
     assert process.returncode == status, err
     assert err.decode().splitlines()[-1] == last
     assert not (tmp_path / "run").exists()
@@ -2368,14 +2369,7 @@ def test_a_signal_ends_a_main_thread_that_waits_in_c_within_its_grace(tmp_path, 
     marker = tmp_path / "deaf"
     process = subprocess.Popen([sys.executable, "-c", DEAF_MAIN_THREAD, str(marker)], stdout=subprocess.PIPE,
                                stderr=subprocess.PIPE, preexec_fn=ctrl_c_as_at_a_terminal)
-    try:
-        wait_for_mark(marker, process)
-        process.send_signal(signum)
-        _, err = process.communicate(timeout=30)
-    finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait()
+    err = signalled_once_marked(process, marker, signum)
     assert process.returncode == status and err.decode().splitlines() == [last], err
 
 
