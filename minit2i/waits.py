@@ -90,8 +90,9 @@ def signals_end_within(seconds: float, prog: str = "minit2i") -> Iterator[None]:
                 continue
             ending = [signum for signum in os.read(reader, 64) if signum in (signal.SIGINT, signal.SIGTERM)]
             if ending and not left.wait(seconds):
-                fail(*signal_ending(prog, ending[0]))
-                os._exit(signal_ending(prog, ending[0])[1])
+                line, status = signal_ending(prog, ending[0])
+                fail(line, status)
+                os._exit(status)
 
     watcher = threading.Thread(target=watch, name="signal watcher", daemon=True)
     watcher.start()
