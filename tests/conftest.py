@@ -29,6 +29,12 @@ GROUPS = {
     "tests/test_explore.py": "ports",
     "tests/test_explore_browser.py": "ports",
     "tests/test_hub.py::test_unknown_repo_and_unreachable_hub_are_one_line": "ports",
+    # module-wide work that tests spread over both workers would do on each: the bad inputs' trained,
+    # scored and converted run folders; the batch runs drawn one image a forward and the Painters'
+    # images drawn alone (the Ray test is the "ray" group's)
+    "tests/test_bad_inputs.py": "bad-inputs",
+    "tests/test_batch.py": "batch",
+    "tests/test_batch_groups.py": "batch",
     # module-wide work done once: the site, the distillation, the NVRTC and ptxas compilations, the
     # explore captions' sampling runs, the notebook run, the official writer's JAX checkpoints, the
     # short training run
@@ -36,6 +42,8 @@ GROUPS = {
     "tests/test_distill.py": "distill",
     "tests/test_kernels_compile.py": "nvrtc",
     "tests/test_ptx.py": "nvrtc",
+    # the performance model's reading of the tensor-core attention's SASS, as the bad inputs' above
+    "tests/test_performance_model.py": "performance-model",
     "tests/test_explore_captions.py": "captions",
     "tests/test_walkthrough.py": "walkthrough",
     "tests/test_jax_checkpoints.py": "jax-checkpoints",
@@ -47,7 +55,9 @@ GROUP_ORDER = list(dict.fromkeys(GROUPS.values()))
 
 
 def group_of(nodeid: str) -> str | None:
-    return next((group for start, group in GROUPS.items() if nodeid.startswith(start)), None)
+    """The group of the longest start of `nodeid` in GROUPS (a test's own entry before its file's)."""
+    start = max((start for start in GROUPS if nodeid.startswith(start)), key=len, default=None)
+    return GROUPS.get(start)
 
 
 @pytest.hookimpl(tryfirst=True)

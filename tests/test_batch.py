@@ -212,15 +212,21 @@ def test_text_prompt_file_and_workers_give_the_same_images(reference, tmp_path):
 @pytest.mark.skipif(importlib.util.find_spec("ray") is None,
                     reason="needs the ray extra (pip install -e '.[ray]')")
 def test_ray_engine_writes_the_sha256s_of_the_local_engine(reference, tmp_path, monkeypatch):
-    """Ray Data over 2 actors on a local cluster (started and stopped by the run; about 4 s),
-    OMP_NUM_THREADS set to another count than --threads to show that the count given wins."""
+    """Ray Data over 2 actors on a local cluster (started and stopped by the run; its start is
+    most of the test's 20 s), OMP_NUM_THREADS set to another count than --threads to show that
+    the count given wins. The 12 images go in 4 groups of 3 (one dataset row a group, each drawn
+    in one forward), so that this one cluster also shows a grouped run on Ray writing the bytes of
+    one image a forward (`reference`: the local engine, one image a forward; the other engines'
+    grouped runs are in test_batch_groups.py)."""
     prompts, whole = reference
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     monkeypatch.setenv("OMP_NUM_THREADS", "2")
     code, _, err = batch(prompts, "--out", tmp_path / "run", "-n", "2", "--engine", "ray", "--workers", "2",
-                            "--threads", "1")
+                         "--threads", "1", "--batch-size", "3")
     assert code == 0, err
     assert shas(tmp_path / "run") == shas(whole)
+    assert json.loads((whole / "run.json").read_text())["settings"]["batch_size"] == 1
+    assert json.loads((tmp_path / "run/run.json").read_text())["settings"]["batch_size"] == 3
 
 
 def test_exports_dpg_grids_and_a_flat_folder(tmp_path):

@@ -108,14 +108,23 @@ def test_bad_start_model_is_refused_before_serving(capsys, tmp_path):
     assert err.count("\n") == 1 and "missing: no such file or folder" in err
 
 
-@needs_gradio
-def test_sigterm_stops_the_server_with_one_line():
-    """As every command: SIGTERM is `minit2i: terminated` and status 143 (Gradio's own wait would
-    swallow it and exit 0)."""
-    with started() as (server, _):
+@pytest.fixture(scope="module")
+def served_on_all_addresses_then_terminated():
+    """(exit status, stderr) of `minit2i explore --host 0.0.0.0` sent SIGTERM once it serves: one
+    server's start (Gradio's import, about 10 s on a loaded 2-core machine) for the warning of the
+    host and the way SIGTERM ends it, which does not depend on the host."""
+    with started("--host", "0.0.0.0") as (server, _):
         server.terminate()
         _, err = server.communicate(timeout=60)
-    assert server.returncode == 143 and err.endswith("minit2i: terminated\n")
+    return server.returncode, err
+
+
+@needs_gradio
+def test_sigterm_stops_the_server_with_one_line(served_on_all_addresses_then_terminated):
+    """As every command: SIGTERM is `minit2i: terminated` and status 143 (Gradio's own wait would
+    swallow it and exit 0)."""
+    code, err = served_on_all_addresses_then_terminated
+    assert code == 143 and err.endswith("minit2i: terminated\n")
 
 
 @pytest.mark.parametrize(("flags", "offered"), [([], ["demo", "demo-mf"]), (["--model", "demo-mf"], ["demo-mf", "demo"])])
@@ -627,10 +636,8 @@ def test_loopback_addresses(host, loopback):
 
 
 @needs_gradio
-def test_a_server_on_all_addresses_warns_in_one_line():
-    with started("--host", "0.0.0.0") as (server, _):
-        server.terminate()
-        _, err = server.communicate(timeout=60)
+def test_a_server_on_all_addresses_warns_in_one_line(served_on_all_addresses_then_terminated):
+    _, err = served_on_all_addresses_then_terminated
     assert err.splitlines()[0] == ("minit2i explore: warning: --host 0.0.0.0 serves the page to other machines: "
                                    "anyone who reaches it can run prompts on this one (default 127.0.0.1: this "
                                    "machine only)")
