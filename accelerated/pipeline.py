@@ -36,7 +36,8 @@ class CupyRunner:
     fp32 GEMMs run without TF32 (CuPy's default unless CUPY_TF32=1 is set), for parity with
     the reference. `use_graph` (default on) replays sampler steps 1.. as a captured CUDA graph,
     falling back to eager steps with a one-line warning when capture fails; the graphs of the
-    last two shapes of work are kept (`graphs`) and replayed by the next calls of that shape.
+    last two shapes of work are kept (`graphs`), and the next call of such a shape replays every
+    step, capturing nothing.
     """
 
     name = "cupy"

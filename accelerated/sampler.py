@@ -5,18 +5,31 @@ The state never leaves the device: noise is uploaded once, cond and uncond run a
 writes the next [x ; x] input. The per-step scalars come from reference.sampler.step_factors.
 The caller copies the final state to the host; that is the only device-to-host transfer.
 
-CUDA graph replay (`use_graph=True`, the default): step 0 runs eagerly (it compiles the
-kernels, builds the cached tables and creates the cuBLAS handle and workspace of
-accelerated/cublas.py, so the capture allocates neither), step 1 is captured on a
-private memory pool that stays alive with the graph, and it and every later step replay it after
-writing their factor into the captured device scalar. If the capture fails, one warning line
-says why and the sampler goes on eagerly (see docs/kernels.md).
+CUDA graph replay (`use_graph=True`, the default): a runner's first call of a shape of work runs
+step 0 eagerly (it compiles the kernels, builds the cached tables and creates the cuBLAS handles
+and workspaces of accelerated/cublas.py, so the capture allocates none of them), captures step 1
+on a private memory pool that stays alive with the graph, and replays it for every later step
+after writing the step's factor into the captured device scalar. If the capture fails, one
+warning line says why and the sampler goes on eagerly (see docs/kernels.md).
 
 A runner keeps its captured steps (`StepGraphs`), one per shape of the work, each with the device
-buffers it reads and writes: the next call of that shape (a batch run's next group of images)
-copies its noise and prompts into those buffers and replays the same graph, so a run captures
-once per group shape. Step 0 of every call still runs eagerly, so that an image's arithmetic
-does not depend on whether its group was the first of its shape.
+buffers it reads and writes: the next call of that shape (a second `sample`, or a batch run's
+next group of images) copies its noise and prompts into those buffers and replays the same
+graph for every step, step 0 included: it captures nothing and runs no eager step. That changes
+no bit of the image. A replay runs the kernels the eager step launches, in the same order, with
+the same launch parameters, on buffers holding the same values: the graph is a recording of
+the step, taken after step 0 had built everything the step reads (tables, handles), and it
+holds the addresses of the work's buffers and of the weights, which the runner keeps. Its GEMMs
+are the same cublasGemmEx calls on the same handle, workspace and shapes, so cuBLAS's heuristic
+picks the same algorithm for them (it sees the shape, the types and the workspace size, which
+are equal). On cudasim a replay re-runs the recorded operations, so the bits are equal by
+construction; `test_a_second_call_captures_nothing_and_draws_a_fresh_runners_pixels` shows it.
+
+What a step's graph depends on is the work's key: the noise and prompt shapes, the network dtype
+and the guidance scale (a kernel parameter of cfg_euler). The step count and a_min are not in
+it: the factors are written into a device scalar before each replay. A kept graph belongs to
+its runner (a new runner, new weights, starts with no graph) and is dropped when the twin's
+device caches are cleared, whose tables it reads.
 """
 
 from __future__ import annotations
@@ -35,7 +48,9 @@ from .kernels import cp
 log = logging.getLogger("minit2i.accelerated")  # the CLI prints these notes as one stderr line each
 
 
-# A runner's captured steps: a batch run's group shape and its last, smaller group.
+# A runner's captured steps: a batch run's group shape and its last, smaller group. Each holds its
+# buffers and one forward's temporaries: about 60 MiB for B/16 at 512 px in bf16, one image
+# (docs/kernels.md, "The kept graph").
 GRAPHS_KEPT = 2
 
 
@@ -136,8 +151,8 @@ def run_steps(work: DeviceStep, per_step: Iterable, write_scalars: Callable, use
     scalars into the device memory the step reads (the loop of `sample_on_device` and of the
     student's `sample_mean_flow_on_device`).
 
-    With `use_graph`, step 0 runs eagerly and the others replay `work.graph`, captured at step 1
-    (`try_capture`) unless an earlier call captured it; the scalars written before a replay are
+    With `use_graph`, every step replays `work.graph` once it exists; a work without one runs
+    step 0 eagerly and captures step 1 (`try_capture`). The scalars written before a replay are
     what it reads, since the graph holds their addresses, not their values. `per_step` is
     iterated lazily, one item per step. `after_step(i)` runs once step i has finished on the
     device.
@@ -151,7 +166,7 @@ def run_steps(work: DeviceStep, per_step: Iterable, write_scalars: Callable, use
                 work.graph = try_capture(work.step, stream)
                 work.graph_outputs = dict(work.outputs)
                 use_graph = work.graph is not None
-            if use_graph and i > 0:
+            if use_graph and work.graph is not None:
                 work.graph.launch(stream)
                 work.outputs.update(work.graph_outputs)
             else:
