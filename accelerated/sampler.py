@@ -54,20 +54,24 @@ log = logging.getLogger("minit2i.accelerated")  # the CLI prints these notes as 
 GRAPHS_KEPT = 2
 
 
-def sample_on_device(denoise: Callable, noise, context, mask, steps: int, cfg_scale: float, a_min: float,
-                     callback: Callable[[StepInfo], None] | None = None, use_graph: bool = True,
+def sample_on_device(embed_prompt: Callable, denoise: Callable, noise, context, mask, steps: int, cfg_scale: float,
+                     a_min: float, callback: Callable[[StepInfo], None] | None = None, use_graph: bool = True,
                      graphs: StepGraphs | None = None):
-    """Run the sampler on the device: reference.sampler.sample's arguments, plus `use_graph` and
-    `graphs`, the caller's captured steps (None: captured for this call only).
+    """Run the sampler on the device: reference.sampler.sample's arguments, its denoise split in
+    two, plus `use_graph` and `graphs`, the caller's captured steps (None: captured for this call
+    only).
 
-    denoise(x [2B, C, H, W], context [2B, L, Dc], mask [2B, L]) -> x0 [2B, C, H, W] (device);
-    noise: host float32 [B, C, H, W]; context [B, L, Dc] (network dtype) and mask [B, L]
-    device arrays -> device float32 state [B, C, H, W], a buffer of `graphs` that its next call
-    of this shape overwrites (copy it to keep it). A callback gets StepInfo whose x and x0 are
+    embed_prompt(context [2B, L, Dc], mask [2B, L]) -> P, the forward's part that depends on the
+    prompt only (a device array: MMJiT's text stream [2B, L, D]), run once per call;
+    denoise(x [2B, C, H, W], P) -> x0 [2B, C, H, W] (device), the rest, run every step (P left
+    unchanged). noise: host float32 [B, C, H, W]; context [B, L, Dc] (network dtype) and mask
+    [B, L] device arrays -> device float32 state [B, C, H, W], a buffer of `graphs` that its next
+    call of this shape overwrites (copy it to keep it). A callback gets StepInfo whose x and x0 are
     device arrays that the next step overwrites (copy them to keep them).
     """
     key = ("guided", noise.shape, context.shape, str(context.dtype), float(cfg_scale))
-    work = (graphs or StepGraphs(1)).get(key, lambda: GuidedStep(denoise, noise.shape, context, cfg_scale))
+    work = (graphs or StepGraphs(1)).get(key, lambda: GuidedStep(embed_prompt, denoise, noise.shape, context.dtype,
+                                                                 cfg_scale))
     work.load(noise, context, mask)
     t = time_grid(steps)
     after_step = (lambda i: callback(StepInfo(i, float(t[i]), work.state, work.x0_guided))) if callback else None
@@ -115,33 +119,36 @@ class DeviceStep:
 
 
 class GuidedStep(DeviceStep):
-    """The guided Euler step of `sample_on_device` on buffers for noise of `shape` [B, C, H, W] and
-    prompts like `context` [B, L, Dc]: [x ; x] into one [2B] forward, then `cfg_euler`."""
+    """The guided Euler step of `sample_on_device` on buffers for noise of `shape` [B, C, H, W] in
+    the network `dtype`: [x ; x] and the embedded [cond ; uncond] prompt into one [2B] forward,
+    then `cfg_euler`."""
 
-    def __init__(self, denoise: Callable, shape: tuple, context, cfg_scale: float):
+    def __init__(self, embed_prompt: Callable, denoise: Callable, shape: tuple, dtype, cfg_scale: float):
         super().__init__()
-        self.denoise, self.cfg_scale = denoise, cfg_scale
-        batch, length = context.shape[:2]
+        self.embed_prompt, self.denoise, self.cfg_scale = embed_prompt, denoise, cfg_scale
         self.state = cp.empty(shape, dtype=np.float32)
-        self.next_input = cp.empty((2 * shape[0], *shape[1:]), dtype=context.dtype)
-        self.both_context = cp.empty((2 * batch, *context.shape[1:]), dtype=context.dtype)
-        self.both_mask = cp.zeros((2 * batch, length), dtype=np.float32)
+        self.next_input = cp.empty((2 * shape[0], *shape[1:]), dtype=dtype)
+        self.prompt = None  # embed_prompt's output for [cond ; uncond], made by the first `load`
         self.x0_guided = cp.empty(shape, dtype=np.float32)
         self.factor = cp.empty(1, dtype=np.float32)
 
     def load(self, noise, context, mask) -> None:
-        """A call's host noise and device prompts into the buffers (the unconditional half of the
-        mask stays zero)."""
+        """A call's host noise into the buffers, and its device prompts embedded once for the
+        whole call: the conditional half with `mask`, the unconditional one all masked."""
         batch = noise.shape[0]
         self.state[...] = cp.asarray(np.ascontiguousarray(noise, dtype=np.float32))
         self.next_input[:batch] = self.state.astype(self.next_input.dtype)
         self.next_input[batch:] = self.next_input[:batch]
-        self.both_context[:batch] = context
-        self.both_context[batch:] = context
-        self.both_mask[:batch] = mask
+        both_context = cp.concatenate([context, context])
+        both_mask = cp.concatenate([mask, cp.zeros_like(mask)])
+        prompt = self.embed_prompt(both_context, both_mask)
+        if self.prompt is None:
+            self.prompt = prompt  # the buffer a captured step reads: later calls write into it
+        else:
+            self.prompt[...] = prompt
 
     def step(self) -> None:
-        x0_both = self.denoise(self.next_input, self.both_context, self.both_mask)
+        x0_both = self.denoise(self.next_input, self.prompt)
         kernels.cfg_euler(self.state, self.next_input, x0_both, self.x0_guided, self.cfg_scale, self.factor)
 
 

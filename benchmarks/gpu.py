@@ -145,7 +145,7 @@ def time_replayed(cp, fn, launches: int = 20) -> float:
 def cupy_sampler(cp, params, config, size, steps, precision, cfg_scale, use_graph, images: int = 1):
     """A run of the twin's sampler over `images` images at once; with `images` > 1 through one
     runner's kept graphs (`StepGraphs`), as a batch run's later groups draw."""
-    from minit2i.accelerated.mmjit import mmjit_forward, upload_mmjit
+    from minit2i.accelerated.mmjit import denoise_embedded, embed_prompt, upload_mmjit
     from minit2i.accelerated.pipeline import precision_dtype
     from minit2i.accelerated.sampler import StepGraphs, sample_on_device
 
@@ -158,11 +158,14 @@ def cupy_sampler(cp, params, config, size, steps, precision, cfg_scale, use_grap
     noise = initial_noise(0, images, config.in_channels, size, size)
     graphs = StepGraphs() if images > 1 else None
 
-    def denoise(x, ctx, m):
-        return mmjit_forward(device_params, config, x, ctx, m)
+    def embed(ctx, m):
+        return embed_prompt(device_params, config, ctx, m)
 
-    return lambda: sample_on_device(denoise, noise, context, mask, steps, cfg_scale, 0.001, use_graph=use_graph,
-                                    graphs=graphs)
+    def denoise(x, prompt):
+        return denoise_embedded(device_params, config, x, prompt)
+
+    return lambda: sample_on_device(embed, denoise, noise, context, mask, steps, cfg_scale, 0.001,
+                                    use_graph=use_graph, graphs=graphs)
 
 
 def print_groups(cp, params, config, size: int, steps: int, precision: str, cfg_scale: float, groups, device,

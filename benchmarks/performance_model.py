@@ -268,18 +268,28 @@ def forward_batch(config: MMJiTConfig) -> int:
     return 1 if isinstance(config, MeanFlowConfig) else 2
 
 
-def forward_components(config: MMJiTConfig, size: int, item: int, batch: int = 2) -> list[Component]:
-    """The CuPy twin's launches in one forward of `batch` images (item: bytes per element). The Mean
-    Flow student's text stream is its A prefix tokens and the L prompt tokens, and its prefix adds
-    `prefix_components`."""
+def forward_components(config: MMJiTConfig, size: int, item: int, batch: int = 2,
+                       whole: bool = False) -> list[Component]:
+    """The CuPy twin's launches in the forward of one replayed sampler step, `batch` images (item:
+    bytes per element). The base model's prompt part (mask, text embedder, text-only preamble
+    blocks) depends on the prompt only: the sampler runs it once per call, outside the step
+    (`accelerated.mmjit.embed_prompt`); `whole` counts it in (one `mmjit_forward`: its FLOPs, the
+    PyTorch peer's work). The Mean Flow student's text stream is its A prefix tokens, which embed
+    the step's h, and the L prompt tokens: its whole forward is the step, the prefix's launches
+    in `prefix_components`. The last double block's text stream stops at the attention (the
+    final layer reads the image tokens only); the W2 GEMM adds into the residual (beta = 1) and
+    the attention output projection reads each stream's rows by stride, so neither needs a launch
+    of its own."""
     d, hidden, heads, head_dim = config.hidden_size, config.mlp_hidden, config.num_heads, config.head_dim
     student = isinstance(config, MeanFlowConfig)
+    prompt = whole or student  # the prompt part runs in this forward
     text = config.prompt_length + (config.num_aux_tokens if student else 0)
     n_img, n_txt, n_prompt = batch * (size // config.patch_size) ** 2, batch * text, batch * config.prompt_length
     joint = text + (size // config.patch_size) ** 2
-    pre, dbl = config.txt_preamble_depth, config.depth_double
+    pre, dbl = (config.txt_preamble_depth if prompt else 0), config.depth_double
     padded = -(-head_dim // 16) * 16 if item == 2 else head_dim  # tensor cores work on whole 16-wide tiles
-    streams = ((n_txt, pre + dbl), (n_img, dbl))  # (rows, blocks) per stream
+    heads_in = ((n_txt, pre + dbl), (n_img, dbl))  # (rows, blocks) per stream up to the attention
+    heads_out = ((n_txt, pre + dbl - 1), (n_img, dbl))  # and after it
 
     def gemm(name, rows, k, n, count):
         return gemm_component(name, rows, k, n, count, item)
@@ -289,31 +299,46 @@ def forward_components(config: MMJiTConfig, size: int, item: int, batch: int = 2
 
     def attention(length, count):
         flops = 4.0 * batch * heads * length * length * padded * count
-        return Component(f"attention L={length}", "attention", count, flops, 4.0 * item * batch * heads * length * head_dim * count)
+        return Component(f"attention L={length}", "attention", count, flops,
+                         4.0 * item * batch * heads * length * head_dim * count)
 
-    rows_all = sum(rows * blocks for rows, blocks in streams)
+    def per_stream(name, k, n, streams):
+        return [gemm(f"GEMM {name} ({label})", rows, k, n, blocks)
+                for label, (rows, blocks) in zip(("txt", "img"), streams)]
+
+    rows_in = sum(rows * blocks for rows, blocks in heads_in)
+    rows_out = sum(rows * blocks for rows, blocks in heads_out)
+    # patchify and unpatchify copies, proj2 and final bias adds, sin/cos add (+ the mask's compare and where)
+    elementwise = 6 * n_img * config.patch_dim + 5 * n_img * d + (2 * n_prompt * config.txt_input_size if prompt else 0)
     return [
         gemm("GEMM patch proj1", n_img, config.patch_dim, config.pca_channels, 1),
         gemm("GEMM patch proj2", n_img, config.pca_channels, d, 1),
-        gemm("GEMM text embedder", n_prompt, config.txt_input_size, d, 1),
-        *(gemm(f"GEMM qkv ({label})", rows, d, 3 * d, blocks) for label, (rows, blocks) in zip(("txt", "img"), streams)),
-        *(gemm(f"GEMM attn proj ({label})", rows, d, d, blocks) for label, (rows, blocks) in zip(("txt", "img"), streams)),
-        *(gemm(f"GEMM w1|w3 ({label})", rows, d, 2 * hidden, blocks) for label, (rows, blocks) in zip(("txt", "img"), streams)),
-        *(gemm(f"GEMM w2 ({label})", rows, hidden, d, blocks) for label, (rows, blocks) in zip(("txt", "img"), streams)),
+        *([gemm("GEMM text embedder", n_prompt, config.txt_input_size, d, 1)] if prompt else []),
+        *per_stream("qkv", d, 3 * d, heads_in),
+        *per_stream("attn proj", d, d, heads_out),
+        *per_stream("w1|w3", d, 2 * hidden, heads_out),
+        *per_stream("w2", hidden, d, heads_out),
         gemm("GEMM final", n_img, d, config.patch_dim, 1),
-        attention(text, pre),
+        *([attention(text, pre)] if pre else []),
         attention(joint, dbl),
-        memory("rms_norm", 2 * d * (rows_all + n_img), pre + 2 * dbl + 1),  # norm1 per stream + final norm
-        memory("add_rms_norm", 4 * d * rows_all, pre + 2 * dbl),
-        memory("qkv_heads", 6 * d * rows_all, pre + 2 * dbl),
-        memory("swiglu", 3 * hidden * rows_all, pre + 2 * dbl),
-        memory("residual add (CuPy)", 3 * d * rows_all, pre + 2 * dbl),
-        memory("attention output slices (CuPy copy)", 2 * d * (n_txt + n_img) * dbl, 2 * dbl),
-        # patchify and unpatchify copies, proj2 and final bias adds, sin/cos add, mask compare + where
-        memory("embed/final elementwise (CuPy)", 6 * n_img * config.patch_dim + 5 * n_img * d
-               + 2 * n_prompt * config.txt_input_size, 7),
+        memory("rms_norm", 2 * d * (rows_in + n_img), pre + 2 * dbl + 1),  # norm1 per stream + final norm
+        memory("add_rms_norm", 4 * d * rows_out, pre + 2 * dbl - 1),
+        memory("qkv_heads", 6 * d * rows_in, pre + 2 * dbl),
+        memory("swiglu", 3 * hidden * rows_out, pre + 2 * dbl - 1),
+        memory("embed/final elementwise (CuPy)", elementwise, 7 if prompt else 5),
+        *([] if prompt else [memory("embedded prompt copy (CuPy)", 2 * n_txt * d, 1)]),  # the step's text stream
         *(prefix_components(config, item, batch) if student else []),
     ]
+
+
+def prompt_components(config: MMJiTConfig, size: int, item: int, batch: int = 2) -> list[Component]:
+    """The base model's launches once per sampler call, outside the replayed step (none for the
+    student): what the whole forward launches beyond the step."""
+    step = {c.name: c for c in forward_components(config, size, item, batch)}
+    return [replace(c, launches=c.launches - step[c.name].launches, flops=c.flops - step[c.name].flops,
+                    bytes=c.bytes - step[c.name].bytes) if c.name in step else c
+            for c in forward_components(config, size, item, batch, whole=True)
+            if c.name not in step or c.launches > step[c.name].launches]
 
 
 def prefix_components(config: MeanFlowConfig, item: int, batch: int) -> list[Component]:
@@ -376,17 +401,24 @@ def torch_components(config: MMJiTConfig, size: int, item: int, batch: int = 2) 
     """PyTorch eager (training/torch_model.py): the same GEMMs, SDPA, and the elementwise work
     unfused: an RMSNorm is 6 ops and ~8 passes over its tensor where ours is 1 op and 2, the
     per-head q/k norms + RoPE + concatenations ~9 passes where qkv_heads makes 2 (docs/kernels.md);
-    the projection biases ride in cuBLAS (F.linear), so the GEMMs are the same."""
-    ours = {c.name: c for c in forward_components(config, size, item, batch)}
+    the projection biases ride in cuBLAS (F.linear), so the GEMMs are the same. It also runs what
+    the twin folds away: a residual add after each MLP and the copies of the attention output's
+    two slices, and the whole forward every step."""
+    ours = {c.name: c for c in forward_components(config, size, item, batch, whole=True)}
     gemms = [c for c in ours.values() if c.kind == "gemm"]
     attention = [replace(c, kind="sdpa") for c in ours.values() if c.kind == "attention"]
+    d, pre, dbl = config.hidden_size, config.txt_preamble_depth, config.depth_double
+    n_img, n_txt = batch * (size // config.patch_size) ** 2, batch * config.prompt_length
+    rows_all = n_txt * (pre + dbl) + n_img * dbl
+    residual = memory_component("residual add", 3 * d * rows_all, pre + 2 * dbl, item)
+    slices = memory_component("slices", 2 * d * (n_txt + n_img) * dbl, 2 * dbl, item)
     unfused = [
         ("rms_norm (6 ops)", ours["rms_norm"], 4.0, 6),
         ("residual add + norm2 (7 ops)", ours["add_rms_norm"], 3.5, 7),
         ("q/k norms, RoPE, concatenations (~20 ops per stream)", ours["qkv_heads"], 9.0, 20),
         ("silu * up (2 ops)", ours["swiglu"], 5 / 3, 2),
-        ("residual add", ours["residual add (CuPy)"], 1.0, 1),
-        ("merge heads + slices (copies)", ours["attention output slices (CuPy copy)"], 1.5, 2),
+        ("residual add", residual, 1.0, 1),
+        ("merge heads + slices (copies)", slices, 1.5, 2),
         ("embed/final elementwise", ours["embed/final elementwise (CuPy)"], 1.0, 1),
     ]
     memory = [Component(name, "memory", c.launches * ops, 0.0, c.bytes * factor) for name, c, factor, ops in unfused]
@@ -426,12 +458,19 @@ def cupy_run_ms(config, size, steps, device, item, a: Assumptions, graph: bool =
     step 1 captured (recorded at host speed, then launched), steps 2.. replayed; without graphs
     every step is eager."""
     components, extra = forward_components(config, size, item, forward_batch(config)), sampler_launches(config)
+    prompt = prompt_ms(config, size, device, item, a, forward_batch(config))
     eager = step_ms(components, device, item, a, a.cupy_launch_us, replayed=False, extra_launches=extra)
     if not graph or steps < 2:
-        return steps * eager
+        return prompt + steps * eager
     replay = step_ms(components, device, item, a, a.cupy_launch_us, replayed=True, extra_launches=extra)
     capture_host = (sum(c.launches for c in components) + extra) * a.cupy_launch_us / 1e3
-    return eager + capture_host + (steps - 1) * replay
+    return prompt + eager + capture_host + (steps - 1) * replay
+
+
+def prompt_ms(config: MMJiTConfig, size: int, device: Device, item: int, a: Assumptions, batch: int) -> float:
+    """The base model's prompt part, once per sampler call, eager (`prompt_components`)."""
+    return step_ms(prompt_components(config, size, item, batch), device, item, a, a.cupy_launch_us, replayed=False,
+                   extra_launches=0)
 
 
 def t5_ms(config: T5Config, length: int, device: Device, a: Assumptions) -> float:
@@ -812,7 +851,8 @@ def group_ms(config: MMJiTConfig, size: int, steps: int, images: int, device: De
                        replayed=False, extra_launches=0) if t5 else 0.0
     eager = step_ms(components, device, item, a, a.cupy_launch_us, replayed=False, extra_launches=extra)
     replay = step_ms(components, device, item, a, a.cupy_launch_us, replayed=True, extra_launches=extra)
-    return encoding + eager + (steps - 1) * replay
+    prompt = prompt_ms(config, size, device, item, a, images * forward_batch(config))
+    return encoding + prompt + eager + (steps - 1) * replay
 
 
 def set_seconds(config: MMJiTConfig, size: int, steps: int, images: int, count: int, device: Device, item: int,
@@ -825,7 +865,7 @@ def set_seconds(config: MMJiTConfig, size: int, steps: int, images: int, count: 
 
 def floor_seconds(config: MMJiTConfig, size: int, steps: int, count: int, device: Device) -> float:
     """`count` images' FLOPs (every forward, T5 left out) at FLOOR_EFFICIENCY of the bf16 peak."""
-    flops = steps * sum(c.flops for c in forward_components(config, size, 2, forward_batch(config)))
+    flops = steps * sum(c.flops for c in forward_components(config, size, 2, forward_batch(config), whole=True))
     return count * flops / (FLOOR_EFFICIENCY * device.tensor_tflops * 1e12)
 
 

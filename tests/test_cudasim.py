@@ -1233,16 +1233,18 @@ def test_every_standin_name_exists_in_cupy_with_a_compatible_signature():
 
 @pytest.fixture
 def capturing():
-    """A non-blocking stream capturing a graph; the capture is ended whatever the test did."""
+    """A non-blocking stream, the current one, capturing a graph; the capture is ended whatever the
+    test did."""
     from minit2i.cudasim import standin
 
     stream = standin.cuda.Stream(non_blocking=True)
-    stream.begin_capture()
-    try:
-        yield stream
-    finally:
-        if standin._capturing() is not None:
-            standin._state["capture"] = None
+    with stream:
+        stream.begin_capture()
+        try:
+            yield stream
+        finally:
+            if standin._capturing() is not None:
+                standin._state["capture"] = None
 
 
 def test_device_to_host_copy_inside_a_captured_step_fails_as_in_cupy(capturing):
