@@ -82,11 +82,6 @@ def random_tensors(config: MMJiTConfig, seed: int = 0) -> dict[str, np.ndarray]:
     return flat
 
 
-def random_params(config: MMJiTConfig, seed: int = 0) -> dict:
-    """random_tensors as the checkpoint's tree."""
-    return nest(random_tensors(config, seed))
-
-
 def forward_flops(config: MMJiTConfig, size: int, batch: int) -> float:
     """GEMM + attention FLOPs of one forward on `batch` images (norms and elementwise ignored)."""
     d, hid, length = config.hidden_size, config.mlp_hidden, config.prompt_length
@@ -310,7 +305,8 @@ def print_gemm_shapes(cp, config: MMJiTConfig, size: int, precision: str, device
 
     chip = model_chip(device) if precision != "fp32" else None
     print(f"\nGEMM shapes of one {precision} forward ({size}x{size}), {GEMM_LAUNCHES} launches replayed from a graph:")
-    print(f"{'gemm':<22}{'M x K x N':>17}{'tile':>9}{'measured us':>13}{'TFLOP/s':>9}{'predicted us':>14}{'TFLOP/s':>9}")
+    print(f"{'gemm':<22}{'M x K x N':>17}{'tile':>9}{'measured us':>13}{'TFLOP/s':>9}"
+          f"{'predicted us':>14}{'TFLOP/s':>9}")
     for name, (run, (m, k, n)) in gemm_shape_cases(cp, config, size, precision).items():
         flops = 2.0 * m * k * n
         plan = performance_model.cublas_plan(m, k, n, 2, False, *chip) if chip else None

@@ -776,14 +776,31 @@ def sampler_update(config: MMJiTConfig, size: int, item: int, images: int) -> Co
     """The step's update kernel (cfg_euler, or the student's euler_step): the float32 state read and
     written, the forward's input written and its output read."""
     state = images * config.in_channels * size * size
-    rows = forward_batch(config)
-    return memory_component("sampler update", state * (8 + 2 * rows * item) / item, 1, item)
+    return Component("sampler update", "memory", 1, 0.0, state * (8 + 2 * forward_batch(config) * item))
 
 
 def step_launches(config: MMJiTConfig, size: int, trunk: Trunk, images: int = 1) -> int:
     """Graph nodes of one step: the forward's launches and the sampler's."""
     batch = images * forward_batch(config)
     return sum(c.launches for c in trunk_components(config, size, 2, batch, trunk.folded)) + sampler_launches(config)
+
+
+@dataclass
+class StreamBlock:
+    """One stream's work in one double block, between two joint attentions: its kernels' GPU µs,
+    its GEMM tiles' SM µs, its memory-bound kernels' DRAM µs and its launches."""
+
+    us: float = 0.0
+    sm_us: float = 0.0
+    dram_us: float = 0.0
+    launches: int = 0
+
+    def add(self, us: float, sm_us: float = 0.0, dram: float = 0.0) -> None:
+        self.us, self.sm_us, self.dram_us, self.launches = (self.us + us, self.sm_us + sm_us, self.dram_us + dram,
+                                                            self.launches + 1)
+
+
+FUSED_KERNELS = ("rms_norm", "add_rms_norm", "qkv_heads", "swiglu")
 
 
 def step_parts(config: MMJiTConfig, size: int, trunk: Trunk, images: int = 1, chip: Chip = H200_CHIP,
@@ -796,45 +813,38 @@ def step_parts(config: MMJiTConfig, size: int, trunk: Trunk, images: int = 1, ch
     per double block overlapped_us of the two streams' GEMMs, fused kernels and gaps, against
     their sum)."""
     item, batch = 2, images * forward_batch(config)
-    components = trunk_components(config, size, item, batch, trunk.folded)
-    gap = a.graph_gap_us
-    per_block = {"txt": [0.0, 0.0, 0.0, 0], "img": [0.0, 0.0, 0.0, 0]}  # µs, SM µs, DRAM µs, launches
-    gemm_us = attention_us = other_us = 0.0
-    for c in components:
+    blocks = {"txt": StreamBlock(), "img": StreamBlock()}
+    gemm_us = attention_us = other_us = fused_us = 0.0
+    for c in trunk_components(config, size, item, batch, trunk.folded):
         if c.kind == "gemm":
             plan = cublas_plan(*c.shape, item, trunk.folded and c.name.startswith("GEMM w2"), chip, device,
                                trunk.tiles)
             gemm_us += c.launches * plan.us
-            stream = next((label for label in per_block if c.name.endswith(f"({label})")), None)
+            stream = next((label for label in blocks if c.name.endswith(f"({label})")), None)
             if stream:
-                per_block[stream][0] += plan.us
-                per_block[stream][1] += plan.sm_us
-                per_block[stream][3] += 1
+                blocks[stream].add(plan.us, sm_us=plan.sm_us)
         elif c.kind == "attention":
             length = int(c.name.split("=")[1])
-            one = (trunk.joint_attention_us if length > text_tokens(config) and trunk.joint_attention_us is not None
-                   else attention_kernel_us(trunk.attention, batch, config.num_heads, length, chip))
-            attention_us += c.launches * one
-        elif c.name not in ("rms_norm", "add_rms_norm", "qkv_heads", "swiglu"):
+            measured = trunk.joint_attention_us if length > text_tokens(config) else None
+            attention_us += c.launches * (measured if measured is not None else
+                                          attention_kernel_us(trunk.attention, batch, config.num_heads, length, chip))
+        elif c.name not in FUSED_KERNELS:
             other_us += 1e3 * gpu_ms(c, device, item, a)
     other_us += 1e3 * gpu_ms(sampler_update(config, size, item, images), device, item, a)
-    fused_us = 0.0
     for stream, before, now, count in fused_kernel_launches_by_stream(config, size, batch):
         launch = before if trunk.fused == "before" else now
-        one = memory_launch_us(launch, chip, device)
-        fused_us += count * one
-        if stream in per_block:
-            per_block[stream][0] += one
-            per_block[stream][2] += dram_us(launch, device)
-            per_block[stream][3] += 1
+        fused_us += count * memory_launch_us(launch, chip, device)
+        if stream in blocks:
+            blocks[stream].add(memory_launch_us(launch, chip, device), dram=dram_us(launch, device))
+    gap = a.graph_gap_us
     parts = {"GEMMs (cuBLAS)": gemm_us, "attention": attention_us, "fused memory-bound kernels": fused_us,
              "other memory-bound launches": other_us,
              "gaps between graph nodes": step_launches(config, size, trunk, images) * gap}
     if trunk.fork:
-        (txt, txt_sm, txt_dram, txt_n), (img, img_sm, img_dram, img_n) = per_block["txt"], per_block["img"]
-        txt, img = txt + txt_n * gap, img + img_n * gap
-        shared = (txt_sm + img_sm) / chip.sms + txt_dram + img_dram
-        parts["text stream beside the image stream"] = -config.depth_double * (txt + img - overlapped_us(img, txt, shared))
+        txt, img = (block.us + block.launches * gap for block in blocks.values())
+        shared = sum(block.sm_us for block in blocks.values()) / chip.sms + sum(b.dram_us for b in blocks.values())
+        hidden = txt + img - overlapped_us(img, txt, shared)
+        parts["text stream beside the image stream"] = -config.depth_double * hidden
     return parts
 
 

@@ -12,6 +12,7 @@ import pytest
 
 import minit2i.accelerated.kernels as kernels
 from minit2i.core.mmjit_config import MMJIT_B16, MMJIT_TINY, mmjit_expected_shapes
+from minit2i.core.weights import nest
 from minit2i.reference.mmjit import mmjit_forward
 from minit2i.reference.sampler import initial_noise, sample
 
@@ -54,7 +55,7 @@ def test_b16_forward_flops_match_the_spec_estimate(bench):
 
 
 def test_random_params_have_checkpoint_shapes(bench):
-    params = bench.random_params(MMJIT_TINY)
+    params = nest(bench.random_tensors(MMJIT_TINY))
     expected = mmjit_expected_shapes(MMJIT_TINY)
     assert params["double_blocks"][1]["img_mlp"]["w1"]["weight"].shape == expected["double_blocks.1.img_mlp.w1.weight"]
     assert np.all(params["final_layer"]["norm_final"]["weight"] == 1.0)
@@ -80,7 +81,7 @@ def test_torch_baseline_is_the_reference_math(bench):
     """The eager PyTorch baseline, run on the CPU here, reproduces the reference sampler."""
     torch = pytest.importorskip("torch", reason="the PyTorch peer needs the [crosscheck] extra")
     config, steps, cfg_scale = MMJIT_TINY, 3, 4.0
-    params = bench.random_params(config, seed=3)
+    params = nest(bench.random_tensors(config, seed=3))
     got = bench.torch_sampler(torch, params, config, 32, steps, "fp32", cfg_scale, dev="cpu")().numpy()
     context = np.random.default_rng(1).standard_normal((1, config.prompt_length, config.txt_input_size), dtype=np.float32)
     mask = np.ones((1, config.prompt_length), np.float32)
