@@ -178,8 +178,8 @@ def print_groups(cp, params, config, size: int, steps: int, precision: str, cfg_
     print(f"\n{'group N':<10}{'precision':<10}{'steps':>6}{'ms':>10}{'images/s':>10}{'predicted':>11}")
     for images in groups:
         ms = time_cupy(cp, cupy_sampler(cp, params, config, size, steps, precision, cfg_scale, True, images), repeats)
-        group_ms = (performance_model.group_ms(config, size, steps, images, performance_model.Trunk(attention), None,
-                                               *chip) if attention else 0)
+        group_ms = (performance_model.group_ms(config, size, steps, images, performance_model.Trunk(attention),
+                                               t5=None, chip=chip[0], device=chip[1]) if attention else 0)
         predicted = f"{images / group_ms * 1e3:.1f}" if attention else "?"
         print(f"{images:<10}{precision:<10}{steps:>6}{ms:>10.1f}{images / ms * 1e3:>10.2f}{predicted:>11}")
 
