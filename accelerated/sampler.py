@@ -222,9 +222,10 @@ def try_capture(step: Callable[[], None], stream) -> CapturedStep | None:
 
 
 def capture(step: Callable[[], None], stream) -> CapturedStep:
-    """Record one call of `step` (already run once eagerly) as a CUDA graph on `stream`."""
+    """Record one call of `step` (already run once eagerly) as a CUDA graph on `stream`, made the
+    current stream for it: work issued to another stream would run at once, outside the graph."""
     pool = cp.cuda.MemoryPool()
-    with cp.cuda.using_allocator(pool.malloc):
+    with cp.cuda.using_allocator(pool.malloc), stream:
         stream.begin_capture()
         try:
             step()
