@@ -168,7 +168,8 @@ def test_import_root_maps_every_layer_folder(gpu_check, tmp_path):
 
 
 def test_gpu_tests_are_the_marked_files(gpu_check):
-    assert gpu_check.gpu_test_files() == ["tests/test_accelerated.py", "tests/test_accelerated_mean_flow.py"]
+    assert gpu_check.gpu_test_files() == ["tests/test_accelerated.py", "tests/test_accelerated_mean_flow.py",
+                                          "tests/test_accelerated_streams.py"]
 
 
 def test_ncu_csv_is_read_per_kernel_and_metric(gpu_check):
