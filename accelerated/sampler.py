@@ -20,9 +20,9 @@ no bit of the image. A replay runs the kernels the eager step launches, in the s
 the same launch parameters, on buffers holding the same values: the graph is a recording of
 the step, taken after step 0 had built everything the step reads (tables, handles), and it
 holds the addresses of the work's buffers and of the weights, which the runner keeps. Its GEMMs
-are the same cublasGemmEx calls on the same handle, workspace and shapes, so cuBLAS's heuristic
-picks the same algorithm for them (it sees the shape, the types and the workspace size, which
-are equal). On cudasim a replay re-runs the recorded operations, so the bits are equal by
+are the same cuBLAS calls on the same handles, workspaces and shapes, so cuBLAS's heuristic picks
+the same algorithms for them (what it sees, the shape, the types, the device and the workspace
+size, is equal). On cudasim a replay re-runs the recorded operations, so the bits are equal by
 construction; `test_a_second_call_captures_nothing_and_draws_a_fresh_runners_pixels` shows it.
 
 What a step's graph depends on is the work's key: the noise and prompt shapes, the network dtype
