@@ -7,18 +7,31 @@ workspace of its own, so that it allocates nothing during the capture (NVIDIA cu
 "CUDA Graphs support"). This module calls libcublas directly, found as CuPy 14 finds it
 (`cuda.pathfinder.load_nvidia_dynamic_lib("cublas")`):
 
-* one handle per device, created on first use, with a preallocated 32 MiB workspace (NVIDIA's
-  recommendation for Hopper) kept alive with it;
+* two handles per device, created on first use, each with a preallocated 32 MiB workspace
+  (NVIDIA's recommendation for Hopper) kept alive with it: handle 0 serves the current stream,
+  handle 1 the text stream that a forward forks (accelerated/streams.py);
 * the handle's stream is set only when it changes, and the workspace after each change, because
   `cublasSetStream` resets the workspace to cuBLAS's own pool;
 * math mode stays cuBLAS's default (no TF32): fp32 stays IEEE fp32, as with CuPy's default;
-* every GEMM is `cublasGemmEx` with CUBLAS_COMPUTE_32F (fp32 accumulation for fp32, fp16 and
-  bf16 inputs, output in the input dtype), alpha = 1 and beta = 0 as host floats, which a
-  capture records by value.
+* a GEMM is `cublasGemmEx` with CUBLAS_COMPUTE_32F (fp32 accumulation for fp32, fp16 and
+  bf16 inputs, output in the input dtype), alpha = 1 and beta = 0 or 1 as host floats, which a
+  capture records by value. beta = 1 adds the product into the output (a residual stream):
+  with CUBLAS_COMPUTE_32F the scale type is CUDA_R_32F (cuBLAS docs, cublasGemmEx's table of
+  types), so cuBLAS reads C, forms alpha * (A B) + beta * C in fp32 and rounds once to C's dtype;
+* a product of rows that are not one contiguous matrix (one stream's rows of the attention
+  output, [B, N, D] inside [B, L + N, D]) is one `cublasGemmStridedBatchedEx` over the batch:
+  the same arguments, each sample's matrices a stride apart, the weight shared (stride 0).
 
-One workspace serves every stream of a device, so two streams must not run GEMMs at the same
-time; the twin never does (the sampler synchronises before it switches to its capture stream
-and after it). Constants and signatures are those of cublas_api.h and library_types.h.
+Two streams that run GEMMs at the same time must not share a workspace (cuBLAS docs,
+cublasSetWorkspace: a workspace belongs to one stream at a time), hence a handle and a workspace
+for each of the two streams a forward runs at once. Each handle's GEMMs are issued to one stream
+at a time, so they run one after another, eagerly and in a captured graph alike: the graph keeps
+each stream's order, every GEMM node of handle 1 lies on the text stream's chain and every one
+of handle 0 on the main stream's, and the workspace's address is what the nodes hold. Kept graphs
+share the two workspaces and replay one after another on one stream; the streams that handle 0
+serves in turn (the default stream, a call's capture stream) never run at once (the sampler
+synchronises before it switches to its capture stream and after it). Constants and signatures
+are those of cublas_api.h and library_types.h.
 """
 
 from __future__ import annotations
@@ -48,14 +61,17 @@ STATUS_NAMES = {
 }
 WORKSPACE_BYTES = 32 * 2**20
 
-# The C signatures of the four functions used (every one returns a cublasStatus_t).
-_HANDLE, _POINTER, _INT = ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int
+# The C signatures of the five functions used (every one returns a cublasStatus_t).
+_HANDLE, _POINTER, _INT, _STRIDE = ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_longlong
 SIGNATURES = {
     "cublasCreate_v2": (ctypes.POINTER(_HANDLE),),
     "cublasSetStream_v2": (_HANDLE, _POINTER),
     "cublasSetWorkspace_v2": (_HANDLE, _POINTER, ctypes.c_size_t),
     "cublasGemmEx": (_HANDLE, _INT, _INT, _INT, _INT, _INT, _POINTER, _POINTER, _INT, _INT, _POINTER, _INT, _INT,
                      _POINTER, _POINTER, _INT, _INT, _INT, _INT),
+    "cublasGemmStridedBatchedEx": (_HANDLE, _INT, _INT, _INT, _INT, _INT, _POINTER, _POINTER, _INT, _INT, _STRIDE,
+                                   _POINTER, _INT, _INT, _STRIDE, _POINTER, _POINTER, _INT, _INT, _STRIDE, _INT, _INT,
+                                   _INT),
 }
 
 
@@ -92,8 +108,28 @@ def gemm_ex_arguments(handle, x, w_t, out, m: int, k: int, n: int, data_type: in
             out, data_type, n, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT)
 
 
+@dataclass(frozen=True)
+class Batch:
+    """`count` products out_b = x_b @ w_t, x_b and out_b `x_stride` and `out_stride` elements after
+    x_{b-1} and out_{b-1} (w_t shared)."""
+
+    count: int
+    x_stride: int
+    out_stride: int
+
+
+def strided_batched_arguments(handle, x, w_t, out, m: int, k: int, n: int, data_type: int, alpha, beta,
+                              batch: Batch) -> tuple:
+    """cublasGemmStridedBatchedEx's arguments for out_b[m, n] = x_b[m, k] @ w_t[k, n], b < batch.count:
+    `gemm_ex_arguments` with a stride after each matrix (0 for the shared w_t) and the count."""
+    (handle, op_a, op_b, n, m, k, alpha, w_t, type_a, lda, x, type_b, ldb, beta, out, type_c, ldc, compute,
+     algo) = gemm_ex_arguments(handle, x, w_t, out, m, k, n, data_type, alpha, beta)
+    return (handle, op_a, op_b, n, m, k, alpha, w_t, type_a, lda, 0, x, type_b, ldb, batch.x_stride, beta, out,
+            type_c, ldc, batch.out_stride, batch.count, compute, algo)
+
+
 def declare(library):
-    """Give the library's four functions their C signatures (ctypes then converts and checks)."""
+    """Give the library's five functions their C signatures (ctypes then converts and checks)."""
     for name, argtypes in SIGNATURES.items():
         function = getattr(library, name)
         function.argtypes, function.restype = argtypes, ctypes.c_int
@@ -140,13 +176,18 @@ class Handle:
                                                                           WORKSPACE_BYTES))
         self.stream = stream
 
-    def gemm(self, stream: int, x: int, w_t: int, out: int, m: int, k: int, n: int, dtype) -> None:
-        """out[m, n] = x[m, k] @ w_t[k, n] on `stream`; x, w_t, out are device pointers."""
+    def gemm(self, stream: int, x: int, w_t: int, out: int, m: int, k: int, n: int, dtype, beta: float = 0.0,
+             batch: Batch | None = None) -> None:
+        """out[m, n] = x[m, k] @ w_t[k, n] + beta out[m, n] on `stream` (x, w_t, out: device pointers),
+        or that for each matrix of `batch`."""
         self.use_stream(stream)
-        alpha, beta = ctypes.c_float(1.0), ctypes.c_float(0.0)
-        arguments = gemm_ex_arguments(self.pointer, x, w_t, out, m, k, n, cuda_data_type(dtype),
-                                      ctypes.byref(alpha), ctypes.byref(beta))
-        check("cublasGemmEx", self.library.cublasGemmEx(*arguments))
+        scalars = ctypes.byref(ctypes.c_float(1.0)), ctypes.byref(ctypes.c_float(beta))
+        common = (self.pointer, x, w_t, out, m, k, n, cuda_data_type(dtype), *scalars)
+        if batch is None:
+            check("cublasGemmEx", self.library.cublasGemmEx(*gemm_ex_arguments(*common)))
+        else:
+            arguments = strided_batched_arguments(*common, batch)
+            check("cublasGemmStridedBatchedEx", self.library.cublasGemmStridedBatchedEx(*arguments))
 
 
 @cache
@@ -155,16 +196,21 @@ def library():
 
 
 @cache
-def handle_for_device(device: int) -> Handle:
-    """The device's handle, created on first use and kept for the life of the process (as CuPy's
-    own): the sampler's eager step 0 creates it, so a capture never does."""
+def handle_for_device(device: int, number: int = 0) -> Handle:
+    """The device's handle `number` (0: the current stream's, 1: the text stream's), created on
+    first use and kept for the life of the process (as CuPy's own): the sampler's eager step 0
+    creates both, so a capture never does."""
     workspace = _cupy.empty(WORKSPACE_BYTES, dtype=_cupy.uint8)
     return Handle.create(library(), workspace, workspace.data.ptr)
 
 
-def gemm(x, w_t, out) -> None:
-    """out = x @ w_t for C-contiguous CuPy arrays [M, K], [K, N], [M, N] of one dtype, on the
-    current CuPy stream; allowed inside a graph capture once the device's handle exists."""
-    (m, k), n = x.shape, w_t.shape[1]
-    handle = handle_for_device(_cupy.cuda.runtime.getDevice())
-    handle.gemm(_cupy.cuda.get_current_stream().ptr, x.data.ptr, w_t.data.ptr, out.data.ptr, m, k, n, x.dtype)
+def gemm(x, w_t, out, beta: float = 0.0, handle: int = 0) -> None:
+    """out = x @ w_t + beta out for CuPy arrays of one dtype, on the current CuPy stream with the
+    device's handle number `handle`; allowed inside a graph capture once that handle exists. x
+    [M, K] and out [M, N] C-contiguous, or x [B, M, K] with C-contiguous matrices a stride apart
+    (one strided batched call) and out [B, M, N] C-contiguous; w_t [K, N] C-contiguous."""
+    k, n = w_t.shape
+    m = x.shape[-2]
+    batch = None if x.ndim == 2 else Batch(x.shape[0], x.strides[0] // x.itemsize, m * n)
+    handle_for_device(_cupy.cuda.runtime.getDevice(), handle).gemm(
+        _cupy.cuda.get_current_stream().ptr, x.data.ptr, w_t.data.ptr, out.data.ptr, m, k, n, x.dtype, beta, batch)

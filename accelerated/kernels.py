@@ -102,7 +102,7 @@ _graph_caches: weakref.WeakSet = weakref.WeakSet()
 class ArrayModule:
     """Forwards `cp.<name>` to the selected array module (CuPy, or cudasim.standin).
 
-    `gemm(x, w_t, out)` is the GEMM that goes with it (see `gemm` below).
+    `gemm(x, w_t, out, beta, handle)` is the GEMM that goes with it (see `gemm` below).
     """
 
     def __init__(self):
@@ -139,7 +139,7 @@ def clear_device_caches() -> None:
 
 
 def use_array_module(module, gemm):
-    """Point the twin at `module` (cupy or cudasim.standin) and its `gemm(x, w_t, out)`;
+    """Point the twin at `module` (cupy or cudasim.standin) and its `gemm(x, w_t, out, beta, handle)`;
     returns the seam object `cp`."""
     if cp.target is not module:
         clear_device_caches()
@@ -383,17 +383,51 @@ def attention(q, k, v, scale: float, bias=None, key_mask=None):
     return out
 
 
-def gemm(x, w_t):
+def gemm(x, w_t, accumulate=None):
     """[M, K] @ [K, N] -> [M, N] in x's dtype with fp32 accumulation: one cublasGemmEx on CuPy,
-    which a graph capture can record (cp.matmul cannot be captured on CuPy 14)."""
-    (m, k), n = x.shape, w_t.shape[1]
-    _check("x", x, x.dtype)
+    which a graph capture can record (cp.matmul cannot be captured on CuPy 14).
+
+    x may also be [B, M, K] whose matrices are C-contiguous and a stride apart (one stream's rows of
+    a larger array, read where they are: one strided batched GEMM) -> [B, M, N]. `accumulate`, a
+    C-contiguous array of the product's shape and dtype, receives the sum instead: accumulate +=
+    x @ w_t as cuBLAS's beta = 1 (fp32 sum of the product and the old value, rounded once); it is
+    returned.
+    """
+    k, n = x.shape[-1], w_t.shape[1]
+    _check_rows("x", x)
     _check("w_t", w_t, x.dtype, (k, n))
-    if 0 in (m, k, n):  # nothing for cuBLAS to do (and its leading dimensions must be >= 1)
-        return cp.zeros((m, n), dtype=x.dtype)
-    out = cp.empty((m, n), dtype=x.dtype)
-    cp.gemm(x, w_t, out)
+    shape = (*x.shape[:-1], n)
+    if accumulate is not None:
+        _check("accumulate", accumulate, x.dtype, shape)
+    if 0 in (*shape, k):  # nothing for cuBLAS to do (and its leading dimensions must be >= 1)
+        return cp.zeros(shape, dtype=x.dtype) if accumulate is None else accumulate
+    out = cp.empty(shape, dtype=x.dtype) if accumulate is None else accumulate
+    cp.gemm(x, w_t, out, 0.0 if accumulate is None else 1.0, gemm_handle())
     return out
+
+
+def gemm_handle() -> int:
+    """The cuBLAS handle for the current stream: 1 on the text stream, 0 on any other (two
+    streams that run GEMMs at once need a workspace each; accelerated/cublas.py)."""
+    return int(cp.cuda.get_current_stream() == text_stream())
+
+
+@device_cache(maxsize=None)
+def _text_stream_for_device(device_id: int):
+    return cp.cuda.Stream(non_blocking=True)
+
+
+def text_stream():
+    """The device's second stream, on which a forward runs its text stream's work
+    (accelerated/streams.py); created once, like the handles."""
+    return _text_stream_for_device(cp.cuda.runtime.getDevice())
+
+
+def _check_rows(name: str, x):
+    """A GEMM operand: 2-D C-contiguous, or 3-D whose matrices are C-contiguous (any batch stride)."""
+    matrices_contiguous = x.ndim == 3 and x.strides[1:] == (x.shape[2] * x.itemsize, x.itemsize)
+    if not (x.ndim == 2 and x.flags.c_contiguous or matrices_contiguous and x.strides[0] % x.itemsize == 0):
+        raise MiniT2IError(f"kernel argument {name} is not C-contiguous; pass cupy.ascontiguousarray(...)")
 
 
 def cfg_euler(state, next_input, x0_both, x0_guided, cfg_scale: float, factor):

@@ -2,7 +2,7 @@
 
 Weights are uploaded once, already in the layout the GPU wants: a linear layer is a
 {"weight", "bias"} leaf as in the checkpoint tree, but its weight is stored transposed, [in, out]
-(C-contiguous, so every GEMM is one plain cuBLAS call, `kernels.gemm`, on a 2-D view); layers
+(C-contiguous, so every GEMM is one plain cuBLAS call, `kernels.gemm`); layers
 that feed one gated activation or one attention kernel are packed side by side ([W1 | W3],
 [Wq | Wk | Wv]) so one GEMM serves both. Leaves are unpacked into the functions that use them,
 as in the reference: `linear(x, **layer)`.
@@ -37,25 +37,41 @@ def upload_norm(norm, dtype) -> dict:
     return {"weight": to_device(norm["weight"], dtype)}
 
 
-def layer_reporter(on_layer):
-    """on_layer(name, value) or None -> report(name, value) handing it a device copy (the hook of
-    reference.layers.layer_reporter): the blocks update the residual streams in place, so a
-    reported array would otherwise change under the caller."""
-    def report(name, value):
-        if on_layer:
-            on_layer(name, value.copy())
-    return report
+class LayerReporter:
+    """report(name, value) handing `on_layer` a device copy (the hook of reference.layers.layer_reporter):
+    the blocks update the residual streams in place, so a reported array would otherwise change
+    under the caller. `active`: whether anyone listens (work whose only use is a report, such as
+    the last double block's text stream, is then skipped)."""
+
+    def __init__(self, on_layer):
+        self.on_layer = on_layer
+        self.active = on_layer is not None
+
+    def __call__(self, name, value):
+        if self.on_layer:
+            self.on_layer(name, value.copy())
 
 
-def project(x, weight):
-    """[..., in] @ [in, out] (an uploaded, transposed weight) -> [..., out] as one 2-D GEMM (cublasGemmEx, fp32 accumulation).
+def layer_reporter(on_layer) -> LayerReporter:
+    """on_layer(name, value) or None -> its `LayerReporter`."""
+    return LayerReporter(on_layer)
 
-    The leading dimensions fold into the GEMM's rows, so a batch needs no batched GEMM; our own
-    cublasGemmEx call (not cp.matmul, which CuPy refuses inside a graph capture) takes the
-    16-bit dtypes in 2-D directly.
+
+def project(x, weight, accumulate=None):
+    """[..., in] @ [in, out] (an uploaded, transposed weight) -> [..., out] as one GEMM (cuBLAS, fp32 accumulation).
+
+    A C-contiguous x folds its leading dimensions into the GEMM's rows, so a batch needs no
+    batched GEMM; a [B, L, in] view whose rows are a stride apart per sample (one stream's rows of
+    the attention output) is read where it is, by one strided batched GEMM. `accumulate` ([...,
+    out], C-contiguous) receives the sum instead: accumulate += x @ weight in one GEMM (cuBLAS
+    beta = 1), returned. Our own cuBLAS call (not cp.matmul, which CuPy refuses inside a graph
+    capture) takes the 16-bit dtypes directly.
     """
-    flat = x.reshape(-1, x.shape[-1])
-    return kernels.gemm(flat, weight).reshape(*x.shape[:-1], weight.shape[1])
+    out_shape = (*x.shape[:-1], weight.shape[1])
+    if x.flags.c_contiguous:
+        x = x.reshape(-1, x.shape[-1])
+    into = None if accumulate is None else accumulate.reshape(*x.shape[:-1], weight.shape[1])
+    return kernels.gemm(x, weight, into).reshape(out_shape)
 
 
 def linear(x, weight, bias=None):
@@ -73,10 +89,11 @@ def silu(x):
     return (x32 / (1.0 + cp.exp(-x32))).astype(x.dtype)
 
 
-def gated_mlp(x, gate_up, down, activation: str):
+def gated_mlp(x, gate_up, down, activation: str, accumulate=None):
     """[..., D] -> [..., D]: W_down(act(W_gate x) * W_up x) with W_gate|W_up in one GEMM (the
-    layers of `upload_gated_mlp`, no biases)."""
-    return project(kernels.gated_activation(project(x, gate_up["weight"]), activation), down["weight"])
+    layers of `upload_gated_mlp`, no biases); added into `accumulate` by the W_down GEMM when given
+    (a residual stream, returned)."""
+    return project(kernels.gated_activation(project(x, gate_up["weight"]), activation), down["weight"], accumulate)
 
 
 def upload_gated_mlp(gate, up, down, dtype) -> dict:

@@ -2,9 +2,20 @@
 
 Per double block and stream the work is: RMSNorm -> packed QKV GEMM -> one qkv_heads kernel
 (bias, per-head q/k RMSNorm, RoPE, split into the joint [txt ; img] buffers) -> one flash
-attention over both streams -> output GEMM -> one add_rms_norm kernel (bias + residual +
-norm2) -> [W1|W3] GEMM -> SwiGLU kernel -> W2 GEMM -> residual add. Activations stay in the
-network dtype (fp32, fp16 or bf16); every kernel accumulates in fp32.
+attention over both streams -> output GEMM, reading the stream's rows of the attention output
+where they are (a strided batched GEMM) -> one add_rms_norm kernel (bias + residual + norm2) ->
+[W1|W3] GEMM -> SwiGLU kernel -> W2 GEMM, which adds into the residual stream itself (cuBLAS
+beta = 1). Activations stay in the network dtype (fp32, fp16 or bf16); every kernel and GEMM
+accumulates in fp32.
+
+Within `streams.forked()` each double block's text stream runs on a second CUDA stream beside
+the image stream's, joined before each joint attention (accelerated/streams.py).
+
+The forward is split where the sampler needs it: `embed_prompt` (text embedder and the text-only
+preamble blocks) depends on the prompt only, so the sampler runs it once per call and its
+replayed step is `denoise_embedded`, the rest. The last double block's text stream feeds
+nothing (the final layer reads the image tokens), so its attention output projection and MLP
+run only when a layer hook asks for "double.{last}.txt".
 """
 
 from __future__ import annotations
@@ -27,6 +38,7 @@ from .layers import (
     upload_linear,
     upload_norm,
 )
+from .streams import join_text_stream, on_text_stream
 
 
 # ---------------------------------------------------------------------------------------------
@@ -110,10 +122,16 @@ def write_heads(stream_tokens, stream, norms, rope, qkv_buffers, offset: int, co
 
 
 def finish_stream(stream_tokens, attended, stream):
-    """In place on [B, L, D] tokens: += attn_proj(attended) + bias, then += SwiGLU MLP of norm2."""
+    """In place on [B, L, D] tokens: += attn_proj(attended) + bias, then += SwiGLU MLP of norm2.
+
+    attended [B, L, D] may be one stream's rows of the joint attention output (a view whose
+    samples are a stride apart): the projection GEMM reads them there, no copy. The MLP's W2 GEMM
+    adds its product into the tokens (cuBLAS beta = 1: the product and the old value summed in
+    fp32 and rounded once, one rounding fewer than a separate add).
+    """
     normed = kernels.add_rms_norm(stream_tokens, project(attended, stream["attn_proj"]["weight"]),
                                   stream["attn_proj"]["bias"], **stream["norm2"])
-    stream_tokens += gated_mlp(normed, **stream["mlp"], activation="swiglu")
+    gated_mlp(normed, **stream["mlp"], activation="swiglu", accumulate=stream_tokens)
 
 
 def preamble_block(txt, block, rope, config: MMJiTConfig):
@@ -125,16 +143,35 @@ def preamble_block(txt, block, rope, config: MMJiTConfig):
 
 
 def double_block(img, txt, block, rope, config: MMJiTConfig):
-    """Joint attention over [txt ; img]: img [B, N, D], txt [B, L, D] -> (img, txt), in place."""
+    """Joint attention over [txt ; img]: img [B, N, D], txt [B, L, D] -> (img, txt), in place.
+    Within `streams.forked()` the text stream's work runs on the text stream."""
+    length = txt.shape[1]
+    attended = joint_attention(img, txt, block, rope, config)
+    with on_text_stream(attended):
+        finish_stream(txt, attended[:, :length], block["txt"])
+    finish_stream(img, attended[:, length:], block["img"])
+    return img, txt
+
+
+def last_double_block(img, txt, block, rope, config: MMJiTConfig):
+    """`double_block` when nothing reads its text stream (the final layer reads img only; no layer
+    hook): the text stream stops at the joint attention. -> img [B, N, D], in place."""
+    attended = joint_attention(img, txt, block, rope, config)
+    finish_stream(img, attended[:, txt.shape[1]:], block["img"])
+    return img
+
+
+def joint_attention(img, txt, block, rope, config: MMJiTConfig):
+    """Both streams' heads into the joint buffers, one attention over [txt ; img] -> [B, L + N, D]
+    (the text stream joined first when forked)."""
     length = txt.shape[1]
     norms = block["qk_norms"]
     buffers = attention_inputs(img.shape[0], length + img.shape[1], config, img.dtype)
-    write_heads(txt, block["txt"], norms, rope, buffers, 0, config)
+    with on_text_stream():
+        write_heads(txt, block["txt"], norms, rope, buffers, 0, config)
     write_heads(img, block["img"], norms, rope, buffers, length, config)
-    attended = kernels.attention(*buffers, scale=config.head_dim**-0.5)
-    finish_stream(img, attended[:, length:], block["img"])
-    finish_stream(txt, attended[:, :length], block["txt"])
-    return img, txt
+    join_text_stream()
+    return kernels.attention(*buffers, scale=config.head_dim**-0.5)
 
 
 def final_layer(img, final):
@@ -149,15 +186,32 @@ def mmjit_forward(params, config: MMJiTConfig, images, context, mask, on_layer=N
     x0 [B, C, H, W] (C-contiguous, network dtype). `on_layer(name, value)` sees a device copy of
     every stage output under the reference's names.
     """
-    grid_h, grid_w = images.shape[2] // config.patch_size, images.shape[3] // config.patch_size
-    length = context.shape[1]
     report = layer_reporter(on_layer)
     img = embed_image(images, params["img_embedder"], config)
     report("patch_embed", img)
+    txt = embed_prompt(params, config, context, mask, report)
+    return joint_body(img, txt, params, config, *grid(images, config), report)
+
+
+def embed_prompt(params, config: MMJiTConfig, context, mask, report=None):
+    """What depends on the prompt only: context [B, L, Dc] (network dtype), mask [B, L] -> the text
+    stream [B, L, D] after the text embedder and the text-only preamble blocks."""
+    report = report or layer_reporter(None)
     txt = linear(mask_text(context, mask, params["mask_token"]), **params["txt_embedder"])
     report("txt_embed", txt)
-    return transformer_body(img, txt, params, config, grid_h, grid_w, device_text_rope(length, config.head_dim),
-                            device_joint_rope(length, grid_h, grid_w, config.head_dim), report)
+    return text_preamble(txt, params, config, device_text_rope(context.shape[1], config.head_dim), report)
+
+
+def denoise_embedded(params, config: MMJiTConfig, images, prompt):
+    """`mmjit_forward` from `embed_prompt`'s text stream (the sampler's replayed step): images
+    [B, C, H, W], prompt [B, L, D] (left unchanged: the blocks update a copy) -> x0 [B, C, H, W]."""
+    img = embed_image(images, params["img_embedder"], config)
+    return joint_body(img, prompt.copy(), params, config, *grid(images, config), layer_reporter(None))
+
+
+def grid(images, config: MMJiTConfig) -> tuple[int, int]:
+    """[B, C, H, W] -> (H, W) / patch size."""
+    return images.shape[2] // config.patch_size, images.shape[3] // config.patch_size
 
 
 def transformer_body(img, txt, params, config: MMJiTConfig, grid_h: int, grid_w: int, txt_rope, rope, report):
@@ -168,11 +222,32 @@ def transformer_body(img, txt, params, config: MMJiTConfig, grid_h: int, grid_w:
     [L, Dh/2] and [L + N, Dh/2] -> x0 [B, C, H, W] (C-contiguous). Shared with the Mean Flow
     student, which only brings other tokens and tables.
     """
+    txt = text_preamble(txt, params, config, txt_rope, report)
+    return joint_body(img, txt, params, config, grid_h, grid_w, report, rope)
+
+
+def text_preamble(txt, params, config: MMJiTConfig, txt_rope, report):
+    """The text-only blocks with 1-D RoPE (cos, sin) float32 [L, Dh/2]: [B, L, D] -> [B, L, D], in place."""
     for i, block in enumerate(params["txt_preamble_blocks"]):
         txt = preamble_block(txt, block, txt_rope, config)
         report(f"preamble.{i}", txt)
+    return txt
+
+
+def joint_body(img, txt, params, config: MMJiTConfig, grid_h: int, grid_w: int, report, rope=None):
+    """Double blocks (joint RoPE `rope`, float32 [L + N, Dh/2]; default MMJiT's `device_joint_rope`),
+    final layer, unpatchify: img [B, N, D], txt [B, L, D] (both updated in place) -> x0 [B, C, H, W]
+    (C-contiguous)."""
+    if rope is None:
+        rope = device_joint_rope(txt.shape[1], grid_h, grid_w, config.head_dim)
+    last = len(params["double_blocks"]) - 1
     for i, block in enumerate(params["double_blocks"]):
-        img, txt = double_block(img, txt, block, rope, config)
+        if i < last or report.active:
+            img, txt = double_block(img, txt, block, rope, config)
+        else:
+            img = last_double_block(img, txt, block, rope, config)
+        if report.active:
+            join_text_stream()  # the hook reads both streams
         report(f"double.{i}.img", img)
         report(f"double.{i}.txt", txt)
     out = final_layer(img, params["final_layer"])

@@ -13,8 +13,9 @@ from minit2i.core.weights import LoadedWeights, nest
 from .kernels import bfloat16_dtype, require_gpu, use_array_module
 from .mean_flow import mean_flow_forward, upload_mean_flow
 from .mean_flow_sampler import sample_mean_flow_on_device
-from .mmjit import mmjit_forward, upload_mmjit
+from .mmjit import denoise_embedded, embed_prompt, mmjit_forward, upload_mmjit
 from .sampler import StepGraphs, sample_on_device
+from .streams import forked
 from .t5 import t5_encode, upload_t5
 
 PRECISIONS = ("fp32", "fp16", "bf16")
@@ -36,15 +37,18 @@ class CupyRunner:
     fp32 GEMMs run without TF32 (CuPy's default unless CUPY_TF32=1 is set), for parity with
     the reference. `use_graph` (default on) replays sampler steps 1.. as a captured CUDA graph,
     falling back to eager steps with a one-line warning when capture fails; the graphs of the
-    last two shapes of work are kept (`graphs`) and replayed by the next calls of that shape.
+    last two shapes of work are kept (`graphs`), and the next call of such a shape replays every
+    step, capturing nothing. `fork_streams` (default on) runs each double block's text stream on a
+    second CUDA stream beside the image stream's (accelerated/streams.py; the same bits either way).
     """
 
     name = "cupy"
 
-    def __init__(self, mmjit: LoadedWeights, t5: LoadedWeights, precision: str = "fp32", use_graph: bool = True):
+    def __init__(self, mmjit: LoadedWeights, t5: LoadedWeights, precision: str = "fp32", use_graph: bool = True,
+                 fork_streams: bool = True):
         self.cp = self.array_module()
         self.dtype = precision_dtype(precision)
-        self.use_graph = use_graph
+        self.use_graph, self.fork_streams = use_graph, fork_streams
         self.graphs = StepGraphs()
         self.mmjit_config, self.t5_config = mmjit.config, t5.config
         upload = upload_mean_flow if isinstance(mmjit.config, MeanFlowConfig) else upload_mmjit
@@ -62,18 +66,30 @@ class CupyRunner:
 
     def denoise(self, x, context, mask, on_layer=None):
         """One MMJiT forward on device arrays: [B, C, H, W], [B, L, Dc], [B, L] -> x0 [B, C, H, W]."""
-        return mmjit_forward(self.mmjit_params, self.mmjit_config, x, context, mask, on_layer)
+        with forked(self.fork_streams):
+            return mmjit_forward(self.mmjit_params, self.mmjit_config, x, context, mask, on_layer)
+
+    def embed_prompt(self, context, mask):
+        """The prompt-only part of the forward, once per sampler call: [B, L, Dc], [B, L] -> the
+        text stream [B, L, D] after the preamble blocks."""
+        return embed_prompt(self.mmjit_params, self.mmjit_config, context, mask)
+
+    def denoise_embedded(self, x, prompt):
+        """The sampler's replayed step's forward: x [B, C, H, W], `embed_prompt`'s [B, L, D] -> x0."""
+        with forked(self.fork_streams):
+            return denoise_embedded(self.mmjit_params, self.mmjit_config, x, prompt)
 
     def denoise_student(self, x, h, omega, t_min, t_max, context, mask, on_layer=None):
         """One Mean Flow student forward on device arrays: [B, C, H, W], scalars float32 [B] each,
         [B, L, Dc], [B, L] -> x0 [B, C, H, W]."""
-        return mean_flow_forward(self.mmjit_params, self.mmjit_config, x, h, omega, t_min, t_max, context, mask,
-                                 on_layer)
+        with forked(self.fork_streams):
+            return mean_flow_forward(self.mmjit_params, self.mmjit_config, x, h, omega, t_min, t_max, context, mask,
+                                     on_layer)
 
     def sample(self, noise, context, mask, steps, cfg_scale, a_min, callback=None) -> np.ndarray:
         """Host noise [B, C, H, W] -> final image state [B, C, H, W] as float32 NumPy."""
-        state = sample_on_device(self.denoise, noise, *self.prompt_on_device(context, mask), steps, cfg_scale,
-                                 a_min, callback, self.use_graph, self.graphs)
+        state = sample_on_device(self.embed_prompt, self.denoise_embedded, noise, *self.prompt_on_device(context, mask),
+                                 steps, cfg_scale, a_min, callback, self.use_graph, self.graphs)
         return self.to_host(state)
 
     def sample_mean_flow(self, noise, context, mask, steps, omega, interval, callback=None) -> np.ndarray:

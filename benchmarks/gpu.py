@@ -71,14 +71,15 @@ def parse_args(argv=None):
     return parser.parse_args(argv)
 
 
-def random_params(config: MMJiTConfig, seed: int = 0) -> dict:
-    """Random float32 weights with the checkpoint's shapes (norm weights 1, others N(0, 0.02))."""
+def random_tensors(config: MMJiTConfig, seed: int = 0) -> dict[str, np.ndarray]:
+    """Random float32 weights under the checkpoint's names and shapes (norm weights 1, others
+    N(0, 0.02))."""
     rng = np.random.default_rng(seed)
     flat = {}
     for name, shape in mmjit_expected_shapes(config).items():
         is_norm = "norm" in name and name.endswith("weight")
         flat[name] = np.ones(shape, np.float32) if is_norm else 0.02 * rng.standard_normal(shape, dtype=np.float32)
-    return nest(flat)
+    return flat
 
 
 def forward_flops(config: MMJiTConfig, size: int, batch: int) -> float:
@@ -145,7 +146,7 @@ def time_replayed(cp, fn, launches: int = 20) -> float:
 def cupy_sampler(cp, params, config, size, steps, precision, cfg_scale, use_graph, images: int = 1):
     """A run of the twin's sampler over `images` images at once; with `images` > 1 through one
     runner's kept graphs (`StepGraphs`), as a batch run's later groups draw."""
-    from minit2i.accelerated.mmjit import mmjit_forward, upload_mmjit
+    from minit2i.accelerated.mmjit import denoise_embedded, embed_prompt, upload_mmjit
     from minit2i.accelerated.pipeline import precision_dtype
     from minit2i.accelerated.sampler import StepGraphs, sample_on_device
 
@@ -158,25 +159,31 @@ def cupy_sampler(cp, params, config, size, steps, precision, cfg_scale, use_grap
     noise = initial_noise(0, images, config.in_channels, size, size)
     graphs = StepGraphs() if images > 1 else None
 
-    def denoise(x, ctx, m):
-        return mmjit_forward(device_params, config, x, ctx, m)
+    def embed(ctx, m):
+        return embed_prompt(device_params, config, ctx, m)
 
-    return lambda: sample_on_device(denoise, noise, context, mask, steps, cfg_scale, 0.001, use_graph=use_graph,
-                                    graphs=graphs)
+    def denoise(x, prompt):
+        return denoise_embedded(device_params, config, x, prompt)
+
+    return lambda: sample_on_device(embed, denoise, noise, context, mask, steps, cfg_scale, 0.001,
+                                    use_graph=use_graph, graphs=graphs)
 
 
 def print_groups(cp, params, config, size: int, steps: int, precision: str, cfg_scale: float, groups, device,
                  repeats: int) -> None:
     """Images per second of the sampler at each group size (T5 aside), measured and predicted
-    (`performance_model.group_ms` without T5)."""
+    (`performance_model.group_ms` without T5: every step replayed from the kept graph, bf16 and
+    fp16 on an H200 or H100)."""
     import performance_model
 
-    item, a = (4 if precision == "fp32" else 2), performance_model.Assumptions()
+    chip = model_chip(device) if precision != "fp32" else None
+    attention = model_attention() if chip else None
     print(f"\n{'group N':<10}{'precision':<10}{'steps':>6}{'ms':>10}{'images/s':>10}{'predicted':>11}")
     for images in groups:
         ms = time_cupy(cp, cupy_sampler(cp, params, config, size, steps, precision, cfg_scale, True, images), repeats)
-        group_ms = performance_model.group_ms(config, size, steps, images, device, item, a, t5=False) if device else 0
-        predicted = f"{images / group_ms * 1e3:.1f}" if device else "?"
+        group_ms = (performance_model.group_ms(config, size, steps, images, performance_model.Trunk(attention),
+                                               t5=None, chip=chip[0], device=chip[1]) if attention else 0)
+        predicted = f"{images / group_ms * 1e3:.1f}" if attention else "?"
         print(f"{images:<10}{precision:<10}{steps:>6}{ms:>10.1f}{images / ms * 1e3:>10.2f}{predicted:>11}")
 
 
@@ -265,6 +272,129 @@ def print_components(cp, config: MMJiTConfig, size: int, precision: str, device_
             graph, stream = replayed(run, 1)
             graph.launch(stream)
             print(f"  {name:<20}{'-':>12}{'-':>13}{predicted:>14}{'-':>16}")
+
+
+GEMM_LAUNCHES = 20  # launches of one GEMM captured in a graph and replayed between two events
+
+
+def model_chip(device) -> tuple | None:
+    """(Chip, Device) of the performance model's GEMM and sampler terms for `device` (the H200's
+    SMs, also the H100's), or None."""
+    import performance_model
+
+    return (performance_model.H200_CHIP, device) if device in (performance_model.H200, performance_model.H100) else None
+
+
+def gemm_shape_cases(cp, config: MMJiTConfig, size: int, precision: str) -> dict:
+    """{name: (run, (M, K, N))}: the trunk's eight GEMM shapes of one batched CFG forward (4 a
+    stream: qkv, attention projection, w1|w3, w2), each one kernels.gemm on arrays of ones."""
+    import performance_model
+
+    from minit2i.accelerated.pipeline import precision_dtype
+
+    dtype, cases = precision_dtype(precision), {}
+    for name, (m, k, n) in performance_model.forward_gemm_shapes(config, size).items():
+        x, w = cp.ones((m, k), dtype), cp.ones((k, n), dtype)
+        cases[name] = ((lambda x=x, w=w: kernels.gemm(x, w)), (m, k, n))
+    return cases
+
+
+def print_gemm_shapes(cp, config: MMJiTConfig, size: int, precision: str, device, timed: bool) -> None:
+    """Each GEMM shape of a forward: GEMM_LAUNCHES launches captured in one CUDA graph and replayed
+    between two events (GPU time only), beside the performance model's cuBLAS plan (its tile, its
+    time; tensor-core precisions on an H200 or H100). Untimed, each graph is captured and launched
+    once."""
+    import performance_model
+
+    chip = model_chip(device) if precision != "fp32" else None
+    print(f"\nGEMM shapes of one {precision} forward ({size}x{size}), {GEMM_LAUNCHES} launches replayed from a graph:")
+    print(f"{'gemm':<22}{'M x K x N':>17}{'tile':>9}{'measured us':>13}{'TFLOP/s':>9}"
+          f"{'predicted us':>14}{'TFLOP/s':>9}")
+    for name, (run, (m, k, n)) in gemm_shape_cases(cp, config, size, precision).items():
+        flops = 2.0 * m * k * n
+        plan = performance_model.cublas_plan(m, k, n, 2, False, *chip) if chip else None
+        tile = f"{plan.tile[0]}x{plan.tile[1]}" if plan else "?"
+        predicted = f"{plan.us:>14.1f}{flops / plan.us / 1e6:>9.0f}" if plan else f"{'?':>14}{'?':>9}"
+        if timed:
+            us = 1e3 * time_replayed(cp, run, GEMM_LAUNCHES)
+            measured = f"{us:>13.1f}{flops / us / 1e6:>9.0f}"
+        else:
+            graph, stream = replayed(run, 1)
+            graph.launch(stream)
+            measured = f"{'-':>13}{'-':>9}"
+        print(f"gemm {name:<17}{f'{m}x{k}x{n}':>17}{tile:>9}{measured}{predicted}")
+
+
+def model_attention():
+    """The attention kernel as the performance model reads it from its SASS (the [compile] tools:
+    NVRTC, ptxas, cuobjdump), or None with the reason printed."""
+    import performance_model
+
+    try:
+        return performance_model.mma_attention_kernel(performance_model.b16_attention_trip())
+    except Exception as err:  # no ptxas or cuobjdump here: the measurements without the prediction
+        print(f"(no sampler prediction: the attention kernel's SASS could not be read: {type(err).__name__})")
+        return None
+
+
+def fork_option(runner_class) -> bool:
+    """Whether this twin's runner can run the text stream beside the image stream (`fork_streams`)."""
+    import inspect
+
+    return "fork_streams" in inspect.signature(runner_class.__init__).parameters
+
+
+def random_runner(runner_class, config: MMJiTConfig, tensors: dict, precision: str, fork: bool | None):
+    """A runner on `tensors` (random B/16 or tiny weights) with a tiny random T5 (the sampler is
+    given its context), its graph kept across calls; `fork` sets `fork_streams` where not None."""
+    from minit2i.core.t5_config import T5_TINY
+    from minit2i.core.weights import LoadedWeights
+    from minit2i.demo_models import random_t5_weights
+
+    def loaded(model_config, model_tensors):
+        return LoadedWeights(model_config, model_tensors, [], "", ["F32"], "random weights")
+
+    options = {} if fork is None else {"fork_streams": fork}
+    return runner_class(loaded(config, tensors), loaded(T5_TINY, random_t5_weights(T5_TINY, 1)), precision,
+                        use_graph=True, **options)
+
+
+def print_stream_fork(runner_class, config: MMJiTConfig, tensors: dict, size: int, steps: int, precision: str,
+                      cfg_scale: float, device, timed: bool) -> None:
+    """The sampler through a runner: its first call (step 0 eager, the graph captured) and its
+    second (the kept graph), each call's wall time (the image copied back included), with the text
+    stream forked beside the image stream and without, beside the performance model's
+    `sampler_call_ms` (bf16 and fp16 on an H200 or H100). A twin whose runner has no `fork_streams`
+    gets one line saying so and its one way timed. Untimed, both calls run and no prediction is
+    made (reading the attention kernel's SASS takes a while)."""
+    import time
+
+    import performance_model
+
+    forks = (True, False) if fork_option(runner_class) else (None,)
+    if forks == (None,):
+        print(f"sampler, {precision}: no stream fork to compare (this twin's runner has no fork_streams)")
+    chip = model_chip(device) if timed and precision != "fp32" else None
+    attention = model_attention() if chip else None
+    rng = np.random.default_rng(1)
+    context = rng.standard_normal((1, config.prompt_length, config.txt_input_size), dtype=np.float32)
+    mask, noise = np.ones((1, config.prompt_length), np.float32), initial_noise(0, 1, config.in_channels, size, size)
+    for fork in forks:
+        runner = random_runner(runner_class, config, tensors, precision, fork)
+        calls = []
+        for _ in range(2):
+            start = time.perf_counter()
+            runner.sample(noise, context, mask, steps, cfg_scale, 0.001)
+            calls.append(1e3 * (time.perf_counter() - start))
+        trunk = performance_model.Trunk(attention, fork=fork is not False) if attention else None
+        predicted = [f"{performance_model.sampler_call_ms(config, size, steps, trunk, first, 1, *chip):.1f}"
+                     if trunk else "?" for first in (True, False)]
+        label = {True: "stream fork on", False: "stream fork off", None: "one way"}[fork]
+        if timed:
+            print(f"sampler {steps} steps {precision}, {label}: first call {calls[0]:.1f} ms (predicted "
+                  f"{predicted[0]}), second call {calls[1]:.1f} ms (predicted {predicted[1]}, the kept graph)")
+        else:
+            print(f"sampler {steps} steps {precision}, {label}: a first and a second call ran (untimed)")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -381,7 +511,8 @@ def main(argv=None) -> int:
     torch = load_torch(args.no_torch)
     device_name = cp.cuda.runtime.getDeviceProperties(cp.cuda.runtime.getDevice())["name"].decode()
     device, assumptions = model_device(device_name), performance_model.Assumptions()
-    params = random_params(config)
+    tensors = random_tensors(config)
+    params = nest(tensors)
     flops_per_step = forward_flops(config, args.size, batch=2)
     graph = not args.no_graph
     print(f"device: {device_name}; {args.variant} {args.size}x{args.size}, CFG {args.cfg_scale}, "
@@ -409,6 +540,12 @@ def main(argv=None) -> int:
                 peak = peak_tflops(device_name, precision)
                 share = f"{100 * tflops / peak:.1f}" if peak else "?"
                 print(f"{backend:<14}{precision:<10}{steps:>6}{ms:>11.1f}{predicted:>11}{ms / steps:>9.2f}{tflops:>9.1f}{share:>8}")
+    from minit2i.accelerated.pipeline import CupyRunner
+
+    for precision in args.precisions:
+        print_gemm_shapes(cp, config, args.size, precision, device, timed=True)
+        print_stream_fork(CupyRunner, config, tensors, args.size, args.steps[0], precision, args.cfg_scale, device,
+                          timed=True)
     for precision in args.precisions:
         if args.groups:
             print_groups(cp, params, config, args.size, args.steps[0], precision, args.cfg_scale, args.groups, device,
@@ -426,9 +563,12 @@ def smoke(args) -> int:
     from minit2i.accelerated.pipeline import CudasimRunner, precision_dtype
     from minit2i.core.mmjit_config import MMJIT_TINY
 
+    import performance_model
+
     cp = CudasimRunner.array_module()
     config, size = MMJIT_TINY, 32
-    params = random_params(config)
+    tensors = random_tensors(config)
+    params = nest(tensors)
     print(f"smoke run on cudasim, no timings: tiny model, {size}x{size}")
     for precision in args.precisions:
         cupy_sampler(cp, params, config, size, 2, precision, args.cfg_scale, use_graph=not args.no_graph)()
@@ -441,6 +581,8 @@ def smoke(args) -> int:
             kernels.attention(q, q, q, 1.0)
         print(f"attention, {precision}: {len(attention_shapes(config, size))} shapes ran (untimed; SDPA needs a GPU)")
         print_components(cp, config, size, precision, "H100 (predicted only)", timed=False)
+        print_gemm_shapes(cp, config, size, precision, performance_model.H100, timed=False)
+        print_stream_fork(CudasimRunner, config, tensors, size, 2, precision, args.cfg_scale, None, timed=False)
     return 0
 
 

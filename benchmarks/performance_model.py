@@ -251,11 +251,13 @@ class Component:
     launches: int
     flops: float
     bytes: float
+    shape: tuple[int, int, int] | None = None  # a GEMM's (M, K, N)
 
 
 def gemm_component(name: str, rows: int, k: int, n: int, count: int, item: int) -> Component:
     """`count` GEMMs [rows, k] @ [k, n]: 2 rows k n FLOPs each, A and B read and C written once."""
-    return Component(name, "gemm", count, 2.0 * rows * k * n * count, item * (rows * k + k * n + rows * n) * count)
+    return Component(name, "gemm", count, 2.0 * rows * k * n * count, item * (rows * k + k * n + rows * n) * count,
+                     (rows, k, n))
 
 
 def memory_component(name: str, elements: float, count: int, item: int) -> Component:
@@ -268,18 +270,30 @@ def forward_batch(config: MMJiTConfig) -> int:
     return 1 if isinstance(config, MeanFlowConfig) else 2
 
 
-def forward_components(config: MMJiTConfig, size: int, item: int, batch: int = 2) -> list[Component]:
-    """The CuPy twin's launches in one forward of `batch` images (item: bytes per element). The Mean
-    Flow student's text stream is its A prefix tokens and the L prompt tokens, and its prefix adds
-    `prefix_components`."""
+def forward_components(config: MMJiTConfig, size: int, item: int, batch: int = 2, whole: bool = False,
+                       unfolded: bool = False) -> list[Component]:
+    """The CuPy twin's launches in the forward of one replayed sampler step, `batch` images (item:
+    bytes per element). The base model's prompt part (mask, text embedder, text-only preamble
+    blocks) depends on the prompt only: the sampler runs it once per call, outside the step
+    (`accelerated.mmjit.embed_prompt`; `prompt_components`); `whole` counts it in (one
+    `mmjit_forward`: its FLOPs). The Mean Flow student's text stream is its A prefix tokens, which
+    embed the step's h, and the L prompt tokens: its whole forward is the step, the prefix's
+    launches in `prefix_components`. The last double block's text stream stops at the attention
+    (the final layer reads the image tokens only); the W2 GEMM adds into the residual (beta = 1)
+    and the attention output projections read each stream's rows by stride, so neither needs a
+    launch of its own. `unfolded`: the forward as the first GPU run launched it, every step (the
+    prompt part in, the last text stream finished, and UNFOLDED's CuPy operations)."""
     d, hidden, heads, head_dim = config.hidden_size, config.mlp_hidden, config.num_heads, config.head_dim
     student = isinstance(config, MeanFlowConfig)
-    text = config.prompt_length + (config.num_aux_tokens if student else 0)
+    prompt = whole or unfolded or student  # the prompt part runs in this forward
+    text = text_tokens(config)
     n_img, n_txt, n_prompt = batch * (size // config.patch_size) ** 2, batch * text, batch * config.prompt_length
     joint = text + (size // config.patch_size) ** 2
-    pre, dbl = config.txt_preamble_depth, config.depth_double
+    pre, dbl = (config.txt_preamble_depth if prompt else 0), config.depth_double
+    last_text = 0 if unfolded else 1  # the last double block's text stream after its attention, skipped
     padded = -(-head_dim // 16) * 16 if item == 2 else head_dim  # tensor cores work on whole 16-wide tiles
-    streams = ((n_txt, pre + dbl), (n_img, dbl))  # (rows, blocks) per stream
+    heads_in = ((n_txt, pre + dbl), (n_img, dbl))  # (rows, blocks) per stream up to the attention
+    heads_out = ((n_txt, pre + dbl - last_text), (n_img, dbl))  # and after it
 
     def gemm(name, rows, k, n, count):
         return gemm_component(name, rows, k, n, count, item)
@@ -289,31 +303,47 @@ def forward_components(config: MMJiTConfig, size: int, item: int, batch: int = 2
 
     def attention(length, count):
         flops = 4.0 * batch * heads * length * length * padded * count
-        return Component(f"attention L={length}", "attention", count, flops, 4.0 * item * batch * heads * length * head_dim * count)
+        return Component(f"attention L={length}", "attention", count, flops,
+                         4.0 * item * batch * heads * length * head_dim * count)
 
-    rows_all = sum(rows * blocks for rows, blocks in streams)
+    def per_stream(name, k, n, streams):
+        return [gemm(f"GEMM {name} ({label})", rows, k, n, blocks)
+                for label, (rows, blocks) in zip(("txt", "img"), streams)]
+
+    rows_in = sum(rows * blocks for rows, blocks in heads_in)
+    rows_out = sum(rows * blocks for rows, blocks in heads_out)
+    # patchify and unpatchify copies, proj2 and final bias adds, sin/cos add (+ the mask's compare and where)
+    elementwise = 6 * n_img * config.patch_dim + 5 * n_img * d + (2 * n_prompt * config.txt_input_size if prompt else 0)
     return [
         gemm("GEMM patch proj1", n_img, config.patch_dim, config.pca_channels, 1),
         gemm("GEMM patch proj2", n_img, config.pca_channels, d, 1),
-        gemm("GEMM text embedder", n_prompt, config.txt_input_size, d, 1),
-        *(gemm(f"GEMM qkv ({label})", rows, d, 3 * d, blocks) for label, (rows, blocks) in zip(("txt", "img"), streams)),
-        *(gemm(f"GEMM attn proj ({label})", rows, d, d, blocks) for label, (rows, blocks) in zip(("txt", "img"), streams)),
-        *(gemm(f"GEMM w1|w3 ({label})", rows, d, 2 * hidden, blocks) for label, (rows, blocks) in zip(("txt", "img"), streams)),
-        *(gemm(f"GEMM w2 ({label})", rows, hidden, d, blocks) for label, (rows, blocks) in zip(("txt", "img"), streams)),
+        *([gemm("GEMM text embedder", n_prompt, config.txt_input_size, d, 1)] if prompt else []),
+        *per_stream("qkv", d, 3 * d, heads_in),
+        *per_stream("attn proj", d, d, heads_out),
+        *per_stream("w1|w3", d, 2 * hidden, heads_out),
+        *per_stream("w2", hidden, d, heads_out),
         gemm("GEMM final", n_img, d, config.patch_dim, 1),
-        attention(text, pre),
+        *([attention(text, pre)] if pre else []),
         attention(joint, dbl),
-        memory("rms_norm", 2 * d * (rows_all + n_img), pre + 2 * dbl + 1),  # norm1 per stream + final norm
-        memory("add_rms_norm", 4 * d * rows_all, pre + 2 * dbl),
-        memory("qkv_heads", 6 * d * rows_all, pre + 2 * dbl),
-        memory("swiglu", 3 * hidden * rows_all, pre + 2 * dbl),
-        memory("residual add (CuPy)", 3 * d * rows_all, pre + 2 * dbl),
-        memory("attention output slices (CuPy copy)", 2 * d * (n_txt + n_img) * dbl, 2 * dbl),
-        # patchify and unpatchify copies, proj2 and final bias adds, sin/cos add, mask compare + where
-        memory("embed/final elementwise (CuPy)", 6 * n_img * config.patch_dim + 5 * n_img * d
-               + 2 * n_prompt * config.txt_input_size, 7),
+        memory("rms_norm", 2 * d * (rows_in + n_img), pre + 2 * dbl + 1),  # norm1 per stream + final norm
+        memory("add_rms_norm", 4 * d * rows_out, pre + 2 * dbl - last_text),
+        memory("qkv_heads", 6 * d * rows_in, pre + 2 * dbl),
+        memory("swiglu", 3 * hidden * rows_out, pre + 2 * dbl - last_text),
+        *(unfolded_components(config, size, item, batch) if unfolded else []),
+        memory("embed/final elementwise (CuPy)", elementwise, 7 if prompt else 5),
+        *([] if prompt else [memory("embedded prompt copy (CuPy)", 2 * n_txt * d, 1)]),  # the step's text stream
         *(prefix_components(config, item, batch) if student else []),
     ]
+
+
+def prompt_components(config: MMJiTConfig, size: int, item: int, batch: int = 2) -> list[Component]:
+    """The base model's launches once per sampler call, outside the replayed step (none for the
+    student): what the whole forward launches beyond the step."""
+    step = {c.name: c for c in forward_components(config, size, item, batch)}
+    return [replace(c, launches=c.launches - step[c.name].launches, flops=c.flops - step[c.name].flops,
+                    bytes=c.bytes - step[c.name].bytes) if c.name in step else c
+            for c in forward_components(config, size, item, batch, whole=True)
+            if c.name not in step or c.launches > step[c.name].launches]
 
 
 def prefix_components(config: MeanFlowConfig, item: int, batch: int) -> list[Component]:
@@ -376,8 +406,10 @@ def torch_components(config: MMJiTConfig, size: int, item: int, batch: int = 2) 
     """PyTorch eager (training/torch_model.py): the same GEMMs, SDPA, and the elementwise work
     unfused: an RMSNorm is 6 ops and ~8 passes over its tensor where ours is 1 op and 2, the
     per-head q/k norms + RoPE + concatenations ~9 passes where qkv_heads makes 2 (docs/kernels.md);
-    the projection biases ride in cuBLAS (F.linear), so the GEMMs are the same."""
-    ours = {c.name: c for c in forward_components(config, size, item, batch)}
+    the projection biases ride in cuBLAS (F.linear), so the GEMMs are the same. It runs the whole
+    forward every step, as the twin did before its folds (`unfolded`): the residual adds after the
+    MLPs and the copies of the attention output's two slices too."""
+    ours = {c.name: c for c in forward_components(config, size, item, batch, unfolded=True)}
     gemms = [c for c in ours.values() if c.kind == "gemm"]
     attention = [replace(c, kind="sdpa") for c in ours.values() if c.kind == "attention"]
     unfused = [
@@ -422,16 +454,23 @@ def step_ms(components, device: Device, item: int, a: Assumptions, launch_us: fl
 
 
 def cupy_run_ms(config, size, steps, device, item, a: Assumptions, graph: bool = True) -> float:
-    """accelerated.sampler.sample (or the student's sample_mean_flow, the same loop): step 0 eager,
-    step 1 captured (recorded at host speed, then launched), steps 2.. replayed; without graphs
-    every step is eager."""
+    """accelerated.sampler.sample (or the student's sample_mean_flow, the same loop) on a runner's
+    first call: the prompt part once, step 0 eager, step 1 captured (recorded at host speed, then
+    launched), steps 2.. replayed; without graphs every step is eager."""
     components, extra = forward_components(config, size, item, forward_batch(config)), sampler_launches(config)
+    prompt = prompt_ms(config, size, device, item, a, forward_batch(config))
     eager = step_ms(components, device, item, a, a.cupy_launch_us, replayed=False, extra_launches=extra)
     if not graph or steps < 2:
-        return steps * eager
+        return prompt + steps * eager
     replay = step_ms(components, device, item, a, a.cupy_launch_us, replayed=True, extra_launches=extra)
     capture_host = (sum(c.launches for c in components) + extra) * a.cupy_launch_us / 1e3
-    return eager + capture_host + (steps - 1) * replay
+    return prompt + eager + capture_host + (steps - 1) * replay
+
+
+def prompt_ms(config: MMJiTConfig, size: int, device: Device, item: int, a: Assumptions, batch: int) -> float:
+    """The base model's prompt part, once per sampler call, eager (`prompt_components`)."""
+    return step_ms(prompt_components(config, size, item, batch), device, item, a, a.cupy_launch_us, replayed=False,
+                   extra_launches=0)
 
 
 def t5_ms(config: T5Config, length: int, device: Device, a: Assumptions) -> float:
@@ -617,40 +656,284 @@ def measured_cases(config: MMJiTConfig = MMJIT_B16, size: int = 512) -> dict[str
 NCU_CHIP = replace(H200_CHIP, clock_ghz=NCU_CLOCK_GHZ)  # the H200 as Nsight Compute ran it
 
 
-def small_kernel_launches(config: MMJiTConfig = MMJIT_B16,
-                          size: int = 512) -> list[tuple[MemoryLaunch, MemoryLaunch, int]]:
-    """(before, now, launches per forward) of the four fused kernels in one batched CFG forward:
-    per block of each stream rms_norm, qkv_heads, add_rms_norm and swiglu, and the final norm."""
+def text_tokens(config: MMJiTConfig) -> int:
+    """Tokens of the text stream: the prompt's, and the student's prefix tokens before them."""
+    return config.prompt_length + (config.num_aux_tokens if isinstance(config, MeanFlowConfig) else 0)
+
+
+def fused_kernel_launches_by_stream(config: MMJiTConfig = MMJIT_B16, size: int = 512, batch: int = 2,
+                                    folded: bool = True) -> list[tuple[str, MemoryLaunch, MemoryLaunch, int]]:
+    """(stream, before, now, launches per forward) of the four fused kernels in one step's forward
+    of `batch` images (trunk_components' structure): per block of each stream rms_norm, qkv_heads,
+    add_rms_norm and swiglu, and the final norm (stream "final"). The text stream holds the prompt
+    tokens and, for the student, its prefix tokens; its blocks are the preamble's (where the
+    forward holds them) and the double blocks', the last one's stopping at the attention when
+    `folded`."""
     d, hidden, heads, dh = config.hidden_size, config.mlp_hidden, config.num_heads, config.head_dim
-    text, image = 2 * config.prompt_length, cfg_image_rows(config, size)
-    found = [(rms_norm_before(image, d), rms_norm_now(image, d), 1)]
-    for rows, blocks in ((text, config.txt_preamble_depth + config.depth_double), (image, config.depth_double)):
-        found += [(rms_norm_before(rows, d), rms_norm_now(rows, d), blocks),
-                  (qkv_heads_before(rows, heads, dh), qkv_heads_now(rows, heads, dh), blocks),
-                  (add_rms_norm_before(rows, d), add_rms_norm_now(rows, d), blocks),
-                  (swiglu_before(rows, hidden), swiglu_now(rows, hidden), blocks)]
+    text, image = batch * text_tokens(config), batch * (size // config.patch_size) ** 2
+    launched = {c.name: c.launches for c in trunk_components(config, size, 2, batch, folded)}
+    image_blocks = config.depth_double
+    found = [("final", rms_norm_before(image, d), rms_norm_now(image, d), 1)]
+    for stream, rows in (("txt", text), ("img", image)):
+        def blocks(name, extra=0):
+            return image_blocks if stream == "img" else launched[name] - image_blocks - extra
+        found += [(stream, rms_norm_before(rows, d), rms_norm_now(rows, d), blocks("rms_norm", 1)),
+                  (stream, qkv_heads_before(rows, heads, dh), qkv_heads_now(rows, heads, dh), blocks("qkv_heads")),
+                  (stream, add_rms_norm_before(rows, d), add_rms_norm_now(rows, d), blocks("add_rms_norm")),
+                  (stream, swiglu_before(rows, hidden), swiglu_now(rows, hidden), blocks("swiglu"))]
     return found
 
 
-def sampler_ms(new_attention: AttentionKernel | None = None, config: MMJiTConfig = MMJIT_B16, steps: int = 10,
-               new_small_kernels: bool = True, device: Device = H200) -> float:
-    """The measured H200 sampler (graph replay: GPU time only) with each joint attention at this
-    model's time for `new_attention` (if given) instead of the measured 623 µs, and each launch of
-    the four fused kernels at this model's time for the kernels now instead of before (both
-    modelled, at each launch's own shape). On an H100 (the same SMs and clock, 3.35 instead of
-    4.8 TB/s) every byte the memory-bound launches of a step move (forward_components) takes
-    that much longer."""
-    per_step = 0.0
-    if new_attention is not None:
-        new_us = attention_kernel_us(new_attention, 2, 12, 1280)
-        per_step += config.depth_double * (new_us - H200_MEASURED["attention_us"])
-    if new_small_kernels:
-        per_step += sum(count * (memory_launch_us(now) - memory_launch_us(before))
-                        for before, now, count in small_kernel_launches(config))
-    if device is not H200:
-        memory_bytes = sum(c.bytes for c in forward_components(config, 512, 2) if c.kind == "memory")
-        per_step += memory_bytes * (1 / device.bandwidth_tbs - 1 / H200.bandwidth_tbs) / 1e6
-    return H200_MEASURED["sampler_ms"] + steps * per_step / 1e3
+# ---------------------------------------------------------------------------------------------
+# GEMMs tile by tile, and the sampler built from its parts (an H200)
+
+# cuBLAS's CTA tiles for half-precision GEMMs (rows of M x columns of N), from the most efficient
+# to the least: the sizes NVIDIA's "Matrix Multiplication Background" guide (DU-09799-001,
+# sections 2.3 and 3) gives for cuBLAS, which cublasLt also names (cublasLtMatmulTile_t); CUTLASS's
+# Hopper GEMMs tile the same way (128 x 128 and 128 x 256 CTAs of two consumer warpgroups). Which
+# one cuBLAS's heuristic takes for a shape is not published: the model takes the fastest by its
+# own arithmetic (`cublas_plan`), the optimistic end of what the heuristic aims at.
+GEMM_TILES = ((256, 128), (128, 256), (128, 128), (256, 64), (64, 256), (128, 64), (64, 128), (64, 64))
+# A large GEMM's main loop at 80 % of the dense peak: the rate the floors of a set assume.
+LARGE_GEMM_EFFICIENCY = 0.8
+
+
+@dataclass(frozen=True)
+class GemmPlan:
+    """One GEMM as cuBLAS runs it: CTAs of `tile` (rows of M, columns of N), `tiles` of them in
+    `waves` waves on the SMs, each wave a tile's time (`tile_us`). A last wave of fewer tiles than
+    SMs leaves the rest idle (wave quantisation), a tile past the matrix's edge computes padding
+    (tile quantisation)."""
+
+    tile: tuple[int, int]
+    tiles: int
+    waves: int
+    tile_us: float
+
+    @property
+    def us(self) -> float:
+        return self.waves * self.tile_us
+
+    @property
+    def sm_us(self) -> float:
+        """The SM time its tiles hold: what another stream's GEMM cannot use meanwhile."""
+        return self.tiles * self.tile_us
+
+
+def tile_share(tile: tuple[int, int], item: int = 2, chip: Chip = H200_CHIP, device: Device = H200) -> float:
+    """Share of the dense tensor peak a tile's main loop keeps: LARGE_GEMM_EFFICIENCY, or less where
+    the SM's L2 bandwidth cannot feed it. Each step of K reads (rows + columns) x item bytes of A
+    and B for 2 x rows x columns FLOPs: a 128 x 256 tile does 85 FLOP a byte, and an SM's share of
+    the peak (7.5 TFLOP/s) needs 95 at 40 bytes a cycle (79 GB/s at 1.98 GHz)."""
+    rows, cols = tile
+    per_sm = device.tensor_tflops * 1e12 / chip.sms
+    fed = 2 * rows * cols / ((rows + cols) * item) * chip.l2_bytes_per_cycle * chip.clock_ghz * 1e9
+    return min(LARGE_GEMM_EFFICIENCY, fed / per_sm)
+
+
+def gemm_plan(m: int, k: int, n: int, tile: tuple[int, int], item: int = 2, accumulate: bool = False,
+              chip: Chip = H200_CHIP, device: Device = H200) -> GemmPlan:
+    """[M, K] @ [K, N] in CTAs of `tile`: ceil(M / rows) x ceil(N / columns) tiles in ceil(tiles / SMs)
+    waves. A wave takes one DRAM round trip before its first operands arrive, the tile's main loop
+    over K at `tile_share`, and its epilogue: the tile's outputs written (read first when
+    `accumulate`: cuBLAS's beta = 1) at the SM's L2 bandwidth."""
+    rows, cols = tile
+    tiles = -(-m // rows) * -(-n // cols)
+    l2_bytes_per_us = chip.l2_bytes_per_cycle * chip.clock_ghz * 1e3
+    main = 2 * rows * cols * k / (tile_share(tile, item, chip, device) * device.tensor_tflops * 1e6 / chip.sms)
+    epilogue = rows * cols * item * (2 if accumulate else 1) / l2_bytes_per_us
+    return GemmPlan(tile, tiles, -(-tiles // chip.sms), chip.dram_latency_ns / 1e3 + main + epilogue)
+
+
+def cublas_plan(m: int, k: int, n: int, item: int = 2, accumulate: bool = False, chip: Chip = H200_CHIP,
+                device: Device = H200, tiles=GEMM_TILES) -> GemmPlan:
+    """The fastest of `tiles` for the shape (cuBLAS's heuristic at its best)."""
+    return min((gemm_plan(m, k, n, tile, item, accumulate, chip, device) for tile in tiles), key=lambda plan: plan.us)
+
+
+def overlapped_us(first_us: float, second_us: float, shared_us: float) -> float:
+    """Two streams' work between two joins, run at once: as long as the longer stream, and never
+    shorter than what both need of the resources they share (`shared_us`: their GEMM tiles' SM time
+    over all SMs plus their memory-bound kernels' DRAM time)."""
+    return max(first_us, second_us, shared_us)
+
+
+# The GEMM the first H200 run timed, [2048, 768] x [768, 2304] bf16 (benchmarks/gpu.py's "GEMM qkv
+# (cuBLAS)"): one call between two CUDA events, the best of 20, 32.0-39.5 µs (183-226 TFLOP/s).
+# The same method timed rms_norm at 20.3-28.0 µs in the same runs, where Nsight Compute put its GPU
+# time at 9.2 µs (at 1.35 GHz: at most that at the event runs' clock): each event pair held at least
+# 11.1-18.8 µs of a call's host time (Python, argument checks, the output's allocation, the
+# launch), so the GEMM's GPU time was at most 20.9 µs where its call's host time was no shorter.
+QKV_GEMM_SHAPE = (2048, 768, 2304)
+QKV_GEMM_EVENTS_US = ((32.0, 20.3), (39.5, 28.0))  # (GEMM, rms_norm) per run, the same event method
+
+
+def qkv_gemm_bounds_us() -> tuple[float, float]:
+    """(lowest, highest) GPU time the first run allows the qkv GEMM: its FLOPs at the rate large
+    GEMMs reach, and the event time less the host time the same method held for rms_norm."""
+    m, k, n = QKV_GEMM_SHAPE
+    lowest = 2.0 * m * k * n / (LARGE_GEMM_EFFICIENCY * H200.tensor_tflops * 1e6)
+    return lowest, min(gemm - (norm - H200_NCU_US["rms_norm"]) for gemm, norm in QKV_GEMM_EVENTS_US)
+
+
+@dataclass(frozen=True)
+class Trunk:
+    """How a sampler step runs: its kernels and its launch structure.
+
+    `attention`: the joint attention's kernel (the pipe model), or `joint_attention_us` a measured
+    time instead; `fused`: the fused kernels "before" or "now" (16-byte packs); `folded`: the
+    residual adds in the W2 GEMM (cuBLAS beta = 1) and the attention output read by stride, so no
+    CuPy add or slice copy; `fork`: the text stream on a second CUDA stream inside the graph,
+    joined at each joint attention; `tiles`: the CTA tiles cuBLAS may pick."""
+
+    attention: AttentionKernel
+    fused: str = "now"
+    folded: bool = True
+    fork: bool = True
+    joint_attention_us: float | None = None
+    tiles: tuple = GEMM_TILES
+
+
+# The launches the first GPU run made and a folded trunk does not: the MLP's residual add after each
+# W2 GEMM, and the attention output's text and image rows copied out before their projections.
+UNFOLDED = ("residual add (CuPy)", "attention output slices (CuPy copy)")
+
+
+def unfolded_components(config: MMJiTConfig, size: int, item: int, batch: int) -> list[Component]:
+    """The CuPy operations a folded trunk does without, per forward (UNFOLDED)."""
+    d, pre, dbl = config.hidden_size, config.txt_preamble_depth, config.depth_double
+    n_txt, n_img = batch * text_tokens(config), batch * (size // config.patch_size) ** 2
+    rows_all = n_txt * (pre + dbl) + n_img * dbl
+    return [memory_component(UNFOLDED[0], 3 * d * rows_all, pre + 2 * dbl, item),
+            memory_component(UNFOLDED[1], 2 * d * (n_txt + n_img) * dbl, 2 * dbl, item)]
+
+
+def trunk_components(config: MMJiTConfig, size: int, item: int, batch: int, folded: bool) -> list[Component]:
+    """A replayed step's forward (forward_components): folded as the twin runs it now, or unfolded
+    as the first GPU run did (the prompt part every step, the UNFOLDED operations)."""
+    return forward_components(config, size, item, batch, unfolded=not folded)
+
+
+def sampler_update(config: MMJiTConfig, size: int, item: int, images: int) -> Component:
+    """The step's update kernel (cfg_euler, or the student's euler_step): the float32 state read and
+    written, the forward's input written and its output read."""
+    state = images * config.in_channels * size * size
+    return Component("sampler update", "memory", 1, 0.0, state * (8 + 2 * forward_batch(config) * item))
+
+
+def step_launches(config: MMJiTConfig, size: int, trunk: Trunk, images: int = 1) -> int:
+    """Graph nodes of one step: the forward's launches and the sampler's."""
+    batch = images * forward_batch(config)
+    return sum(c.launches for c in trunk_components(config, size, 2, batch, trunk.folded)) + sampler_launches(config)
+
+
+@dataclass
+class StreamBlock:
+    """One stream's work in one double block, between two joint attentions: its kernels' GPU µs,
+    its GEMM tiles' SM µs, its memory-bound kernels' DRAM µs and its launches."""
+
+    us: float = 0.0
+    sm_us: float = 0.0
+    dram_us: float = 0.0
+    launches: int = 0
+
+    def add(self, us: float, sm_us: float = 0.0, dram: float = 0.0) -> None:
+        self.us, self.sm_us, self.dram_us, self.launches = (self.us + us, self.sm_us + sm_us, self.dram_us + dram,
+                                                            self.launches + 1)
+
+
+FUSED_KERNELS = ("rms_norm", "add_rms_norm", "qkv_heads", "swiglu")
+
+
+def step_parts(config: MMJiTConfig, size: int, trunk: Trunk, images: int = 1, chip: Chip = H200_CHIP,
+               device: Device = H200, a: Assumptions = Assumptions()) -> dict[str, float]:
+    """µs of one replayed bf16 step of `images` images, by part: the GEMMs (cublas_plan, W2
+    accumulating into the residual when folded), the attentions (attention_kernel_us), the fused
+    kernels (memory_launch_us, before or now), the other memory-bound launches (their bytes at
+    `a.memory` of the bandwidth), the gaps between the graph's nodes, and with the fork what the
+    text stream's double blocks take off by running beside the image stream's (a negative part:
+    per double block overlapped_us of the two streams' GEMMs, fused kernels and gaps, against
+    their sum)."""
+    item, batch = 2, images * forward_batch(config)
+    blocks = {"txt": StreamBlock(), "img": StreamBlock()}
+    gemm_us = attention_us = other_us = fused_us = 0.0
+    for c in trunk_components(config, size, item, batch, trunk.folded):
+        if c.kind == "gemm":
+            plan = cublas_plan(*c.shape, item, trunk.folded and c.name.startswith("GEMM w2"), chip, device,
+                               trunk.tiles)
+            gemm_us += c.launches * plan.us
+            stream = next((label for label in blocks if c.name.endswith(f"({label})")), None)
+            if stream:
+                blocks[stream].add(plan.us, sm_us=plan.sm_us)
+        elif c.kind == "attention":
+            length = int(c.name.split("=")[1])
+            measured = trunk.joint_attention_us if length > text_tokens(config) else None
+            attention_us += c.launches * (measured if measured is not None else
+                                          attention_kernel_us(trunk.attention, batch, config.num_heads, length, chip))
+        elif c.name not in FUSED_KERNELS:
+            other_us += 1e3 * gpu_ms(c, device, item, a)
+    other_us += 1e3 * gpu_ms(sampler_update(config, size, item, images), device, item, a)
+    for stream, before, now, count in fused_kernel_launches_by_stream(config, size, batch, trunk.folded):
+        launch = before if trunk.fused == "before" else now
+        fused_us += count * memory_launch_us(launch, chip, device)
+        if stream in blocks:
+            blocks[stream].add(memory_launch_us(launch, chip, device), dram=dram_us(launch, device))
+    gap = a.graph_gap_us
+    parts = {"GEMMs (cuBLAS)": gemm_us, "attention": attention_us, "fused memory-bound kernels": fused_us,
+             "other memory-bound launches": other_us,
+             "gaps between graph nodes": step_launches(config, size, trunk, images) * gap}
+    if trunk.fork:
+        txt, img = (block.us + block.launches * gap for block in blocks.values())
+        shared = sum(block.sm_us for block in blocks.values()) / chip.sms + sum(b.dram_us for b in blocks.values())
+        hidden = txt + img - overlapped_us(img, txt, shared)
+        parts["text stream beside the image stream"] = -config.depth_double * hidden
+    return parts
+
+
+def sampler_parts(config: MMJiTConfig, size: int, steps: int, trunk: Trunk, first_call: bool = True,
+                  images: int = 1, chip: Chip = H200_CHIP, device: Device = H200,
+                  a: Assumptions = Assumptions()) -> dict[str, float]:
+    """ms of one `sample` call by part: `steps` replayed steps (step_parts), the folded trunk's
+    prompt part once (eager: `prompt_ms`), and on a first call (a graph not kept from an earlier
+    one) step 0 run eagerly (the longer of its GPU time and its launches' host time) and step 1
+    recorded at host speed, less the replay they stand for."""
+    step = step_parts(config, size, trunk, images, chip, device, a)
+    parts = {name: steps * us / 1e3 for name, us in step.items()}
+    if trunk.folded:
+        parts["prompt part, once a call"] = prompt_ms(config, size, device, 2, a, images * forward_batch(config))
+    replay, host = sum(step.values()) / 1e3, step_launches(config, size, trunk, images) * a.cupy_launch_us / 1e3
+    parts["eager step 0 and capture"] = max(0.0, host - replay) + host if first_call and steps > 1 else 0.0
+    return parts
+
+
+def sampler_call_ms(config: MMJiTConfig, size: int, steps: int, trunk: Trunk, first_call: bool = True,
+                    images: int = 1, chip: Chip = H200_CHIP, device: Device = H200,
+                    a: Assumptions = Assumptions()) -> float:
+    return sum(sampler_parts(config, size, steps, trunk, first_call, images, chip, device, a).values())
+
+
+def first_run_trunk(attention: AttentionKernel | None = None) -> Trunk:
+    """The first H200 run's sampler: WMMA attention (at its measured 623 µs unless `attention` is
+    given), the fused kernels before their packs, no fold, no fork (and no graph kept)."""
+    return Trunk(attention or wmma_attention_kernel(), fused="before", folded=False, fork=False,
+                 joint_attention_us=None if attention else H200_MEASURED["attention_us"])
+
+
+# How far the model may land from the first run's 10-step sampler (model / measured) for it to stand.
+# The joint attentions, at their measured 623 µs, are 70 % of it, so the total's band says little
+# about the rest: the parts no measurement pins (GEMMs, fused kernels, other launches, gaps, step 0
+# and the capture; the measured total less the attentions) must land within the attention's band,
+# the loosest of those parts' own (GEMMs within their anchor, fused kernels 0.5-1.5x); the total
+# within 15 %, a band the rest could only leave by missing its own.
+SAMPLER_BAND = (0.85, 1.15)
+UNPINNED_BAND = ATTENTION_BAND
+
+
+def first_run_fit() -> tuple[float, float]:
+    """(model / measured) of the first run's 10-step sampler, and of its parts besides attention."""
+    parts = sampler_parts(MMJIT_B16, 512, 10, first_run_trunk())
+    total, attention = sum(parts.values()), parts["attention"]
+    return total / H200_MEASURED["sampler_ms"], (total - attention) / (H200_MEASURED["sampler_ms"] - attention)
 
 
 def attention_fits(new: AttentionKernel) -> list[tuple[AttentionKernel, float | None]]:
@@ -692,11 +975,49 @@ def memory_model_table() -> list[str]:
     return rows
 
 
-def sampler_model_table(new: AttentionKernel) -> list[str]:
-    return ["| 10-step B/16 sampler, bf16 | H200 ms | H100 ms |", "|---|---|---|",
-            f"| measured on the H200 (WMMA attention, fused kernels before) | {H200_MEASURED['sampler_ms']:.1f} | |",
-            f"| with the fused kernels in 16-byte packs | {sampler_ms():.1f} | {sampler_ms(device=H100):.1f} |",
-            f"| and the attention kernel now | {sampler_ms(new):.1f} | {sampler_ms(new, device=H100):.1f} |"]
+def forward_gemm_shapes(config: MMJiTConfig = MMJIT_B16, size: int = 512, batch: int = 2) -> dict[str, tuple]:
+    """{name: (M, K, N)} of the trunk's eight GEMM shapes in one forward (4 a stream)."""
+    return {c.name.removeprefix("GEMM "): c.shape for c in forward_components(config, size, 2, batch)
+            if c.kind == "gemm" and c.name.endswith(("(txt)", "(img)"))}
+
+
+def gemm_shape_table(chip: Chip = H200_CHIP, device: Device = H200) -> list[str]:
+    rows = ["| GEMM | M x K x N | tile | tiles | waves | SMs busy in the last wave | predicted µs | TFLOP/s | "
+            "128 x 256 tiles only, µs |", "|---|---|---|---|---|---|---|---|---|"]
+    for name, (m, k, n) in forward_gemm_shapes().items():
+        accumulate = name.startswith("w2")
+        plan = cublas_plan(m, k, n, 2, accumulate, chip, device)
+        last = plan.tiles - (plan.waves - 1) * chip.sms
+        fixed = gemm_plan(m, k, n, (128, 256), 2, accumulate, chip, device)
+        rows.append(f"| {name}{' (+= residual)' if accumulate else ''} | {m} x {k} x {n} | {plan.tile[0]} x "
+                    f"{plan.tile[1]} | {plan.tiles} | {plan.waves} | {last} of {chip.sms} | {plan.us:.1f} | "
+                    f"{2.0 * m * k * n / plan.us / 1e6:.0f} | {fixed.us:.1f} |")
+    return rows
+
+
+def sampler_trunks(new: AttentionKernel) -> dict[str, tuple[Trunk, bool]]:
+    """The columns of the sampler table: (trunk, first call) from the first GPU run to now."""
+    return {"first H200 run (WMMA at its measured 623 µs)": (first_run_trunk(), True),
+            "first H200 run (WMMA by its model)": (first_run_trunk(wmma_attention_kernel()), True),
+            "kernels now, one stream": (Trunk(new, folded=False, fork=False), True),
+            "+ adds folded, strided reads": (Trunk(new, fork=False), True),
+            "+ stream fork": (Trunk(new), True),
+            "+ kept graph (a second call)": (Trunk(new), False)}
+
+
+def sampler_parts_table(new: AttentionKernel, chip: Chip = H200_CHIP, device: Device = H200) -> list[str]:
+    columns = {label: sampler_parts(MMJIT_B16, 512, 10, trunk, first, chip=chip, device=device)
+               for label, (trunk, first) in sampler_trunks(new).items()}
+    names = list(dict.fromkeys(name for parts in columns.values() for name in parts))
+    rows = ["| 10-step B/16 sampler, bf16, H200 ms | " + " | ".join(columns) + " |",
+            "|---|" + "---|" * len(columns)]
+    rows += [f"| {name} | " + " | ".join(f"{parts.get(name, 0.0):.1f}" for parts in columns.values()) + " |"
+             for name in names]
+    rows.append("| **predicted** | " + " | ".join(f"**{sum(p.values()):.1f}**" for p in columns.values()) + " |")
+    rows.append("| graph nodes a step | " + " | ".join(
+        str(step_launches(MMJIT_B16, 512, trunk)) for trunk, _ in sampler_trunks(new).values()) + " |")
+    rows.append(f"| measured | {H200_MEASURED['sampler_ms']:.1f} |" + " |" * (len(columns) - 1))
+    return rows
 
 
 # ---------------------------------------------------------------------------------------------
@@ -770,13 +1091,15 @@ def tables() -> dict[str, list[str]]:
         "One 512x512 image with the default steps on an H100 SXM, T5 included, predicted": image_table(),
         "Sensitivity of the B/16 bf16 H100 prediction": sensitivity_table(),
         "The fused memory-bound kernels on the H200, round trip by round trip": memory_model_table(),
+        "The forward's GEMMs on the H200, tile by tile": gemm_shape_table(),
     }
 
 
 def kernel_tables(new: AttentionKernel) -> dict[str, list[str]]:
     """The tables of docs/performance-model.md that need the attention kernel's machine code."""
     return {"Attention at [2, 12, 1280, 64] bf16 on the H200, pipe by pipe": attention_model_table(new),
-            "The 10-step sampler on the H200 and the H100 with the new kernels": sampler_model_table(new)}
+            "The 10-step sampler on the H200, built from its parts": sampler_parts_table(new),
+            "Images a second by group size on the H200, and GenEval's set": group_table(new)}
 
 
 def main() -> int:
@@ -786,58 +1109,78 @@ def main() -> int:
     return 0
 
 
-if __name__ == "__main__":
-    sys.exit(main())
-
 
 # ---------------------------------------------------------------------------------------------
 # Batch runs: a group of N images a forward (`minit2i batch --batch-size N`), on the H200
 
-GENEVAL_IMAGES = 553 * 4  # GenEval's prompts x its 4 images each
+GENEVAL_SEEDS = 4  # GenEval's images a prompt, consecutive jobs of a run
+GENEVAL_IMAGES = 553 * GENEVAL_SEEDS
 # The floor of a set: its FLOPs at the dense bf16 rate that large GEMMs reach, 80 % of the peak.
-FLOOR_EFFICIENCY = 0.8
+FLOOR_EFFICIENCY = LARGE_GEMM_EFFICIENCY
 # The targets on paper: the base model's set within 1.5x its floor, the student's within 3x.
 SET_TARGETS = {"B/16": 1.5, "B/16-MF": 3.0}
 GROUP_SIZES = (1, 2, 4, 8, 16)
 
 
-def group_ms(config: MMJiTConfig, size: int, steps: int, images: int, device: Device, item: int,
-             a: Assumptions, t5: bool = True) -> float:
-    """One group of `images` images drawn by a runner that kept its captured step from the run's
-    earlier groups (accelerated/sampler.py's StepGraphs): T5 on the group's prompts (unless not
-    `t5`), step 0 eager, steps 1.. replayed; rows: images x `forward_batch`."""
-    components = forward_components(config, size, item, images * forward_batch(config))
-    extra = sampler_launches(config)
-    encoding = step_ms(t5_components(T5_FLAN_LARGE, config.prompt_length, images), device, 4, a, a.cupy_launch_us,
-                       replayed=False, extra_launches=0) if t5 else 0.0
-    eager = step_ms(components, device, item, a, a.cupy_launch_us, replayed=False, extra_launches=extra)
-    replay = step_ms(components, device, item, a, a.cupy_launch_us, replayed=True, extra_launches=extra)
-    return encoding + eager + (steps - 1) * replay
+def t5_group_ms(config: MMJiTConfig, images: int, per_group: bool, images_per_prompt: int = 1,
+                device: Device = H200, a: Assumptions = Assumptions()) -> float:
+    """T5 (fp32, eager) for a group of `images` images: one encoding of the group's distinct
+    prompts when `per_group` (`images_per_prompt` images share a prompt: GenEval's 4 seeds),
+    else one encoding an image (the batch path before it encoded distinct prompts once)."""
+    if per_group:
+        prompts = -(-images // images_per_prompt)
+        return step_ms(t5_components(T5_FLAN_LARGE, config.prompt_length, prompts), device, 4, a, a.cupy_launch_us,
+                       replayed=False, extra_launches=0)
+    return images * t5_ms(T5_FLAN_LARGE, config.prompt_length, device, a)
 
 
-def set_seconds(config: MMJiTConfig, size: int, steps: int, images: int, count: int, device: Device, item: int,
-                a: Assumptions) -> float:
+def group_ms(config: MMJiTConfig, size: int, steps: int, images: int, trunk: Trunk, t5: str | None = "group",
+             images_per_prompt: int = 1, chip: Chip = H200_CHIP, device: Device = H200,
+             a: Assumptions = Assumptions()) -> float:
+    """One group of `images` images (rows: images x `forward_batch`) drawn by a runner that kept
+    its graph from the run's earlier groups (every step replayed: `sampler_call_ms`, not a first
+    call), after T5: once for the group's distinct prompts (`t5` "group"), once an image
+    ("image"), or not at all (None)."""
+    encoding = 0.0 if t5 is None else t5_group_ms(config, images, t5 == "group", images_per_prompt, device, a)
+    return encoding + sampler_call_ms(config, size, steps, trunk, False, images, chip, device, a)
+
+
+def set_seconds(config: MMJiTConfig, size: int, steps: int, images: int, count: int, trunk: Trunk,
+                t5: str | None = "group", images_per_prompt: int = 1, chip: Chip = H200_CHIP, device: Device = H200,
+                a: Assumptions = Assumptions()) -> float:
     """`count` images in groups of `images` (the last one what is left)."""
     whole, rest = divmod(count, images)
-    last = group_ms(config, size, steps, rest, device, item, a) if rest else 0.0
-    return (whole * group_ms(config, size, steps, images, device, item, a) + last) / 1e3
+
+    def group(n):
+        return group_ms(config, size, steps, n, trunk, t5, images_per_prompt, chip, device, a)
+
+    return (whole * group(images) + (group(rest) if rest else 0.0)) / 1e3
 
 
 def floor_seconds(config: MMJiTConfig, size: int, steps: int, count: int, device: Device) -> float:
     """`count` images' FLOPs (every forward, T5 left out) at FLOOR_EFFICIENCY of the bf16 peak."""
-    flops = steps * sum(c.flops for c in forward_components(config, size, 2, forward_batch(config)))
+    flops = steps * sum(c.flops for c in forward_components(config, size, 2, forward_batch(config), whole=True))
     return count * flops / (FLOOR_EFFICIENCY * device.tensor_tflops * 1e12)
 
 
-def group_table(a: Assumptions = Assumptions(), size: int = 512, device: Device = H200) -> list[str]:
-    """Images per second of the twin (bf16, graphs kept) by group size, and GenEval's set time."""
-    rows = ["| model | steps | N | images/s | GenEval set (2,212 images) | floor | set / floor | target |",
-            "|---|---|---|---|---|---|---|---|"]
+def group_table(attention: AttentionKernel, size: int = 512, chip: Chip = H200_CHIP,
+                device: Device = H200) -> list[str]:
+    """Images per second of the twin (bf16, folded trunk, stream fork, graph kept) by group size,
+    and GenEval's set time, with T5 once an image and once a group for its distinct prompts."""
+    trunk = Trunk(attention)
+    rows = ["| model | steps | N | T5 | images/s | GenEval set (2,212 images) | floor | set / floor | target |",
+            "|---|---|---|---|---|---|---|---|---|"]
     for label, (config, steps) in MODELS.items():
         floor = floor_seconds(config, size, steps, GENEVAL_IMAGES, device)
         for images in GROUP_SIZES:
-            seconds = set_seconds(config, size, steps, images, GENEVAL_IMAGES, device, 2, a)
-            rate = images / (group_ms(config, size, steps, images, device, 2, a) / 1e3)
-            rows.append(f"| {label} | {steps} | {images} | {rate:.1f} | {seconds / 60:.2f} min | "
-                        f"{floor / 60:.2f} min | {seconds / floor:.2f} | {SET_TARGETS[label]:.1f}x |")
+            for t5, words in (("image", "once an image"), ("group", "its distinct prompts once a group")):
+                seconds = set_seconds(config, size, steps, images, GENEVAL_IMAGES, trunk, t5, GENEVAL_SEEDS, chip,
+                                      device)
+                rate = images / (group_ms(config, size, steps, images, trunk, t5, GENEVAL_SEEDS, chip, device) / 1e3)
+                rows.append(f"| {label} | {steps} | {images} | {words} | {rate:.1f} | {seconds / 60:.2f} min | "
+                            f"{floor / 60:.2f} min | {seconds / floor:.2f} | {SET_TARGETS[label]:.1f}x |")
     return rows
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -7,15 +7,26 @@ against the real `cupy` by tests/test_cudasim.py), so code that runs here runs o
   in arithmetic raises TypeError as CuPy does; `asnumpy` / `.get()` are the device-to-host copies.
 * `matmul` computes like cuBLAS with fp32 accumulation: inputs upcast to float32, the product
   rounded once to the input dtype (fp32 GEMMs without TF32, CuPy's default).
-* `gemm(x, w_t, out)` is not a CuPy name: it plays the twin's own cublasGemmEx call
-  (accelerated/cublas.py), which computes as `matmul` does but, unlike CuPy's cuBLAS wrappers,
-  may be captured in a graph, where it is recorded like a kernel launch.
+* `gemm(x, w_t, out, beta)` is not a CuPy name: it plays the twin's own cuBLAS calls
+  (accelerated/cublas.py: cublasGemmEx, and cublasGemmStridedBatchedEx for a strided batch),
+  which compute as `matmul` does, plus beta * out in fp32 before the one rounding, but, unlike
+  CuPy's cuBLAS wrappers, may be captured in a graph, where they are recorded like a kernel launch.
 * `RawModule` compiles the CUDA source with cudasim and launches its kernels on the CPU.
 * CUDA graphs: between `Stream.begin_capture()` and `end_capture()` nothing runs; every
   kernel launch and array operation is recorded, and the outputs it allocates are poisoned
   (NaN), as a captured GPU op has not run yet. `Graph.launch()` re-runs the recorded
   operations on the same buffers, reading their values at replay time; kernel scalars stay
   those given at capture, as in a real graph.
+* Streams and events, as a capture sees them: each recorded operation is a node of the graph
+  with the stream it was issued on (the current stream, `with stream:`) and the nodes it waits
+  for (`Graph.nodes`, cudasim's own attribute), so a test can read the graph's dependencies. Work
+  on one stream depends on that stream's previous work; `Event.record(stream)` marks a point of
+  a stream and `Stream.wait_event(event)` makes another stream's next work wait for it. As in
+  CUDA (Programming Guide, "Cross-stream dependencies and events"), a stream joins a capture only
+  by waiting on an event recorded in a capturing stream, and `end_capture` refuses a capture
+  with work not joined back into the stream that began it (cudaErrorStreamCaptureUnjoined).
+  Outside a capture the CPU runs everything at once in issue order, which every stream order
+  allows, so streams and events change nothing there.
 * What CuPy 14 refuses during a capture, the stand-in refuses the same way (`Capture` lists
   each rule with its CuPy source), so a capture that works here works on a GPU.
 """
@@ -58,13 +69,42 @@ class Capture:
       which also invalidates the capture, so `end_capture` then fails with
       cudaErrorStreamCaptureInvalidated (CUDA Programming Guide, "Prohibited and Unhandled
       Operations"; CuPy passes both on as CUDARuntimeError);
-    * capturing on the legacy default stream: RuntimeError, cupy/cuda/stream.pyx (begin_capture).
+    * capturing on the legacy default stream: RuntimeError, cupy/cuda/stream.pyx (begin_capture);
+    * ending a capture whose work on another stream was not joined back (waited for by the stream
+      that began it): cudaErrorStreamCaptureUnjoined from cudaStreamEndCapture (CUDA Runtime API);
+    * work issued to a stream that never joined the capture: on a GPU it would run at once,
+      outside the graph, before the captured work it reads; cudasim refuses it (a RuntimeError).
     Allocations are allowed: CuPy captures in relaxed mode so that its pool may grow
     (cupy/cuda/stream.pyx, begin_capture); what they hold stays at the captured addresses (cupy#9655).
     """
 
-    def __init__(self):
-        self.operations, self.invalidated = [], False
+    def __init__(self, origin):
+        self.operations, self.nodes, self.invalidated = [], [], False
+        self.origin = origin
+        self.frontier = {origin: frozenset()}  # a capturing stream -> the nodes its next operation waits for
+
+    def record(self, operation, name: str) -> None:
+        """`operation` as the next node of the current stream, after that stream's frontier."""
+        stream = _current_stream()
+        if stream not in self.frontier:
+            raise RuntimeError(f"{name} issued to a stream that is not part of the capture: a stream joins a capture "
+                               "only by waiting on an event recorded in a capturing stream (cudasim refuses it: on a "
+                               "GPU it would run at once, outside the graph)")
+        self.nodes.append(Node(name, stream, self.frontier[stream]))
+        self.operations.append(operation)
+        self.frontier[stream] = frozenset({len(self.nodes) - 1})
+
+    def check_joined(self) -> None:
+        """Every node must come before the end of the origin stream (cudaStreamEndCapture's rule)."""
+        joined, pending = set(), list(self.frontier[self.origin])
+        while pending:
+            node = pending.pop()
+            if node not in joined:
+                joined.add(node)
+                pending.extend(self.nodes[node].waits_for)
+        if len(joined) < len(self.nodes):
+            raise CUDARuntimeError("cudaErrorStreamCaptureUnjoined: capture was not joined back into the stream that "
+                                   "began it")
 
     def refuse_transfer(self, direction: str):
         raise RuntimeError(f"the current stream is capturing, so {direction} transfers are disallowed")
@@ -77,19 +117,32 @@ class Capture:
         raise CUDARuntimeError("cudaErrorStreamCaptureUnsupported: operation not permitted when stream is capturing")
 
 
-_state = {"capture": None, "synchronize_allowed": True}
+class Node:
+    """One operation of a captured graph: a name (the kernel's, "gemm (handle n)" or "array
+    operation"), the stream it was issued on and the indices of the nodes it waits for."""
+
+    def __init__(self, name: str, stream, waits_for: frozenset):
+        self.name, self.stream, self.waits_for = name, stream, waits_for
+
+
+_state = {"capture": None, "synchronize_allowed": True, "streams": []}
 
 
 def _capturing() -> Capture | None:
     return _state["capture"]
 
 
-def _run_or_record(operation) -> None:
+def _current_stream():
+    """The stream of the innermost `with stream:`, else the legacy default stream."""
+    return _state["streams"][-1] if _state["streams"] else _default_stream
+
+
+def _run_or_record(operation, name: str = "array operation") -> None:
     """Run `operation()` now, or record it when a stream is capturing a graph."""
     if _capturing() is None:
         operation()
     else:
-        _capturing().operations.append(operation)
+        _capturing().record(operation, name)
 
 
 def _fresh(compute):
@@ -97,7 +150,7 @@ def _fresh(compute):
     result = np.asarray(compute()).view(ndarray)
     if _capturing() is not None:
         result.view(np.ndarray)[...] = np.nan if result.dtype.kind in "fc" else -1  # not computed yet
-        _capturing().operations.append(lambda: np.copyto(result.view(np.ndarray), compute(), casting="unsafe"))
+        _capturing().record(lambda: np.copyto(result.view(np.ndarray), compute(), casting="unsafe"), "array operation")
     return result
 
 
@@ -268,11 +321,23 @@ def matmul(x1, x2, /, out=None):
     return _fresh(lambda: _fp32_product(a, b))
 
 
-def gemm(x, w_t, out) -> None:
-    """out[M, N] = x[M, K] @ w_t[K, N] as accelerated/cublas.py's cublasGemmEx computes it, run now
-    or, during a capture, recorded and re-run on replay with the values of that moment."""
+def gemm(x, w_t, out, beta: float = 0.0, handle: int = 0) -> None:
+    """out = x @ w_t + beta out as accelerated/cublas.py's cuBLAS call computes it on its handle
+    `handle` (the node's name in a capture: "gemm (handle n)"), run now or, during a capture,
+    recorded and re-run on replay with the values of that moment.
+
+    x [M, K] or [B, M, K] (each sample's product, as cublasGemmStridedBatchedEx), w_t [K, N], out
+    [M, N] or [B, M, N]. CUBLAS_COMPUTE_32F: the inputs upcast to float32, the product summed in
+    float32, beta * out added in float32 (beta = 0: out is not read, as in cuBLAS) and the sum
+    rounded once to out's dtype.
+    """
     a, b, c = _host(x), _host(w_t), _host(out)
-    _run_or_record(lambda: np.copyto(c, _fp32_product(a, b)))
+
+    def compute():
+        total = a.astype(np.float32) @ b.astype(np.float32)
+        return total + np.float32(beta) * c.astype(np.float32) if beta else total
+
+    _run_or_record(lambda: np.copyto(c, compute().astype(c.dtype)), f"gemm (handle {handle})")
 
 
 class RawModule:
@@ -303,7 +368,7 @@ class RawKernel:
     def __call__(self, grid, block, args, *, shared_mem=0, enable_cooperative_groups=False):
         args = tuple(args)
         self._kernel.check(grid, block, args, shared_mem)  # a bad launch fails at capture time too
-        _run_or_record(lambda: self._kernel(grid, block, args, shared_mem=shared_mem))
+        _run_or_record(lambda: self._kernel(grid, block, args, shared_mem=shared_mem), self._kernel.name)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -311,10 +376,12 @@ class RawKernel:
 
 
 class Graph:
-    """A captured sequence of operations; launch() replays it on the same buffers."""
+    """A captured graph; launch() replays its operations on the same buffers, in the order they
+    were issued (a topological order of `nodes`: a node only waits for earlier ones)."""
 
-    def __init__(self, operations):
+    def __init__(self, operations, nodes):
         self._operations = operations
+        self.nodes = nodes  # cudasim's: the graph's Node list, for tests of its dependencies
 
     def upload(self, stream=None):
         pass
@@ -324,35 +391,69 @@ class Graph:
             operation()
 
 
+class Event:
+    """A point in a stream's work. Recorded in a capturing stream it stands for the nodes issued
+    there so far; recorded elsewhere, for work the CPU has already run."""
+
+    def __init__(self, block=False, disable_timing=False, interprocess=False):
+        self._waits_for = None  # the capture nodes the event marks (None: nothing to wait for)
+
+    def record(self, stream=None):
+        stream = _current_stream() if stream is None else stream
+        capture = _capturing()
+        self._waits_for = capture.frontier.get(stream) if capture is not None else None
+
+    def synchronize(self):
+        if _capturing() is not None:
+            _capturing().refuse_synchronize()
+
+
 class Stream:
-    """Work runs in order on the CPU, so a stream only matters for graph capture."""
+    """Work runs in order on the CPU, so a stream only matters for graph capture; `with stream:`
+    makes it the current stream."""
 
     def __init__(self, null=False, non_blocking=False, ptds=False, priority=None):
         self.null = null
 
     def __enter__(self):
+        _state["streams"].append(self)
         return self
 
     def __exit__(self, *exc):
+        _state["streams"].pop()
         return False
 
     def synchronize(self):  # not seen by cupyx.allow_synchronize (cupy/_core/syncdetect.py)
         if _capturing() is not None:
             _capturing().refuse_synchronize()
 
+    def record(self, event=None):
+        event = Event() if event is None else event
+        event.record(self)
+        return event
+
+    def wait_event(self, event):
+        """This stream's next work waits for `event`; an event recorded in a capture pulls this
+        stream into it (cudaStreamWaitEvent)."""
+        capture = _capturing()
+        if capture is None or event._waits_for is None:
+            return
+        capture.frontier[self] = capture.frontier.get(self, frozenset()) | event._waits_for
+
     def begin_capture(self, mode=None):
         if self.null:
             raise RuntimeError("cannot capture on the default (legacy) stream")
         if _capturing() is not None:
             raise RuntimeError("a stream is already capturing")
-        _state["capture"] = Capture()
+        _state["capture"] = Capture(self)
 
     def end_capture(self):
         capture, _state["capture"] = _capturing(), None
         if capture.invalidated:
             raise CUDARuntimeError("cudaErrorStreamCaptureInvalidated: operation failed due to a previous error "
                                    "during capture")
-        return Graph(capture.operations)
+        capture.check_joined()
+        return Graph(capture.operations, capture.nodes)
 
 
 class Device:
@@ -385,8 +486,8 @@ _default_stream = Stream(null=True)
 
 cuda = SimpleNamespace(
     runtime=SimpleNamespace(getDeviceCount=lambda: 1, getDevice=lambda: 0, CUDARuntimeError=CUDARuntimeError),
-    Stream=Stream, Device=Device, MemoryPool=MemoryPool, using_allocator=using_allocator,
-    get_current_stream=lambda device_id=-1: _default_stream, graph=SimpleNamespace(Graph=Graph),
+    Stream=Stream, Event=Event, Device=Device, MemoryPool=MemoryPool, using_allocator=using_allocator,
+    get_current_stream=lambda device_id=-1: _current_stream(), graph=SimpleNamespace(Graph=Graph),
 )
 
 

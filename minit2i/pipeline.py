@@ -437,7 +437,7 @@ def _generate(model: Model, runner, request: Request, on_step, noise: np.ndarray
     timings["tokenize"] = time.perf_counter() - start
 
     mark = time.perf_counter()
-    context = runner.encode(ids, mask)
+    context = encode_distinct(runner, ids, mask)
     timings["t5"] = time.perf_counter() - mark
 
     last = [time.perf_counter()]
@@ -463,6 +463,26 @@ def _generate(model: Model, runner, request: Request, on_step, noise: np.ndarray
     timings["sampling"] = time.perf_counter() - mark
     timings["total"] = time.perf_counter() - start
     return Result(to_pixels(images), images, timings, step_times)
+
+
+def encode_distinct(runner, ids: np.ndarray, mask: np.ndarray):
+    """T5 once per distinct prompt: ids, mask [B, L] -> the runner's context [B, L, Dc], row i the
+    encoding of prompt i.
+
+    A request of n images a prompt, or a batch run's group holding one prompt's several seeds
+    (GenEval's four), repeats rows that T5 would encode again for nothing: the encoder runs on
+    the distinct rows, in the order they first appear, and the context gathers them back. On NumPy
+    a row's encoding does not depend on the rows beside it (matmul runs a stack one matrix at a
+    time), so the context is the one all B rows would give, byte for byte; on the twin the group
+    decides the bits, as it does for the transformer (docs/evaluation.md).
+    """
+    first_of: dict[bytes, int] = {}
+    which = [first_of.setdefault(ids[i].tobytes() + mask[i].tobytes(), len(first_of)) for i in range(len(ids))]
+    if len(first_of) == len(which):
+        return runner.encode(ids, mask)
+    firsts = [which.index(j) for j in range(len(first_of))]
+    # A list of row numbers indexes NumPy, CuPy (which uploads it) and cudasim's stand-in alike.
+    return runner.encode(ids[firsts], mask[firsts])[which]
 
 
 def output_paths(output: Path, count: int) -> list[Path]:

@@ -23,7 +23,8 @@ from gpu_parity import BACKEND, RUNNER, STAGE_BOUND
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from minit2i.accelerated import sampler
+from minit2i.accelerated import kernels, sampler
+from minit2i.accelerated.mean_flow_sampler import StudentStep
 from minit2i.core.mean_flow_config import MeanFlowConfig
 from minit2i.pipeline import load_model
 from minit2i.reference.sampler import initial_noise
@@ -88,10 +89,11 @@ def test_an_image_drawn_in_a_group_is_within_the_bound_of_the_image_drawn_alone(
 
 
 def test_a_runner_captures_one_step_per_group_shape_and_replays_it(tiny, monkeypatch):
-    """Groups of 3, 3 and 2 (a run's last group smaller): two captures, one per shape, and every
-    step after the first of each group a replay; a third shape drops the one used least recently,
-    so at most two graphs hold device memory. The second group of 3, replayed on the first one's
-    graph, is the group drawn by a fresh runner bit for bit (cudasim; a GPU within replay's 1e-6)."""
+    """Groups of 3, 3 and 2 (a run's last group smaller): two captures, one per shape; every step
+    after the first of a shape's first group a replay, and every step of the second group of 3; a
+    third shape drops the one used least recently, so at most two graphs hold device memory. The
+    second group of 3, replayed on the first one's graph, is the group drawn by a fresh runner bit
+    for bit (cudasim; a GPU within replay's 1e-6)."""
     captures, launches = [], []
     real_capture, real_launch = sampler.capture, sampler.CapturedStep.launch
     monkeypatch.setattr(sampler, "capture", lambda step, stream: captures.append(1) or real_capture(step, stream))
@@ -101,7 +103,7 @@ def test_a_runner_captures_one_step_per_group_shape_and_replays_it(tiny, monkeyp
     draw(tiny, runner, [0, 1, 2])
     second = draw(tiny, runner, [3, 4, 0])
     draw(tiny, runner, [1, 2])
-    assert (len(captures), len(launches)) == (2, 3 * (STEPS - 1))
+    assert (len(captures), len(launches)) == (2, (STEPS - 1) + STEPS + (STEPS - 1))
     assert [key[1][0] for key in runner.graphs.entries] == [3, 2]
     draw(tiny, runner, [4])
     assert [key[1][0] for key in runner.graphs.entries] == [2, 1] and len(captures) == 3
@@ -109,9 +111,47 @@ def test_a_runner_captures_one_step_per_group_shape_and_replays_it(tiny, monkeyp
     assert_same_group_same_bits(second, fresh)
 
 
-def test_a_student_group_replayed_on_a_kept_graph_hands_the_callback_the_replayed_x0(student):
-    """The student's x0 lives in the graph's pool: a call replaying a kept graph must hand the
-    callback that array after each replay, not step 0's eager one."""
+def count_captures_and_eager_steps(monkeypatch, step_class) -> tuple[list, list]:
+    """(captures, step calls) lists that grow by one at each `sampler.capture` and each call of
+    `step_class.step`: an eager step, or the one run inside a capture."""
+    captures, eager = [], []
+    real_capture, real_step = sampler.capture, step_class.step
+    monkeypatch.setattr(sampler, "capture", lambda step, stream: captures.append(1) or real_capture(step, stream))
+    monkeypatch.setattr(step_class, "step", lambda self: eager.append(1) or real_step(self))
+    return captures, eager
+
+
+def test_a_second_call_captures_nothing_and_draws_a_fresh_runners_pixels(tiny, monkeypatch):
+    """Two `sample` calls of one shape on one runner: the first runs step 0 eagerly and captures
+    step 1; the second (other prompts, other noise, other step count: the factors are device
+    scalars, not part of the graph) captures nothing and runs no eager step, every step a replay.
+    Each call's image is the one a fresh runner draws after `kernels.clear_device_caches()`, what a
+    fresh process starts from (no compiled module, table, handle or graph), bit for bit on
+    cudasim (a replay re-runs the recorded operations on the same values; a GPU within replay's
+    1e-6). Clearing the device caches drops the kept graph: the next call captures again."""
+    captures, eager = count_captures_and_eager_steps(monkeypatch, sampler.GuidedStep)
+    runner = RUNNER(tiny.mmjit, tiny.t5, "fp32")
+    first = draw(tiny, runner, [0])
+    assert (len(captures), len(eager)) == (1, 2)  # step 0, then step 1 inside the capture
+    ids, mask = tiny.tokenizer([PROMPTS[1]])
+    context = runner.encode(ids, mask)
+    noise = initial_noise(101, 1, 3, SIZE, SIZE)
+    second = runner.sample(noise, context, mask, STEPS + 1, CFG_SCALE, A_MIN)
+    assert (len(captures), len(eager)) == (1, 2)
+    kernels.clear_device_caches()
+    assert not runner.graphs.entries
+    fresh_runner = RUNNER(tiny.mmjit, tiny.t5, "fp32")
+    assert_same_group_same_bits(first, draw(tiny, fresh_runner, [0]))
+    assert len(captures) == 2
+    kernels.clear_device_caches()
+    fresh_second = RUNNER(tiny.mmjit, tiny.t5, "fp32").sample(noise, context, mask, STEPS + 1, CFG_SCALE, A_MIN)
+    assert_same_group_same_bits(second, fresh_second)
+
+
+def test_a_student_group_replayed_on_a_kept_graph_hands_the_callback_the_replayed_x0(student, monkeypatch):
+    """The student's x0 lives in the graph's pool: a call replaying a kept graph (every step of it,
+    none eager, no second capture) must hand the callback that array after each replay."""
+    captures, eager = count_captures_and_eager_steps(monkeypatch, StudentStep)
     runner = RUNNER(student.mmjit, student.t5, "fp32")
     draw(student, runner, [0, 1])
     ids, mask = student.tokenizer([PROMPTS[2], PROMPTS[3]])
@@ -123,4 +163,5 @@ def test_a_student_group_replayed_on_a_kept_graph_hands_the_callback_the_replaye
     # the last step's factor is 1: the image is that step's x0, up to one fp32 rounding of x + (x0 - x)
     assert np.max(np.abs(final - seen[-1])) <= 2**-23 * np.max(np.abs(seen[-1]))
     assert not np.array_equal(seen[0], seen[-1])
+    assert (len(captures), len(eager), len(seen)) == (1, 2, STEPS)
 

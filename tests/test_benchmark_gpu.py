@@ -12,6 +12,7 @@ import pytest
 
 import minit2i.accelerated.kernels as kernels
 from minit2i.core.mmjit_config import MMJIT_B16, MMJIT_TINY, mmjit_expected_shapes
+from minit2i.core.weights import nest
 from minit2i.reference.mmjit import mmjit_forward
 from minit2i.reference.sampler import initial_noise, sample
 
@@ -54,7 +55,7 @@ def test_b16_forward_flops_match_the_spec_estimate(bench):
 
 
 def test_random_params_have_checkpoint_shapes(bench):
-    params = bench.random_params(MMJIT_TINY)
+    params = nest(bench.random_tensors(MMJIT_TINY))
     expected = mmjit_expected_shapes(MMJIT_TINY)
     assert params["double_blocks"][1]["img_mlp"]["w1"]["weight"].shape == expected["double_blocks.1.img_mlp.w1.weight"]
     assert np.all(params["final_layer"]["norm_final"]["weight"] == 1.0)
@@ -80,7 +81,7 @@ def test_torch_baseline_is_the_reference_math(bench):
     """The eager PyTorch baseline, run on the CPU here, reproduces the reference sampler."""
     torch = pytest.importorskip("torch", reason="the PyTorch peer needs the [crosscheck] extra")
     config, steps, cfg_scale = MMJIT_TINY, 3, 4.0
-    params = bench.random_params(config, seed=3)
+    params = nest(bench.random_tensors(config, seed=3))
     got = bench.torch_sampler(torch, params, config, 32, steps, "fp32", cfg_scale, dev="cpu")().numpy()
     context = np.random.default_rng(1).standard_normal((1, config.prompt_length, config.txt_input_size), dtype=np.float32)
     mask = np.ones((1, config.prompt_length), np.float32)
@@ -100,6 +101,42 @@ def test_smoke_run_on_cudasim_runs_every_component(bench, capsys):
     for name in ("rms_norm", "add_rms_norm", "swiglu", "geglu", "qkv_heads (img)", "attention", "cfg_euler", "GEMM qkv (cuBLAS)"):
         assert any(line.split()[:len(name.split())] == name.split() and line.rstrip().endswith("-")
                    for line in out.splitlines()), name
+    gemms = [line for line in out.splitlines() if line.startswith("gemm ") and "M x K x N" not in line]
+    assert len(gemms) == 8 and all(" - " in line for line in gemms)  # captured and launched, untimed
+    assert "sampler 2 steps bf16" in out and "a first and a second call ran (untimed)" in out
+
+
+def test_the_gemm_shapes_timed_are_the_forwards_eight(bench):
+    """B/16's trunk at 512 x 512 with CFG: per stream (512 text rows, 2,048 image rows) qkv
+    [768 -> 2304], the attention projection [768 -> 768], w1|w3 [768 -> 4096] and w2 [2048 -> 768]."""
+    from minit2i.accelerated.pipeline import CudasimRunner
+
+    cases = bench.gemm_shape_cases(CudasimRunner.array_module(), MMJIT_B16, 512, "bf16")
+    widths = {"qkv": (768, 2304), "attn proj": (768, 768), "w1|w3": (768, 4096), "w2": (2048, 768)}
+    expected = {f"{name} ({stream})": (rows, *width) for name, width in widths.items()
+                for stream, rows in (("txt", 512), ("img", 2048))}
+    assert {name: shape for name, (_, shape) in cases.items()} == expected
+
+
+def test_a_runner_with_the_fork_is_run_both_ways(bench, capsys):
+    """Where the runner takes `fork_streams`, the sampler's two calls run with the text stream
+    forked and without (here a cudasim runner that accepts and records it); where it does not, one
+    line says so and the calls run once."""
+    from minit2i.accelerated.pipeline import CudasimRunner
+
+    seen = []
+
+    class ForkingRunner(CudasimRunner):
+        def __init__(self, mmjit, t5, precision="fp32", use_graph=True, fork_streams=True):
+            seen.append(fork_streams)
+            super().__init__(mmjit, t5, precision, use_graph)
+
+    tensors = bench.random_tensors(MMJIT_TINY)
+    bench.print_stream_fork(ForkingRunner, MMJIT_TINY, tensors, 32, 2, "fp32", 4.0, None, timed=False)
+    out = capsys.readouterr().out
+    assert seen == [True, False]
+    assert "stream fork on: a first and a second call ran" in out and "stream fork off: a first" in out
+    assert not bench.fork_option(type("Plain", (), {"__init__": lambda self, mmjit, t5: None}))
 
 
 def test_attention_shapes_are_the_b16_ones(bench):

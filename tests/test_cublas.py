@@ -44,6 +44,26 @@ def test_row_major_product_maps_to_the_column_major_call(m, k, n):
     assert len(arguments) == len(cublas.SIGNATURES["cublasGemmEx"])
 
 
+def test_a_strided_batch_maps_each_sample_to_the_column_major_call():
+    """Rows 1..3 of each of 2 samples of x [2, 4, 3] (a stride of 12 elements), w_t shared (stride
+    0), added into out (beta = 1): each sample is the plain call's product on its own matrices."""
+    rng = np.random.default_rng(3)
+    joint, w_t, old = rng.standard_normal((2, 4, 3)), rng.standard_normal((3, 5)), rng.standard_normal((2, 3, 5))
+    batch = cublas.Batch(2, x_stride=12, out_stride=15)
+    arguments = cublas.strided_batched_arguments("handle", "x", "w_t", "out", 3, 3, 5, 0, 1.0, 1.0, batch)
+    assert len(arguments) == len(cublas.SIGNATURES["cublasGemmStridedBatchedEx"])
+    (handle, op_a, op_b, m, n, k, alpha, a, type_a, lda, stride_a, b, type_b, ldb, stride_b, beta, c, type_c, ldc,
+     stride_c, count, compute, algo) = arguments
+    assert (stride_a, stride_b, stride_c, count) == (0, 12, 15, 2)
+    flat_x, out = joint.ravel()[3:], old.ravel().copy()  # x points at sample 0, row 1
+    for i in range(count):
+        memory = {"x": flat_x[i * stride_b:], "w_t": w_t.ravel(), "out": out[i * stride_c:i * stride_c + 15]}
+        column_major_gemm((handle, op_a, op_b, m, n, k, alpha, a, type_a, lda, b, type_b, ldb, beta, c, type_c, ldc,
+                           compute, algo), memory)
+        out[i * stride_c:i * stride_c + 15] = memory["out"]
+    np.testing.assert_allclose(out.reshape(2, 3, 5), joint[:, 1:] @ w_t + old, rtol=1e-12)
+
+
 @pytest.mark.parametrize("dtype, expected", [(np.float32, 0), (np.float16, 2), (ml_dtypes.bfloat16, 14)])
 def test_dtypes_map_to_cuda_data_types(dtype, expected):
     assert cublas.cuda_data_type(dtype) == expected
@@ -178,6 +198,18 @@ int cublasGemmEx(void *handle, int transa, int transb, int m, int n, int k, cons
         }
     return 0;
 }
+int cublasGemmStridedBatchedEx(void *handle, int transa, int transb, int m, int n, int k, const void *alpha,
+                               const void *A, int Atype, int lda, long long strideA, const void *B, int Btype,
+                               int ldb, long long strideB, const void *beta, void *C, int Ctype, int ldc,
+                               long long strideC, int batchCount, int computeType, int algo) {
+    for (int i = 0; i < batchCount; ++i) {
+        int status = cublasGemmEx(handle, transa, transb, m, n, k, alpha, (const float *)A + i * strideA, Atype,
+                                  lda, (const float *)B + i * strideB, Btype, ldb, beta,
+                                  (float *)C + i * strideC, Ctype, ldc, computeType, algo);
+        if (status) return status;
+    }
+    return 0;
+}
 """
 
 
@@ -208,3 +240,20 @@ def test_the_declared_library_computes_a_row_major_product_through_ctypes(fake_l
     assert np.all(np.abs(out - expected) <= 4 * 2.0**-24 * (np.abs(x) @ np.abs(w_t)))
     assert (library.recorded_stream(), library.recorded_workspace()) == (0x5000, workspace.ctypes.data)
     assert library.recorded_workspace_bytes() == cublas.WORKSPACE_BYTES
+
+
+def test_the_declared_library_adds_a_strided_batch_into_the_output_through_ctypes(fake_libcublas):
+    """Rows 2..4 of each sample of a [2, 5, 3] array times w_t [3, 4], added into out (beta = 1):
+    the 64-bit strides and the batch count reach C in their places."""
+    library = cublas.load_library(lambda name: SimpleNamespace(abs_path=str(fake_libcublas)))
+    rng = np.random.default_rng(12)
+    joint, w_t = rng.standard_normal((2, 5, 3)).astype(np.float32), rng.standard_normal((3, 4)).astype(np.float32)
+    old = rng.standard_normal((2, 3, 4)).astype(np.float32)
+    out = old.copy()
+    handle = cublas.Handle.create(library, np.zeros(16, np.uint8), 0)
+    rows = joint[:, 2:]
+    handle.gemm(0x5000, rows.ctypes.data, w_t.ctypes.data, out.ctypes.data, 3, 3, 4, np.float32, beta=1.0,
+                batch=cublas.Batch(2, rows.strides[0] // 4, 12))
+    expected = rows.astype(np.float64) @ w_t + old
+    # fp32 sums of 3 products plus the old value: gamma_4 < 5 u of |rows| @ |w_t| + |old|
+    assert np.all(np.abs(out - expected) <= 5 * 2.0**-24 * (np.abs(rows) @ np.abs(w_t) + np.abs(old)))

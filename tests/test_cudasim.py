@@ -1233,16 +1233,18 @@ def test_every_standin_name_exists_in_cupy_with_a_compatible_signature():
 
 @pytest.fixture
 def capturing():
-    """A non-blocking stream capturing a graph; the capture is ended whatever the test did."""
+    """A non-blocking stream, the current one, capturing a graph; the capture is ended whatever the
+    test did."""
     from minit2i.cudasim import standin
 
     stream = standin.cuda.Stream(non_blocking=True)
-    stream.begin_capture()
-    try:
-        yield stream
-    finally:
-        if standin._capturing() is not None:
-            standin._state["capture"] = None
+    with stream:
+        stream.begin_capture()
+        try:
+            yield stream
+        finally:
+            if standin._capturing() is not None:
+                standin._state["capture"] = None
 
 
 def test_device_to_host_copy_inside_a_captured_step_fails_as_in_cupy(capturing):
@@ -1295,3 +1297,48 @@ def test_kernels_and_allocations_are_recorded_during_capture(capturing):
     assert np.isnan(y.view(np.ndarray)).all()
     graph.launch()
     assert (y.view(np.ndarray) == 2).all()
+
+
+# Streams and events in a capture: the graph's dependencies as CUDA builds them
+
+
+def test_a_stream_joins_a_capture_by_an_event_and_must_be_joined_back(capturing):
+    """Work on a second stream is captured once it waits on an event recorded in the capturing
+    stream; its nodes hang off that event's point, and the capture ends only once the first stream
+    has waited for the second's work (else cudaErrorStreamCaptureUnjoined)."""
+    from minit2i.cudasim import standin
+
+    side, x = standin.cuda.Stream(non_blocking=True), standin.ones(3, np.float32)
+    first = x + 1
+    side.wait_event(capturing.record())
+    with side:
+        second = x * 2
+    third = first + 1  # the capturing stream goes on beside the side stream
+    capturing.wait_event(side.record())
+    fourth = third + second
+    graph = capturing.end_capture()
+    assert [(node.stream is side, sorted(node.waits_for)) for node in graph.nodes] == [
+        (False, []), (True, [0]), (False, [0]), (False, [1, 2])]
+    graph.launch()
+    assert (fourth.view(np.ndarray) == 5).all()
+
+
+def test_a_capture_with_unjoined_work_is_refused(capturing):
+    from minit2i.cudasim import standin
+
+    side = standin.cuda.Stream(non_blocking=True)
+    side.wait_event(capturing.record())
+    with side:
+        standin.ones(3, np.float32) + 1
+    with pytest.raises(standin.CUDARuntimeError, match="^cudaErrorStreamCaptureUnjoined"):
+        capturing.end_capture()
+
+
+def test_work_on_a_stream_outside_the_capture_is_refused(capturing):
+    """A stream that never waited on the capture's events is not part of it: cudasim refuses its
+    work (on a GPU it would run at once, before the captured work it reads)."""
+    from minit2i.cudasim import standin
+
+    x = standin.ones(3, np.float32)
+    with standin.cuda.Stream(non_blocking=True), pytest.raises(RuntimeError, match="not part of the capture"):
+        x + 1

@@ -136,6 +136,22 @@ def test_the_user_part_compares_every_demo_png_and_draws_a_batch(report):
     assert "`minit2i batch -n 4 --backend cudasim --precision bf16`: 4 PNGs" in summary
 
 
+def test_the_benchmark_part_reports_the_gemm_shapes_the_fork_and_the_kept_graph(report):
+    """On cudasim the benchmark part runs benchmarks/gpu.py --smoke: each of the forward's eight
+    GEMM shapes captured in a graph and launched (the model's tile beside it), and the sampler's
+    first and second call through a runner (with the fork on and off where the runner has
+    `fork_streams`, else one line saying it has none), all in the summary."""
+    _, out, _ = report
+    summary = (out / "summary.md").read_text()
+    names = ("qkv", "attn proj", "w1|w3", "w2")
+    for name in names:
+        for stream in ("txt", "img"):
+            assert any(line.startswith(f"gemm {name} ({stream})") for line in summary.splitlines()), (name, stream)
+    calls = [line for line in summary.splitlines() if "a first and a second call ran" in line]
+    fork_lines = [line for line in calls if "stream fork o" in line]
+    assert len(fork_lines) == 2 or ("no stream fork to compare" in summary and len(calls) == 1)
+
+
 def test_report_fits_one_copy_back(report):
     _, out, _ = report
     files = list(out.rglob("*"))
@@ -152,7 +168,8 @@ def test_import_root_maps_every_layer_folder(gpu_check, tmp_path):
 
 
 def test_gpu_tests_are_the_marked_files(gpu_check):
-    assert gpu_check.gpu_test_files() == ["tests/test_accelerated.py", "tests/test_accelerated_mean_flow.py"]
+    assert gpu_check.gpu_test_files() == ["tests/test_accelerated.py", "tests/test_accelerated_mean_flow.py",
+                                          "tests/test_accelerated_streams.py"]
 
 
 def test_ncu_csv_is_read_per_kernel_and_metric(gpu_check):
