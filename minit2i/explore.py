@@ -588,8 +588,10 @@ def build_page(gradio, models: Models, default: str, pictures: Path | None = Non
                   [status, image, timings, x0_steps, attention, cond, uncond, guided, stage_image, stage_about,
                    *panels, time, kept, runs, architecture, velocity_look],
                   api_name="generate", preprocess=False)
+        # always_last: a stage chosen while the last choice is still being answered (a loaded machine)
+        # is answered after it, not dropped as Gradio's default ("once") drops it.
         architecture.change(choose_stage, [kept, step, block, architecture], [status, stage_image, stage_about],
-                            api_name=False, preprocess=False)
+                            api_name=False, preprocess=False, trigger_mode="always_last")
 
         def fit_step(steps, step):
             """The slider over the steps of the run to come (`slider_fit`)."""
