@@ -2302,16 +2302,21 @@ sys.exit(main(sys.argv[2:]))
 """
 
 
+def wait_for_mark(process: subprocess.Popen, mark: Path, seconds: float) -> None:
+    """Wait until the child has made `mark` (it is where the test wants it), `seconds` at most (a hang
+    guard); fail with what it printed if it ends before the mark."""
+    for _ in range(int(seconds * 10)):
+        if mark.exists() or process.poll() is not None:
+            break
+        time.sleep(0.1)
+    assert mark.exists(), process.communicate()
+
+
 def signalled_once_marked(process: subprocess.Popen, mark: Path, signum) -> bytes:
-    """Once the child has made `mark` (it is where the test wants it), send it `signum` (None: no
-    signal) and wait for its end -> its stderr. Hang guards of 30 s for each wait (it starts in
-    2-3 s); failing with what it printed if it ends before the mark, killed if it outlives the guard."""
+    """Once the child has made `mark`, send it `signum` (None: no signal) and wait for its end -> its
+    stderr. Hang guards of 30 s for each wait (it starts in 2-3 s); killed if it outlives the guard."""
     try:
-        for _ in range(300):
-            if mark.exists() or process.poll() is not None:
-                break
-            time.sleep(0.1)
-        assert mark.exists(), process.communicate()
+        wait_for_mark(process, mark, 30)
         if signum is not None:
             process.send_signal(signum)
         return process.communicate(timeout=30)[1]
@@ -2373,18 +2378,25 @@ def test_a_signal_ends_a_main_thread_that_waits_in_c_within_its_grace(tmp_path, 
     assert process.returncode == status and err.decode().splitlines() == [last], err
 
 
-# ray.init, marked when it is called (the file named first), then the CLI (the other arguments).
+# ray.init held in the middle of starting a local cluster, then the CLI (the other arguments): once
+# it has started the raylet (its SIGTERM handler set, the cluster's processes running) the file
+# named first is made and ray.init waits 20 s more before going on, so that a signal sent at the
+# mark lands inside ray.init however fast the machine starts a cluster (a fixed delay after the
+# call did not: an idle machine finished ray.init and made the run folder first). Ray 2's
+# node.py starts the raylet through this module function.
 RAY_INIT_MARKED = """
-import pathlib, sys
-import ray
+import pathlib, sys, time
+import ray._private.services as services
 
-start_cluster = ray.init
+start_raylet = services.start_raylet
 
-def marked_init(*args, **kwargs):
+def marked_start_raylet(*args, **kwargs):
+    started = start_raylet(*args, **kwargs)
     pathlib.Path(sys.argv[1]).touch()
-    return start_cluster(*args, **kwargs)
+    time.sleep(20)
+    return started
 
-ray.init = marked_init
+services.start_raylet = marked_start_raylet
 from minit2i.cli import main
 sys.exit(main(sys.argv[2:]))
 """
@@ -2393,7 +2405,7 @@ sys.exit(main(sys.argv[2:]))
 @needs_ray
 @pytest.mark.parametrize("to_group", [False, True], ids=["to the process", "to its process group"])
 def test_sigterm_while_ray_starts_a_local_cluster_ends_the_run_in_one_line(tmp_path, to_group):
-    """SIGTERM seconds into ray.init starting a local cluster: exit status 15 with no message (the
+    """SIGTERM inside ray.init starting a local cluster: exit status 15 with no message (the
     handler ray.init puts in, a bare sys.exit), or, sent to the process group, no exit within 25 s
     (ray.init waiting in C for the processes the signal had ended). Now `minit2i: terminated`, 143,
     within seconds (a hang guard of 30 s), and no run folder."""
@@ -2404,12 +2416,7 @@ def test_sigterm_while_ray_starts_a_local_cluster_ends_the_run_in_one_line(tmp_p
                                 str(tmp_path / "run"), "--engine", "ray", *EVAL_STEPS], stdout=subprocess.PIPE,
                                stderr=subprocess.PIPE, env=environment, start_new_session=True)
     try:
-        for _ in range(600):
-            if marker.exists() or process.poll() is not None:
-                break
-            time.sleep(0.1)
-        assert marker.exists(), process.communicate()
-        time.sleep(3)  # into ray.init: its handler set, the cluster's processes starting
+        wait_for_mark(process, marker, 60)
         if to_group:
             os.killpg(process.pid, signal.SIGTERM)
         else:
