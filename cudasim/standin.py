@@ -79,7 +79,7 @@ class Capture:
     """
 
     def __init__(self, origin):
-        self.operations, self.nodes, self.invalidated = [], [], False
+        self.nodes, self.invalidated = [], False
         self.origin = origin
         self.frontier = {origin: frozenset()}  # a capturing stream -> the nodes its next operation waits for
 
@@ -90,8 +90,7 @@ class Capture:
             raise RuntimeError(f"{name} issued to a stream that is not part of the capture: a stream joins a capture "
                                "only by waiting on an event recorded in a capturing stream (cudasim refuses it: on a "
                                "GPU it would run at once, outside the graph)")
-        self.nodes.append(Node(name, stream, self.frontier[stream]))
-        self.operations.append(operation)
+        self.nodes.append(Node(name, stream, self.frontier[stream], operation))
         self.frontier[stream] = frozenset({len(self.nodes) - 1})
 
     def check_joined(self) -> None:
@@ -119,10 +118,11 @@ class Capture:
 
 class Node:
     """One operation of a captured graph: a name (the kernel's, "gemm (handle n)" or "array
-    operation"), the stream it was issued on and the indices of the nodes it waits for."""
+    operation"), the stream it was issued on, the indices of the nodes it waits for, and `run`,
+    which performs it."""
 
-    def __init__(self, name: str, stream, waits_for: frozenset):
-        self.name, self.stream, self.waits_for = name, stream, waits_for
+    def __init__(self, name: str, stream, waits_for: frozenset, run):
+        self.name, self.stream, self.waits_for, self.run = name, stream, waits_for, run
 
 
 _state = {"capture": None, "synchronize_allowed": True, "streams": []}
@@ -379,16 +379,15 @@ class Graph:
     """A captured graph; launch() replays its operations on the same buffers, in the order they
     were issued (a topological order of `nodes`: a node only waits for earlier ones)."""
 
-    def __init__(self, operations, nodes):
-        self._operations = operations
-        self.nodes = nodes  # cudasim's: the graph's Node list, for tests of its dependencies
+    def __init__(self, nodes):
+        self.nodes = nodes  # cudasim's: the graph's Node list, also read by tests of its dependencies
 
     def upload(self, stream=None):
         pass
 
     def launch(self, stream=None):
-        for operation in self._operations:
-            operation()
+        for node in self.nodes:
+            node.run()
 
 
 class Event:
@@ -453,7 +452,7 @@ class Stream:
             raise CUDARuntimeError("cudaErrorStreamCaptureInvalidated: operation failed due to a previous error "
                                    "during capture")
         capture.check_joined()
-        return Graph(capture.operations, capture.nodes)
+        return Graph(capture.nodes)
 
 
 class Device:
