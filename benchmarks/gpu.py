@@ -337,16 +337,9 @@ def model_attention():
         return None
 
 
-def fork_option(runner_class) -> bool:
-    """Whether this twin's runner can run the text stream beside the image stream (`fork_streams`)."""
-    import inspect
-
-    return "fork_streams" in inspect.signature(runner_class.__init__).parameters
-
-
-def random_runner(runner_class, config: MMJiTConfig, tensors: dict, precision: str, fork: bool | None):
+def random_runner(runner_class, config: MMJiTConfig, tensors: dict, precision: str, fork: bool):
     """A runner on `tensors` (random B/16 or tiny weights) with a tiny random T5 (the sampler is
-    given its context), its graph kept across calls; `fork` sets `fork_streams` where not None."""
+    given its context), its graph kept across calls, its text stream forked or not (`fork`)."""
     from minit2i.core.t5_config import T5_TINY
     from minit2i.core.weights import LoadedWeights
     from minit2i.demo_models import random_t5_weights
@@ -354,9 +347,8 @@ def random_runner(runner_class, config: MMJiTConfig, tensors: dict, precision: s
     def loaded(model_config, model_tensors):
         return LoadedWeights(model_config, model_tensors, [], "", ["F32"], "random weights")
 
-    options = {} if fork is None else {"fork_streams": fork}
     return runner_class(loaded(config, tensors), loaded(T5_TINY, random_t5_weights(T5_TINY, 1)), precision,
-                        use_graph=True, **options)
+                        use_graph=True, fork_streams=fork)
 
 
 def print_stream_fork(runner_class, config: MMJiTConfig, tensors: dict, size: int, steps: int, precision: str,
@@ -364,32 +356,28 @@ def print_stream_fork(runner_class, config: MMJiTConfig, tensors: dict, size: in
     """The sampler through a runner: its first call (step 0 eager, the graph captured) and its
     second (the kept graph), each call's wall time (the image copied back included), with the text
     stream forked beside the image stream and without, beside the performance model's
-    `sampler_call_ms` (bf16 and fp16 on an H200 or H100). A twin whose runner has no `fork_streams`
-    gets one line saying so and its one way timed. Untimed, both calls run and no prediction is
-    made (reading the attention kernel's SASS takes a while)."""
+    `sampler_call_ms` (bf16 and fp16 on an H200 or H100). Untimed, both calls run and no
+    prediction is made (reading the attention kernel's SASS takes a while)."""
     import time
 
     import performance_model
 
-    forks = (True, False) if fork_option(runner_class) else (None,)
-    if forks == (None,):
-        print(f"sampler, {precision}: no stream fork to compare (this twin's runner has no fork_streams)")
     chip = model_chip(device) if timed and precision != "fp32" else None
     attention = model_attention() if chip else None
     rng = np.random.default_rng(1)
     context = rng.standard_normal((1, config.prompt_length, config.txt_input_size), dtype=np.float32)
     mask, noise = np.ones((1, config.prompt_length), np.float32), initial_noise(0, 1, config.in_channels, size, size)
-    for fork in forks:
+    for fork in (True, False):
         runner = random_runner(runner_class, config, tensors, precision, fork)
         calls = []
         for _ in range(2):
             start = time.perf_counter()
             runner.sample(noise, context, mask, steps, cfg_scale, 0.001)
             calls.append(1e3 * (time.perf_counter() - start))
-        trunk = performance_model.Trunk(attention, fork=fork is not False) if attention else None
+        trunk = performance_model.Trunk(attention, fork=fork) if attention else None
         predicted = [f"{performance_model.sampler_call_ms(config, size, steps, trunk, first, 1, *chip):.1f}"
                      if trunk else "?" for first in (True, False)]
-        label = {True: "stream fork on", False: "stream fork off", None: "one way"}[fork]
+        label = "stream fork on" if fork else "stream fork off"
         if timed:
             print(f"sampler {steps} steps {precision}, {label}: first call {calls[0]:.1f} ms (predicted "
                   f"{predicted[0]}), second call {calls[1]:.1f} ms (predicted {predicted[1]}, the kept graph)")

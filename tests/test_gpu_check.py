@@ -139,8 +139,7 @@ def test_the_user_part_compares_every_demo_png_and_draws_a_batch(report):
 def test_the_benchmark_part_reports_the_gemm_shapes_the_fork_and_the_kept_graph(report):
     """On cudasim the benchmark part runs benchmarks/gpu.py --smoke: each of the forward's eight
     GEMM shapes captured in a graph and launched (the model's tile beside it), and the sampler's
-    first and second call through a runner (with the fork on and off where the runner has
-    `fork_streams`, else one line saying it has none), all in the summary."""
+    first and second call through a runner (with the fork on and off), all in the summary."""
     _, out, _ = report
     summary = (out / "summary.md").read_text()
     names = ("qkv", "attn proj", "w1|w3", "w2")
@@ -149,7 +148,7 @@ def test_the_benchmark_part_reports_the_gemm_shapes_the_fork_and_the_kept_graph(
             assert any(line.startswith(f"gemm {name} ({stream})") for line in summary.splitlines()), (name, stream)
     calls = [line for line in summary.splitlines() if "a first and a second call ran" in line]
     fork_lines = [line for line in calls if "stream fork o" in line]
-    assert len(fork_lines) == 2 or ("no stream fork to compare" in summary and len(calls) == 1)
+    assert len(fork_lines) == len(calls) == 2
 
 
 def test_report_fits_one_copy_back(report):
