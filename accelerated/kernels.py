@@ -60,9 +60,11 @@ MMA_WARPS = 4  # attention_tc.cu: warps of a block, each with MMA_ATOMS[Dp] atom
 # fragment then feeds two MMAs (FlashAttention-2's 32 rows a warp); one at Dp 128, whose O
 # accumulators would not fit twice in a thread's registers.
 MMA_ATOMS = {64: 2, 128: 1}
-# attention_tc.cu: keys per double-buffered K/V tile. 64 would halve the barriers but needs ~150
-# registers a thread (S is 16 x 64 fp32 per warp), so 3 blocks per SM instead of 4.
-MMA_KEY_TILE = 32
+# attention_tc.cu: keys per double-buffered K/V tile, by padded head dim. 64 at Dp 64 halves the
+# barriers, O's rescales and the loop's own instructions per key against 32; its S (2 atoms x 16 x
+# 64 fp32 a warp) fits the registers once Q's fragments are re-read each tile. At Dp 128, 64 keys
+# would take the shared memory past 48 KiB (Q 16 + K and V 64 KiB), which needs an opt-in.
+MMA_KEY_TILES = {64: 64, 128: 32}
 KEY_TILE = 32  # attention.cu: keys staged in shared memory per step
 MAX_HEAD_DIM = 128
 KERNEL_CONSTANTS = {
@@ -77,10 +79,11 @@ KERNEL_CONSTANTS = {
     "MMA_WARPS": MMA_WARPS,
     "MMA_ATOMS_D64": MMA_ATOMS[64],
     "MMA_ATOMS_D128": MMA_ATOMS[128],
-    "MMA_KEY_TILE": MMA_KEY_TILE,
-    # Resident blocks per SM the register budget is set for (__launch_bounds__): 2 x 32 KiB of
-    # shared memory and <= 255 registers a thread at Dh <= 64 (two atoms a warp need ~208; at 3
-    # blocks, 168, ptxas spills); 2 x 48 KiB at Dh <= 128.
+    "MMA_KEY_TILE_D64": MMA_KEY_TILES[64],
+    "MMA_KEY_TILE_D128": MMA_KEY_TILES[128],
+    # Resident blocks per SM the register budget is set for (__launch_bounds__): 2 x 48 KiB of
+    # shared memory and <= 255 registers a thread at Dh <= 64 (two atoms a warp and a 64-key S
+    # need ~246; at 3 blocks, 168, ptxas spills); 2 x 48 KiB at Dh <= 128.
     "MMA_MIN_BLOCKS_D64": 2,
     "MMA_MIN_BLOCKS_D128": 2,
     "MAX_PAIRS_PER_LANE": MAX_HEAD_DIM // 64,  # rope.cu: 32 lanes x 2 pairs x 2 values
@@ -334,8 +337,9 @@ def mma_rows(head_dim: int) -> int:
 def attention_shared_bytes(head_dim: int, dtype) -> int:
     """Dynamic shared memory of the attention kernel for `dtype` (see the two sources' layouts)."""
     if np.dtype(dtype).name in TENSOR_CORE_DTYPES:
-        # Q [mma_rows, Dp], K and V [2 buffers, MMA_KEY_TILE, Dp], 16-bit
-        return 2 * (mma_rows(head_dim) + 4 * MMA_KEY_TILE) * mma_head_dim(head_dim)
+        # Q [mma_rows, Dp], K and V [2 buffers, MMA_KEY_TILES[Dp], Dp], 16-bit
+        padded = mma_head_dim(head_dim)
+        return 2 * (mma_rows(head_dim) + 4 * MMA_KEY_TILES[padded]) * padded
     # Q [ROWS_PER_BLOCK, Dh], K [KEY_TILE, Dh + 1] (padded against bank conflicts), V [KEY_TILE, Dh]
     return 4 * (KERNEL_CONSTANTS["ROWS_PER_BLOCK"] * head_dim + KEY_TILE * (2 * head_dim + 1))
 

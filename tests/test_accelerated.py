@@ -282,7 +282,8 @@ def test_tensor_core_attention_matches_softmax_attention(precision, batch, heads
                                                          mask_kind, seed):
     """fp16 / bf16 attention on tensor cores (attention_tc.cu: mma.sync, ldmatrix, cp.async)
     against float64 softmax attention, over drawn shapes: lengths that are not multiples of the
-    128-row (64 at Dp 128) and 32-key tiles (padded query rows, key columns past lk at -inf), 1-24 heads, head
+    128-row and 64-key tiles (64 rows and 32 keys at Dp 128; padded query rows, key columns past
+    lk at -inf), 1-24 heads, head
     dims 52 and 64 (zero-padded to 64), 16 and 128 (the d128 entry point), T5's position bias,
     a partly masked batch row, and ("all") batch row 0 with every key masked (every key at
     finfo.min: the reference and the kernel both average all values).
@@ -293,7 +294,8 @@ def test_tensor_core_attention_matches_softmax_attention(precision, batch, heads
     summed in fp32; the fp32 work is the fp32 kernel's (`attention_roundings`) with the scores
     in log2 units: scale log2(e) and bias log2(e) round twice more (5 score roundings, not 3;
     an error d in log2 units moves the weights by ln(2) d), exp2f errs by 2 ulp as expf does, and
-    tiles of 32 keys rescale as often as the fp32 kernel's; doubled.
+    tiles of 64 keys (32 at Dp 128) rescale no more often than the fp32 kernel's 32-key tiles;
+    doubled.
     """
     dtype, rng = dtype_for(precision), np.random.default_rng(seed)
     q, q64 = rounded(rng.standard_normal((batch, heads, lq, head_dim)), dtype)

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from script_modules import load_benchmark
 
-from minit2i.accelerated.kernels import KERNEL_DIR, MMA_KEY_TILE, MMA_WARPS, PTX_HEADER, kernel_source, mma_rows
+from minit2i.accelerated.kernels import KERNEL_DIR, MMA_KEY_TILES, MMA_WARPS, PTX_HEADER, kernel_source, mma_rows
 from minit2i.cudasim import KernelError, LaunchCounts, Module, counting, detectors, device_array, schedules
 from minit2i.reference import layers as ref
 
@@ -236,19 +236,20 @@ def test_tensor_core_attention_reads_global_memory_in_full_16_byte_requests(ship
 
 
 def test_tensor_core_attention_counts_per_warp_and_tile(shipped_counts):
-    """Per warp: Q's copies (128 rows x 8 chunks / 128 threads = 8 a thread) and fragments (2 atoms
-    x 4) once, then per key tile the design's 64 HMMA, 16 LDSM, 4 LDGSTS, 36 MUFU.EX2 (per atom 16
-    probabilities and 2 corrections) and 2 barriers, as in the SASS trip
-    (tests/test_kernels_compile.py). Output: per warp 2 atoms x 2 row halves x 8 column pairs of
-    32-bit stores (8 rows x 16 bytes: 8 sectors, half of each written)."""
+    """Per warp: Q's copies (128 rows x 8 chunks / 128 threads = 8 a thread) once, then per 64-key
+    tile the design's 128 HMMA, 40 LDSM (Q's 2 atoms x 4 fragments, re-read every tile, K's 16
+    and V's 16), 8 LDGSTS, 68 MUFU.EX2 (per atom 32 probabilities and 2 corrections) and 2
+    barriers, as in the SASS trip (tests/test_kernels_compile.py). Output: per warp 2 atoms x 2
+    row halves x 8 column pairs of 32-bit stores (8 rows x 16 bytes: 8 sectors, half of each
+    written)."""
     batch, heads, length, head_dim = B16_TILE_SHAPE
-    warps, tiles = batch * heads * length // mma_rows(head_dim) * MMA_WARPS, length // MMA_KEY_TILE
+    warps, tiles = batch * heads * length // mma_rows(head_dim) * MMA_WARPS, length // MMA_KEY_TILES[64]
     counts = shipped_counts.counts
-    assert counts["sass__inst_executed_per_opcode.HMMA"] == warps * 64 * tiles
-    assert counts["smsp__inst_executed_op_ldsm.sum"] == warps * (8 + 16 * tiles)
-    assert counts["l1tex__data_pipe_lsu_wavefronts_mem_shared_op_ldsm.sum"] == 4 * warps * (8 + 16 * tiles)
-    assert counts["smsp__inst_executed_op_ldgsts.sum"] == warps * (8 + 4 * tiles)
-    assert counts["sass__inst_executed_per_opcode.MUFU.EX2"] == warps * 36 * tiles
+    assert counts["sass__inst_executed_per_opcode.HMMA"] == warps * 128 * tiles
+    assert counts["smsp__inst_executed_op_ldsm.sum"] == warps * 40 * tiles
+    assert counts["l1tex__data_pipe_lsu_wavefronts_mem_shared_op_ldsm.sum"] == 4 * warps * 40 * tiles
+    assert counts["smsp__inst_executed_op_ldgsts.sum"] == warps * (8 + 8 * tiles)
+    assert counts["sass__inst_executed_per_opcode.MUFU.EX2"] == warps * 68 * tiles
     assert counts["sass__inst_executed_per_opcode.BAR"] == warps * 2 * tiles
     assert counts["l1tex__t_requests_pipe_lsu_mem_global_op_st.sum"] == warps * 32
     assert counts["l1tex__t_sectors_pipe_lsu_mem_global_op_st.sum"] == warps * 32 * 8

@@ -5,10 +5,11 @@
 //
 // Block: MMA_WARPS warps, each holding ATOMS m16 atoms of 16 query rows (ROWS = MMA_WARPS x 16 x
 // ATOMS rows of one (b, h)); DP = Dh zero-padded to 64 (Dh <= 64: 52 -> 64) or 128. The block
-// copies its Q rows and then tiles of MMA_KEY_TILE keys of K and V into shared memory with
-// cp.async, double-buffered: tile j + 1 is in flight while tile j is used. Each warp loads its Q
-// rows once into registers (ldmatrix: the A fragments of every 16-dim step), then per key tile
-//   1. S = Q K^T [16 ATOMS x MMA_KEY_TILE] with mma.sync m16n8k16 into fp32 registers (K's B
+// copies its Q rows and then tiles of TILE_KEYS keys of K and V (64 at DP 64, 32 at DP 128) into
+// shared memory with cp.async, double-buffered: tile j + 1 is in flight while tile j is used. Per
+// key tile each warp reads its Q rows' A fragments from shared memory (ldmatrix, one per 16-dim
+// step; kept in registers instead, they would leave a 64-key S too few, and ptxas would spill), then
+//   1. S = Q K^T [16 ATOMS x TILE_KEYS] with mma.sync m16n8k16 into fp32 registers (K's B
 //      fragments by ldmatrix, rows of K as they are stored; each fragment feeds the warp's ATOMS
 //      atoms, so shared-memory reads per MMA fall with ATOMS),
 //   2. the online softmax in those registers, in log2 units (exp2): each thread holds two rows
@@ -32,8 +33,8 @@
 #include "common.cuh"
 #include "ptx.cuh"
 
-// MMA_WARPS, MMA_ATOMS_D64 / _D128 (m16 atoms per warp), MMA_KEY_TILE (keys per step) and
-// MMA_MIN_BLOCKS_D64 / _D128 are #defined ahead of this text from KERNEL_CONSTANTS in
+// MMA_WARPS, MMA_ATOMS_D64 / _D128 (m16 atoms per warp), MMA_KEY_TILE_D64 / _D128 (keys per step)
+// and MMA_MIN_BLOCKS_D64 / _D128 are #defined ahead of this text from KERNEL_CONSTANTS in
 // accelerated/kernels.py, which sizes the launch and its shared memory from the same table.
 
 constexpr float LOG2E = 1.4426950408889634f;
@@ -106,29 +107,29 @@ template <typename T, int DP, bool ROW16>
 __device__ void attention_mma_impl(ATTENTION_PARAMS(T)) {
     constexpr int ATOMS = DP == 64 ? MMA_ATOMS_D64 : MMA_ATOMS_D128;
     constexpr int ROWS = MMA_WARPS * 16 * ATOMS;
-    constexpr int KEY_BLOCKS = MMA_KEY_TILE / 8;  // m16n8 tiles of S per atom
+    constexpr int TILE_KEYS = DP == 64 ? MMA_KEY_TILE_D64 : MMA_KEY_TILE_D128;
+    constexpr int KEY_BLOCKS = TILE_KEYS / 8;  // m16n8 tiles of S per atom
     extern __shared__ uint4 mma_smem[];  // uint4: 16-byte aligned, as cp.async and ldmatrix need
     T* q_tile = reinterpret_cast<T*>(mma_smem);  // [ROWS][DP]
-    T* k_tiles = q_tile + ROWS * DP;             // [2][MMA_KEY_TILE][DP]
-    T* v_tiles = k_tiles + 2 * MMA_KEY_TILE * DP;  // [2][MMA_KEY_TILE][DP]
+    T* k_tiles = q_tile + ROWS * DP;          // [2][TILE_KEYS][DP]
+    T* v_tiles = k_tiles + 2 * TILE_KEYS * DP;  // [2][TILE_KEYS][DP]
 
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
     const int bh = blockIdx.y, b = bh / heads, h = bh % heads;
     const int row0 = blockIdx.x * ROWS, warp_row = warp * 16 * ATOMS;  // the block's, the warp's first row
     const float scale_log2 = scale * LOG2E;
     const bool plain_logits = !has_bias && !has_mask && scale > 0.0f;  // the max of raw scores is the max of logits
-    const int tiles = (lk + MMA_KEY_TILE - 1) / MMA_KEY_TILE;
+    const int tiles = (lk + TILE_KEYS - 1) / TILE_KEYS;
 
     const TileCopy<T, DP, ROW16> copy(head_dim);
     const T* k_rows = k + ((long long)bh * lk + copy.row) * head_dim + copy.col;
     const T* v_rows = v + ((long long)bh * lk + copy.row) * head_dim + copy.col;
-    const int tile_stride = MMA_KEY_TILE * head_dim;
+    const int tile_stride = TILE_KEYS * head_dim;
     copy.template copy<ROWS>(q_tile, q + ((long long)bh * lq + row0 + copy.row) * head_dim + copy.col, lq - row0 - copy.row);
-    copy.template copy<MMA_KEY_TILE>(k_tiles, k_rows, lk - copy.row);
-    copy.template copy<MMA_KEY_TILE>(v_tiles, v_rows, lk - copy.row);
+    copy.template copy<TILE_KEYS>(k_tiles, k_rows, lk - copy.row);
+    copy.template copy<TILE_KEYS>(v_tiles, v_rows, lk - copy.row);
     cp_async_commit();
 
-    ptx_u32 qf[ATOMS][DP / 16][4];  // A fragments of each atom's 16 rows, one per 16-dim step
     float o[ATOMS][DP / 8][4];      // O [16 x DP] of each atom as DP / 8 m16n8 accumulators
     float row_max[ATOMS][2], row_sum[ATOMS][2];  // rows g and g + 8 of each atom; the max in log2 units
     for (int a = 0; a < ATOMS; ++a) {
@@ -138,23 +139,22 @@ __device__ void attention_mma_impl(ATTENTION_PARAMS(T)) {
     }
 
     for (int j = 0; j < tiles; ++j) {
-        const T* k_tile = k_tiles + (j & 1) * MMA_KEY_TILE * DP;
-        const T* v_tile = v_tiles + (j & 1) * MMA_KEY_TILE * DP;
+        const T* k_tile = k_tiles + (j & 1) * TILE_KEYS * DP;
+        const T* v_tile = v_tiles + (j & 1) * TILE_KEYS * DP;
         if (j + 1 < tiles) {  // the other buffer was released by the barrier that ended step j - 1
-            const int next = (j + 1) & 1, rows_left = lk - (j + 1) * MMA_KEY_TILE - copy.row;
-            copy.template copy<MMA_KEY_TILE>(k_tiles + next * MMA_KEY_TILE * DP, k_rows + (j + 1) * tile_stride, rows_left);
-            copy.template copy<MMA_KEY_TILE>(v_tiles + next * MMA_KEY_TILE * DP, v_rows + (j + 1) * tile_stride, rows_left);
+            const int next = (j + 1) & 1, rows_left = lk - (j + 1) * TILE_KEYS - copy.row;
+            copy.template copy<TILE_KEYS>(k_tiles + next * TILE_KEYS * DP, k_rows + (j + 1) * tile_stride, rows_left);
+            copy.template copy<TILE_KEYS>(v_tiles + next * TILE_KEYS * DP, v_rows + (j + 1) * tile_stride, rows_left);
         }
         cp_async_commit();  // (empty on the last step: the wait below counts groups alike)
         cp_async_wait<1>();  // everything but tile j + 1 has landed ...
         __syncthreads();    // ... in every thread's copies
-        if (j == 0) {
-            // lanes 0-15 point at rows 0-15 of the atom at column 16 kk, lanes 16-31 at column 16 kk + 8:
-            // the four 8x8 matrices are a[0..3] of the A layout
-            for (int a = 0; a < ATOMS; ++a)
-                for (int kk = 0; kk < DP / 16; ++kk)
-                    ldmatrix_x4(qf[a][kk], q_tile + swizzled<DP>(warp_row + a * 16 + (lane & 15), kk * 16 + (lane >> 4) * 8));
-        }
+        // Q's A fragments of each atom's 16 rows, one per 16-dim step: lanes 0-15 point at rows 0-15
+        // of the atom at column 16 kk, lanes 16-31 at column 16 kk + 8 (matrices a[0..3] of the A layout)
+        ptx_u32 qf[ATOMS][DP / 16][4];
+        for (int a = 0; a < ATOMS; ++a)
+            for (int kk = 0; kk < DP / 16; ++kk)
+                ldmatrix_x4(qf[a][kk], q_tile + swizzled<DP>(warp_row + a * 16 + (lane & 15), kk * 16 + (lane >> 4) * 8));
 
         // 1. S = Q K^T: for keys 8 n..8 n + 7, lane 8 m + r points at key r, dims 32 p + 8 m: the
         //    registers are the B fragments of dim steps 2 p (r[0], r[1]) and 2 p + 1 (r[2], r[3]).
@@ -175,7 +175,7 @@ __device__ void attention_mma_impl(ATTENTION_PARAMS(T)) {
         // 2. Whole tiles without bias or mask (MM-JiT's) keep the raw scores: exp2's FMA scales
         //    them. Other tiles get their logits in log2 units key by key, and an exponent scale of 1.
         float exp_scale = scale_log2;
-        if (!plain_logits || (j + 1) * MMA_KEY_TILE > lk) {
+        if (!plain_logits || (j + 1) * TILE_KEYS > lk) {
             exp_scale = 1.0f;
 #pragma unroll  // s stays in registers (a loop indexing it would put it in local memory)
             for (int a = 0; a < ATOMS; ++a)
@@ -183,7 +183,7 @@ __device__ void attention_mma_impl(ATTENTION_PARAMS(T)) {
                 for (int n = 0; n < KEY_BLOCKS; ++n)
 #pragma unroll
                     for (int i = 0; i < 4; ++i) {
-                        const int key = j * MMA_KEY_TILE + n * 8 + 2 * t + (i & 1);
+                        const int key = j * TILE_KEYS + n * 8 + 2 * t + (i & 1);
                         const int row = row0 + warp_row + a * 16 + g + (i >> 1) * 8;
                         s[a][n][i] = attention_logit2(s[a][n][i], scale_log2, bias, key_mask, b, h, row, key, lq, lk,
                                                       has_bias, has_mask);
@@ -212,7 +212,7 @@ __device__ void attention_mma_impl(ATTENTION_PARAMS(T)) {
         // 3-4. P for keys 16 kk..16 kk + 15 is S's tiles 2 kk and 2 kk + 1, i.e. the A fragment
         //      {(g, 2t), (g + 8, 2t), (g, 2t + 8), (g + 8, 2t + 8)}; V's B fragments for dims
         //      16 e..16 e + 15: lanes 0-15 point at keys 0-15 at dim 16 e, lanes 16-31 at 16 e + 8, transposed.
-        for (int kk = 0; kk < MMA_KEY_TILE / 16; ++kk) {
+        for (int kk = 0; kk < TILE_KEYS / 16; ++kk) {
             ptx_u32 pf[ATOMS][4];
             for (int a = 0; a < ATOMS; ++a) {
                 float p[2][4];
