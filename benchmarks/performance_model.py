@@ -212,6 +212,11 @@ def attention_kernel_us(kernel: AttentionKernel, batch: int, heads: int, length:
     return waves * (tiles * tile + chip.dram_latency_cycles) / (chip.clock_ghz * 1e3)
 
 
+def attention_us_at(tflops: float, batch: int, heads: int, length: int, head_dim: int) -> float:
+    """One attention launch [batch, heads, length, head_dim] at `tflops` (4 B H L^2 Dh FLOPs)."""
+    return 4.0 * batch * heads * length**2 * head_dim / (tflops * 1e6)
+
+
 def binding_pipe(kernel: AttentionKernel, batch: int, heads: int, length: int, chip: Chip = H200_CHIP) -> str:
     blocks = -(-length // kernel.rows_per_block) * batch * heads
     busiest = min(kernel.blocks_per_sm, -(-blocks // chip.sms))
@@ -781,7 +786,7 @@ class Trunk:
     """How a sampler step runs: its kernels and its launch structure.
 
     `attention`: the joint attention's kernel (the pipe model), or `joint_attention_us` a measured
-    time instead; `fused`: the fused kernels "before" or "now" (16-byte packs); `folded`: the
+    time instead, or `joint_attention_tflops` a rate (a published kernel's); `fused`: the fused kernels "before" or "now" (16-byte packs); `folded`: the
     residual adds in the W2 GEMM (cuBLAS beta = 1) and the attention output read by stride, so no
     CuPy add or slice copy; `fork`: the text stream on a second CUDA stream inside the graph,
     joined at each joint attention; `tiles`: the CTA tiles cuBLAS may pick; `swiglu_in_gemm`: the
@@ -795,6 +800,7 @@ class Trunk:
     joint_attention_us: float | None = None
     tiles: tuple = GEMM_TILES
     swiglu_in_gemm: bool = False
+    joint_attention_tflops: float | None = None
 
 
 # The launches the first GPU run made and a folded trunk does not: the MLP's residual add after each
@@ -871,9 +877,14 @@ def step_parts(config: MMJiTConfig, size: int, trunk: Trunk, images: int = 1, ch
                 blocks[stream].add(plan.us, sm_us=plan.sm_us)
         elif c.kind == "attention":
             length = int(c.name.split("=")[1])
-            measured = trunk.joint_attention_us if length > text_tokens(config) else None
-            attention_us += c.launches * (measured if measured is not None else
-                                          attention_kernel_us(trunk.attention, batch, config.num_heads, length, chip))
+            joint = length > text_tokens(config)
+            if joint and trunk.joint_attention_tflops:
+                us = attention_us_at(trunk.joint_attention_tflops, batch, config.num_heads, length, config.head_dim)
+            elif joint and trunk.joint_attention_us is not None:
+                us = trunk.joint_attention_us
+            else:
+                us = attention_kernel_us(trunk.attention, batch, config.num_heads, length, chip)
+            attention_us += c.launches * us
         elif c.name not in FUSED_KERNELS:
             other_us += 1e3 * gpu_ms(c, device, item, a)
     other_us += 1e3 * gpu_ms(sampler_update(config, size, item, images), device, item, a)
@@ -1197,13 +1208,6 @@ def group_table(attention: AttentionKernel, size: int = 512, chip: Chip = H200_C
 FA3_DH64_TFLOPS = 460.0
 
 
-def joint_attention_us(tflops: float, config: MMJiTConfig = MMJIT_B16, size: int = 512, images: int = 16) -> float:
-    """One joint attention of a group of `images` at `tflops` (4 B H L^2 Dh FLOPs)."""
-    length = text_tokens(config) + (size // config.patch_size) ** 2
-    batch = images * forward_batch(config)
-    return 4.0 * batch * config.num_heads * length**2 * config.head_dim / (tflops * 1e6)
-
-
 def base_set_over_floor(trunk: Trunk, images: int = 16, size: int = 512) -> float:
     """The base model's GenEval set over its floor in groups of `images`, T5 once a group."""
     config, steps = MODELS["B/16"]
@@ -1215,12 +1219,12 @@ def attention_tflops_for(trunk: Trunk, ratio: float, images: int = 16) -> float:
     """The joint attention's rate (TFLOP/s) at which the base set comes to `ratio` x its floor
     (bisection: the set time falls as the rate rises); the tensor peak if even that misses it."""
     low, high = 1.0, H200.tensor_tflops
-    if base_set_over_floor(replace(trunk, joint_attention_us=joint_attention_us(high, images=images)), images) > ratio:
+    if base_set_over_floor(replace(trunk, joint_attention_tflops=high), images) > ratio:
         return high
     for _ in range(60):
         middle = (low + high) / 2
-        at = replace(trunk, joint_attention_us=joint_attention_us(middle, images=images))
-        low, high = (middle, high) if base_set_over_floor(at, images) > ratio else (low, middle)
+        low, high = (middle, high) if base_set_over_floor(replace(trunk, joint_attention_tflops=middle), images) > ratio \
+            else (low, middle)
     return high
 
 
@@ -1229,23 +1233,24 @@ def target_table(attention: AttentionKernel, images: int = 16) -> list[str]:
     N = `images` (T5 once a group): the kernel now, FlashAttention-3's published rate, the SwiGLU
     in the GEMM's epilogue, and the attention rate that would reach the target with each."""
     target, now = SET_TARGETS["B/16"], Trunk(attention)
-    batch = images * forward_batch(MMJIT_B16)
-    length = text_tokens(MMJIT_B16) + (512 // MMJIT_B16.patch_size) ** 2
-    now_us = attention_kernel_us(attention, batch, MMJIT_B16.num_heads, length)
-    now_tflops = joint_attention_us(1.0, images=images) / now_us
+    shape = (images * forward_batch(MMJIT_B16), MMJIT_B16.num_heads,
+             text_tokens(MMJIT_B16) + (512 // MMJIT_B16.patch_size) ** 2, MMJIT_B16.head_dim)
+    now_tflops = attention_us_at(1.0, *shape) / attention_kernel_us(attention, *shape[:3])
     fused = replace(now, swiglu_in_gemm=True)
+    at_rate = [replace(trunk, joint_attention_tflops=rate) for trunk, rate in
+               ((now, FA3_DH64_TFLOPS), (fused, FA3_DH64_TFLOPS), (now, attention_tflops_for(now, target, images)),
+                (fused, attention_tflops_for(fused, target, images)))]
     cases = [("attention_tc.cu now (its pipe model)", "its own kernel", now, now_tflops),
-             ("FlashAttention-3's published rate at Dh 64", "its own kernel", now, FA3_DH64_TFLOPS),
-             ("FlashAttention-3's published rate at Dh 64", "in the W1 / W3 GEMM", fused, FA3_DH64_TFLOPS),
-             (f"the rate that reaches {target}x", "its own kernel", now, attention_tflops_for(now, target, images)),
-             (f"the rate that reaches {target}x", "in the W1 / W3 GEMM", fused, attention_tflops_for(fused, target, images))]
+             ("FlashAttention-3's published rate at Dh 64", "its own kernel", at_rate[0], FA3_DH64_TFLOPS),
+             ("FlashAttention-3's published rate at Dh 64", "in the W1 / W3 GEMM", at_rate[1], FA3_DH64_TFLOPS),
+             (f"the rate that reaches {target}x", "its own kernel", at_rate[2], at_rate[2].joint_attention_tflops),
+             (f"the rate that reaches {target}x", "in the W1 / W3 GEMM", at_rate[3], at_rate[3].joint_attention_tflops)]
     rows = [f"| joint attention | SwiGLU | µs a joint attention (N = {images}) | TFLOP/s | share of the bf16 peak | "
             "GenEval set | set / floor |", "|---|---|---|---|---|---|---|"]
+    floor = floor_seconds(MMJIT_B16, 512, MODELS["B/16"][1], GENEVAL_IMAGES, H200)
     for label, swiglu, trunk, tflops in cases:
-        at = replace(trunk, joint_attention_us=joint_attention_us(tflops, images=images))
-        ratio = base_set_over_floor(at, images)
-        floor = floor_seconds(MMJIT_B16, 512, MODELS["B/16"][1], GENEVAL_IMAGES, H200)
-        rows.append(f"| {label} | {swiglu} | {joint_attention_us(tflops, images=images):.0f} | {tflops:.0f} | "
+        ratio = base_set_over_floor(trunk, images)
+        rows.append(f"| {label} | {swiglu} | {attention_us_at(tflops, *shape):.0f} | {tflops:.0f} | "
                     f"{tflops / H200.tensor_tflops:.0%} | {ratio * floor / 60:.2f} min | {ratio:.2f} |")
     return rows
 

@@ -304,7 +304,26 @@ def test_tensor_core_attention_key_loop_issues_at_most_7_instructions_per_mma(cu
     assert counts["LDSM"] == atoms * 4 + (n // 8) * 2 + (n // 16) * 4 <= counts["HMMA"] / 3
     assert counts["LDGSTS"] == 2 * n * 8 // (kernels.MMA_WARPS * 32)
     assert counts["MUFU"] == atoms * (n // 2 + 2)
-    assert counts["total"] <= 7 * counts["HMMA"], counts
+    assert_at_most_7_instructions_per_mma(counts)
+
+
+def assert_at_most_7_instructions_per_mma(counts: dict[str, int]):
+    assert counts["total"] <= 7 * counts["HMMA"], f"{counts['total'] / counts['HMMA']:.2f} instructions per HMMA"
+
+
+def test_planted_32_key_tiles_fail_the_instructions_per_mma_bound():
+    """The key tile at Dp 64 set back to 32 (Q's fragments still re-read every tile): the results
+    stay right, and every other SASS check holds at its own tile size, but a tile's barriers, O's
+    rescale and the loop's own instructions now come twice per 64 keys: 7.6 instructions per HMMA."""
+    text = kernel_source("attention_tc.cu")
+    define = f"#define MMA_KEY_TILE_D64 {kernels.MMA_KEY_TILES[64]}\n"
+    assert define in text
+    with cupy_compile_path() as compile_for:
+        _, cubin = compile_for(text.replace(define, "#define MMA_KEY_TILE_D64 32\n"), "90")
+    counts = b16_trip(nvrtc.sass(cubin)["flash_attention_tc_bf16"]).by_class()
+    assert counts["HMMA"] == 64
+    with pytest.raises(AssertionError, match="7.6"):
+        assert_at_most_7_instructions_per_mma(counts)
 
 
 def test_planted_wait_for_every_copy_fails_the_wait_depth_check():
