@@ -331,3 +331,33 @@ def test_the_fork_hides_the_text_stream_only_where_the_sms_have_room(model, new_
         saved = -model.step_parts(MMJIT_B16, 512, trunk, images)["text stream beside the image stream"]
         share = saved / (blocks * text_stream_block_us(model, images))
         assert hidden_share[0] - 1e-9 <= share <= hidden_share[1] + 1e-9, (images, share)
+
+
+def test_the_rate_the_target_needs_brings_the_base_set_to_it(model, new_attention):
+    """attention_tflops_for solves for the joint attention's rate: at it the base model's set (N =
+    16, T5 once a group) is 1.5x its floor to 0.1 %, at 2 % less it is above; with the SwiGLU in
+    the GEMM's epilogue the rate needed is lower."""
+    trunk = model.Trunk(new_attention)
+    for at in (trunk, replace(trunk, swiglu_in_gemm=True)):
+        rate = model.attention_tflops_for(at, 1.5)
+        assert model.base_set_over_floor(replace(at, joint_attention_tflops=rate)) == pytest.approx(1.5, rel=1e-3)
+        assert model.base_set_over_floor(replace(at, joint_attention_tflops=0.98 * rate)) > 1.5
+    assert model.attention_tflops_for(replace(trunk, swiglu_in_gemm=True), 1.5) < model.attention_tflops_for(trunk, 1.5)
+
+
+def test_the_swiglu_in_the_gemm_takes_away_exactly_its_launches(model, new_attention):
+    """Without the fork (no overlap to share out), a step with the SwiGLU in the W1|W3 GEMM's
+    epilogue loses the swiglu launches' modelled time and one node gap each (33 a forward at
+    B/16), and nothing else."""
+    trunk = model.Trunk(new_attention, fork=False)
+    fused = replace(trunk, swiglu_in_gemm=True)
+    swiglus = [(now, count) for _, _, now, count in model.fused_kernel_launches_by_stream(MMJIT_B16, 512, 32)
+               if now.name.startswith("swiglu")]
+    assert sum(count for _, count in swiglus) == 33
+    assert model.step_launches(MMJIT_B16, 512, trunk, 16) - model.step_launches(MMJIT_B16, 512, fused, 16) == 33
+    before, after = model.step_parts(MMJIT_B16, 512, trunk, 16), model.step_parts(MMJIT_B16, 512, fused, 16)
+    assert before["fused memory-bound kernels"] - after["fused memory-bound kernels"] == pytest.approx(
+        sum(count * model.memory_launch_us(now) for now, count in swiglus))
+    assert before["gaps between graph nodes"] - after["gaps between graph nodes"] == pytest.approx(
+        33 * model.Assumptions().graph_gap_us)
+    assert before["GEMMs (cuBLAS)"] == after["GEMMs (cuBLAS)"] and before["attention"] == after["attention"]
