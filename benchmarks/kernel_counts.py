@@ -3,7 +3,7 @@
     python benchmarks/kernel_counts.py            # the counts and their ratios per request
 
 One launch of attention_tc.cu's bf16 kernel on cudasim at [1, 2, 128, 64] (whole 128-row blocks
-and 32-key tiles, no bias or mask: what each tile of B/16's [2, 12, 1280, 64] does), counted
+and 64-key tiles, no bias or mask: what each tile of B/16's [2, 12, 1280, 64] does), counted
 under the names of the Nsight Compute metrics they stand for (docs/kernels.md, "Counting what
 the profiler counts"). The ratios per request do not depend on the shape, so a GPU run's ncu
 counts at B/16's shape compare with them one to one (scripts/gpu-check's profile part).

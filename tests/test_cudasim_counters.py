@@ -188,7 +188,7 @@ def test_counting_needs_the_detectors():
 
 # ---------------------------------------------------------------------------------------------
 # The tensor-core attention at B/16's per-tile behaviour: head dim 64 (16-byte rows), whole
-# 128-row blocks and 32-key tiles, no bias or mask; [1, 2, 128, 64] is 2 blocks of 4 key tiles.
+# 128-row blocks and 64-key tiles, no bias or mask; [1, 2, 128, 64] is 2 blocks of 2 key tiles.
 
 SWIZZLE = "return row * DP + ((((col >> 3) ^ (row & 7)) << 3) | (col & 7));"
 SIXTEEN_BYTE_COPY = "cp_async_16(dst, src, inside && fill_low);"
