@@ -295,7 +295,7 @@ def test_tensor_core_attention_key_loop_issues_at_most_7_instructions_per_mma(cu
     design's 128 HMMA, 40 LDSM (Q's 8 fragments, re-read every tile, and K's and V's 16 + 16, each
     feeding two MMAs: LDSM / HMMA = 0.31), 8 LDGSTS (2 x 64 rows x 8 chunks / 128 threads) and 68
     MUFU.EX2 (per atom 32 probabilities and 2 corrections a thread), and at most 7 instructions per
-    HMMA in all: 32-key tiles issue 7.6 with Q's fragments re-read (489 / 64: a tile's barriers,
+    HMMA in all: 32-key tiles come to 7.6 with Q's fragments re-read (489 / 64: a tile's barriers,
     O's rescale and the loop's own instructions come twice as often per key) and issued 7.4 with
     them kept; FlashAttention-2 issues 3-4 at this head dim, the first WMMA kernel about 15."""
     counts = b16_trip(cupy_sass[f"flash_attention_tc_{suffix}", "90"]).by_class()
