@@ -12,7 +12,8 @@ code uses an einsum softmax, see shared notes); the CuPy path is accelerated.sam
 Reported: wall time per run (CUDA events), ms per step, achieved TFLOP/s of the MMJiT GEMM +
 attention work against the device's peak for that precision (torch.compile of the same torch
 model beside PyTorch eager), our attention kernel beside torch SDPA at the model's attention
-shapes (ratio printed), and per-kernel timings of the
+shapes (ratio printed), the joint attention with its 64-key tiles beside the 32-key ones before
+(measured and predicted speed-up), and per-kernel timings of the
 fused kernels at B/16 shapes (one call between CUDA events, host time included, and 20 calls
 replayed from a CUDA graph: GPU time only), each beside the prediction of
 benchmarks/performance_model.py (docs/performance-model.md: the round-trip model for the fused
@@ -29,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from contextlib import contextmanager
 
 import numpy as np
 
@@ -463,6 +465,44 @@ def print_attention(cp, torch, config: MMJiTConfig, size: int, precision: str) -
         print(f"attention {list(shape)} {precision}: ours {ours:.1f} µs{beside}")
 
 
+@contextmanager
+def key_tile_at_64(keys: int):
+    """attention_tc.cu's key tile at padded head dim 64 set to `keys` while inside (its source's
+    #define, the launch's shared memory and the model's reading of it follow the constant), the
+    shipped one restored after: the planted slower version, built and timed beside the shipped one."""
+    shipped = kernels.MMA_KEY_TILES[64]
+    kernels.MMA_KEY_TILES[64] = kernels.KERNEL_CONSTANTS["MMA_KEY_TILE_D64"] = keys
+    kernels.clear_device_caches()
+    try:
+        yield
+    finally:
+        kernels.MMA_KEY_TILES[64] = kernels.KERNEL_CONSTANTS["MMA_KEY_TILE_D64"] = shipped
+        kernels.clear_device_caches()
+
+
+def print_key_tiles(cp, config: MMJiTConfig, size: int, precision: str, images=(1, 16)) -> None:
+    """The joint attention with the shipped 64-key tiles and with 32-key ones (before), each timed
+    and beside the pipe model's prediction from its own SASS, at `images` CFG images a forward: the
+    speed-up measured against the one predicted."""
+    import performance_model
+
+    if precision == "fp32" or config.head_dim > 64:
+        return
+    shape = attention_shapes(config, size)[0]
+    for count in images:
+        batched = (2 * count, *shape[1:])
+        rows = {}
+        for keys in (kernels.MMA_KEY_TILES[64], 32):
+            with key_tile_at_64(keys):
+                kernel = model_attention()
+                measured, _ = time_attention(cp, None, batched, precision)
+                rows[keys] = (measured, performance_model.attention_kernel_us(kernel, *batched[:3]) if kernel else None)
+        (new, new_model), (old, old_model) = rows.values()
+        predicted = f"{old_model / new_model:.2f}" if new_model else "?"
+        print(f"attention {list(batched)} {precision}: {kernels.MMA_KEY_TILES[64]}-key tiles {new:.1f} µs, 32-key "
+              f"tiles {old:.1f} µs; 32-key / {kernels.MMA_KEY_TILES[64]}-key measured {old / new:.2f}, predicted {predicted}")
+
+
 # ---------------------------------------------------------------------------------------------
 
 
@@ -540,6 +580,7 @@ def main(argv=None) -> int:
                          args.repeats)
     for precision in args.precisions:
         print_attention(cp, torch, config, args.size, precision)
+        print_key_tiles(cp, config, args.size, precision)
     for precision in args.precisions:
         print_components(cp, config, args.size, precision, device_name, timed=True)
     return 0
@@ -568,6 +609,10 @@ def smoke(args) -> int:
             q = cp.zeros(shape, np.float32).astype(precision_dtype(precision))
             kernels.attention(q, q, q, 1.0)
         print(f"attention, {precision}: {len(attention_shapes(config, size))} shapes ran (untimed; SDPA needs a GPU)")
+        if precision != "fp32":
+            with key_tile_at_64(32):
+                kernels.attention(q, q, q, 1.0)
+            print(f"attention, {precision}: the 32-key tiles ran too (timed beside the shipped ones on a GPU)")
         print_components(cp, config, size, precision, "H100 (predicted only)", timed=False)
         print_gemm_shapes(cp, config, size, precision, performance_model.H100, timed=False)
         print_stream_fork(CudasimRunner, config, tensors, size, 2, precision, args.cfg_scale, None, timed=False)

@@ -97,6 +97,7 @@ def test_smoke_run_on_cudasim_runs_every_component(bench, capsys):
     out = capsys.readouterr().out
     assert "sampler, bf16: 2 steps ran" in out and "sampler, bf16: 2 steps of a group of 2 ran" in out
     assert "attention, bf16: 3 shapes ran (untimed; SDPA needs a GPU)" in out
+    assert "attention, bf16: the 32-key tiles ran too (timed beside the shipped ones on a GPU)" in out
 
     for name in ("rms_norm", "add_rms_norm", "swiglu", "geglu", "qkv_heads (img)", "attention", "cfg_euler", "GEMM qkv (cuBLAS)"):
         assert any(line.split()[:len(name.split())] == name.split() and line.rstrip().endswith("-")
@@ -143,3 +144,30 @@ def test_attention_shapes_are_the_b16_ones(bench):
     from minit2i.core.mmjit_config import MMJIT_B16
 
     assert bench.attention_shapes(MMJIT_B16, 512) == [(2, 12, 1280, 64), (2, 12, 512, 64), (2, 12, 256, 64)]
+
+
+def test_the_planted_32_key_tiles_follow_the_constant_and_the_shipped_ones_return(bench):
+    """Inside key_tile_at_64(32) the source's #define, the launch's shared memory (Q [128, 64] and
+    K, V [2, 32, 64], 16-bit: 32 KiB) and the kernel that runs are the 32-key version; after it the
+    shipped 64-key one (48 KiB). Both compute the same attention: on [1, 2, 96, 64] bf16 (a whole
+    and a partial 64-key tile, three 32-key ones) each is within 2 u_bf16 max|v| of the exact
+    result plus fp32 terms under 1e-4 max|v| (test_accelerated's tensor-core bound: (Dh + 3) A +
+    2.4 Lk + 2 ceil(Lk / 32) + 6 fp32 roundings with A < 20 here), so they differ by at most
+    4 u_bf16 max|v| (u_bf16 = 2^-8) and that 2e-4."""
+    from minit2i.accelerated.pipeline import CudasimRunner
+
+    cp = CudasimRunner.array_module()
+    shipped = kernels.MMA_KEY_TILES[64]
+    rng = np.random.default_rng(3)
+    q, k, v = (cp.asarray(rng.standard_normal((1, 2, 96, 64), dtype=np.float32)).astype(kernels.bfloat16_dtype())
+               for _ in range(3))
+    with bench.key_tile_at_64(32):
+        assert "#define MMA_KEY_TILE_D64 32\n" in kernels.kernel_source("attention_tc.cu")
+        assert kernels.attention_shared_bytes(64, kernels.bfloat16_dtype()) == 32 * 1024
+        planted = cp.asnumpy(kernels.attention(q, k, v, 0.125).astype(np.float32))
+    assert kernels.MMA_KEY_TILES[64] == shipped == 64
+    assert f"#define MMA_KEY_TILE_D64 {shipped}\n" in kernels.kernel_source("attention_tc.cu")
+    assert kernels.attention_shared_bytes(64, kernels.bfloat16_dtype()) == 48 * 1024
+    ours = cp.asnumpy(kernels.attention(q, k, v, 0.125).astype(np.float32))
+    v_max = float(np.max(np.abs(cp.asnumpy(v.astype(np.float32)))))
+    assert np.max(np.abs(ours - planted)) <= (4 * 2.0**-8 + 2e-4) * v_max
