@@ -786,9 +786,9 @@ class Trunk:
     """How a sampler step runs: its kernels and its launch structure.
 
     `attention`: the joint attention's kernel (the pipe model), or `joint_attention_us` a measured
-    time instead, or `joint_attention_tflops` a rate (a published kernel's); `fused`: the fused kernels "before" or "now" (16-byte packs); `folded`: the
-    residual adds in the W2 GEMM (cuBLAS beta = 1) and the attention output read by stride, so no
-    CuPy add or slice copy; `fork`: the text stream on a second CUDA stream inside the graph,
+    time instead, or `joint_attention_tflops` a rate (a published kernel's); `fused`: the fused
+    kernels "before" or "now" (16-byte packs); `folded`: the residual adds in the W2 GEMM (cuBLAS
+    beta = 1) and the attention output read by stride, so no CuPy add or slice copy; `fork`: the text stream on a second CUDA stream inside the graph,
     joined at each joint attention; `tiles`: the CTA tiles cuBLAS may pick; `swiglu_in_gemm`: the
     SwiGLU done in the W1|W3 GEMM's epilogue, so no swiglu launch (not built: cuBLAS has no such
     epilogue, so it takes a GEMM of our own; what the set would gain)."""
