@@ -83,7 +83,7 @@ KERNEL_CONSTANTS = {
     "MMA_KEY_TILE_D128": MMA_KEY_TILES[128],
     # Resident blocks per SM the register budget is set for (__launch_bounds__): 2 x 48 KiB of
     # shared memory and <= 255 registers a thread at Dh <= 64 (two atoms a warp and a 64-key S
-    # need ~246; at 3 blocks, 168, ptxas spills); 2 x 48 KiB at Dh <= 128.
+    # need 230-242; at 3 blocks, 168, ptxas spills); 2 x 48 KiB at Dh <= 128.
     "MMA_MIN_BLOCKS_D64": 2,
     "MMA_MIN_BLOCKS_D128": 2,
     "MAX_PAIRS_PER_LANE": MAX_HEAD_DIM // 64,  # rope.cu: 32 lanes x 2 pairs x 2 values

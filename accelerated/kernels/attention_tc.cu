@@ -111,7 +111,7 @@ __device__ void attention_mma_impl(ATTENTION_PARAMS(T)) {
     constexpr int KEY_BLOCKS = TILE_KEYS / 8;  // m16n8 tiles of S per atom
     extern __shared__ uint4 mma_smem[];  // uint4: 16-byte aligned, as cp.async and ldmatrix need
     T* q_tile = reinterpret_cast<T*>(mma_smem);  // [ROWS][DP]
-    T* k_tiles = q_tile + ROWS * DP;          // [2][TILE_KEYS][DP]
+    T* k_tiles = q_tile + ROWS * DP;            // [2][TILE_KEYS][DP]
     T* v_tiles = k_tiles + 2 * TILE_KEYS * DP;  // [2][TILE_KEYS][DP]
 
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
