@@ -171,3 +171,22 @@ def test_the_planted_32_key_tiles_follow_the_constant_and_the_shipped_ones_retur
     ours = cp.asnumpy(kernels.attention(q, k, v, 0.125).astype(np.float32))
     v_max = float(np.max(np.abs(cp.asnumpy(v.astype(np.float32)))))
     assert np.max(np.abs(ours - planted)) <= (4 * 2.0**-8 + 2e-4) * v_max
+
+
+def test_the_key_tile_comparison_predicts_each_version_from_its_own_machine_code(bench, monkeypatch, capsys):
+    """print_key_tiles as gpu-check's benchmark part runs it, with the timer replaced (cudasim has
+    no GPU clock): the 64-key and the planted 32-key version each get the pipe model's prediction
+    from their own SASS, 30.9 and 34.1 µs at [2, 12, 1280, 64] bf16 (docs/performance-model.md): a
+    predicted speed-up of 1.10, beside the measured one (here the fake timer's 1.25)."""
+    from minit2i.accelerated.pipeline import CudasimRunner
+
+    if bench.model_attention() is None:
+        pytest.skip("reading the attention kernel's SASS needs the [compile] extra")
+    fake_us = {64: 40.0, 32: 50.0}
+    monkeypatch.setattr(bench, "time_attention",
+                        lambda cp, torch, shape, precision: (fake_us[kernels.MMA_KEY_TILES[64]], None))
+    bench.print_key_tiles(CudasimRunner.array_module(), MMJIT_B16, 512, "bf16", images=(1,))
+    line = capsys.readouterr().out.strip().splitlines()[-1]
+    assert line == ("attention [2, 12, 1280, 64] bf16: 64-key tiles 40.0 µs, 32-key tiles 50.0 µs; "
+                    "32-key / 64-key measured 1.25, predicted 1.10")
+    assert kernels.MMA_KEY_TILES[64] == 64
