@@ -180,13 +180,13 @@ def test_the_key_tile_comparison_predicts_each_version_from_its_own_machine_code
     predicted speed-up of 1.10, beside the measured one (here the fake timer's 1.25)."""
     from minit2i.accelerated.pipeline import CudasimRunner
 
-    if bench.model_attention() is None:
-        pytest.skip("reading the attention kernel's SASS needs the [compile] extra")
     fake_us = {64: 40.0, 32: 50.0}
     monkeypatch.setattr(bench, "time_attention",
                         lambda cp, torch, shape, precision: (fake_us[kernels.MMA_KEY_TILES[64]], None))
     bench.print_key_tiles(CudasimRunner.array_module(), MMJIT_B16, 512, "bf16", images=(1,))
     line = capsys.readouterr().out.strip().splitlines()[-1]
+    if line.endswith("predicted ?"):  # model_attention printed why it could not read the SASS
+        pytest.skip("reading the attention kernel's SASS needs the [compile] extra")
     assert line == ("attention [2, 12, 1280, 64] bf16: 64-key tiles 40.0 µs, 32-key tiles 50.0 µs; "
                     "32-key / 64-key measured 1.25, predicted 1.10")
     assert kernels.MMA_KEY_TILES[64] == 64
